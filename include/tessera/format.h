@@ -1,0 +1,82 @@
+// Record formats as data.
+//
+// A record is what one cache entry (one token, or one compressed group) stores in one layer.
+// It is an ordered list of regions {name, element type, count}, each with its own precision,
+// plus a packing rule and a page alignment. There is no single dtype field: a DeepSeek-V4 fp8
+// record holds e4m3 content, a bf16 RoPE slice and ue8m0 scales.
+//
+// Packing:
+//   kPerToken   — regions of one record are contiguous; records follow each other.
+//   kRegionMajor — within a page, all entries' plane-0 bytes come first (e.g. the 576-B rows of
+//                  v4-fp8), then all plane-1 bytes (the 8-B scale rows), and so on.
+//
+// Thread-safety: values; const access is safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/geometry.h"
+#include "tessera/status.h"
+
+namespace tessera {
+
+enum class ElementType { kBf16, kFp16, kFp32, kFp8E4M3, kUe8m0, kFp4E2M1, kPad8 };
+uint32_t ElementBits(ElementType type);
+std::string_view ElementTypeName(ElementType type);
+
+enum class Packing { kPerToken, kRegionMajor };
+std::string_view PackingName(Packing packing);
+
+struct Region {
+  std::string name;
+  ElementType type = ElementType::kBf16;
+  uint64_t count = 0;
+  uint32_t plane = 0;  // region-major packing groups regions of one plane into one row
+  uint64_t bits() const { return count * ElementBits(type); }
+};
+
+// Which cache a format can store.
+enum class FormatUse { kKv, kLatent, kIndexer, kState };
+std::string_view FormatUseName(FormatUse use);
+
+struct RecordFormat {
+  std::string name;
+  std::string description;
+  FormatUse use = FormatUse::kLatent;
+  std::vector<Region> regions;
+  Packing packing = Packing::kPerToken;
+  // Page bytes are padded up to a multiple of this (1 = no padding).
+  uint64_t page_alignment = 1;
+
+  // Bytes of one record; every format here has whole-byte records (checked on build).
+  uint64_t record_bytes() const;
+  // Bytes of one record that fall in `plane`.
+  uint64_t plane_bytes(uint32_t plane) const;
+  uint32_t plane_count() const;
+  // True when every region has the same element type (the cached shape is then in elements).
+  bool single_element_type() const;
+  uint64_t element_count() const;
+  // "latent e4m3 x512 + scales fp32 x4 + rope bf16 x64"
+  std::string RegionSummary() const;
+};
+
+struct FormatInfo {
+  std::string name;
+  FormatUse use;
+  std::string description;
+};
+// Every format name BuildFormat accepts.
+std::vector<FormatInfo> FormatCatalog();
+
+// Builds the named format for a geometry (counts come from its dims). Errors on "kv-format"
+// (or `field`) when the name is unknown or the geometry cannot hold that record (an MLA format
+// on an MHA model, a latent not divisible by the scale group, ...).
+Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::string_view field = "kv-format");
+
+// DeepSeek-V4 compressor state: `floats` float32 values per slot.
+RecordFormat CompressorStateFormat(uint32_t floats);
+
+}  // namespace tessera

@@ -1,0 +1,133 @@
+// The ledger: exact bytes requested, committed and read per generated token.
+//
+//   requested  — persistent logical bytes of the request(s): records x entries, plus the
+//                constant per-request state (window ring, compressor state) at its ring size.
+//   committed  — what an allocator actually holds on one rank: requested (as that rank sees it)
+//                plus named terms: page rounding, page alignment padding, block metadata,
+//                speculative-decoding slots and any engine-specific reservation.
+//   read       — bytes of cache one rank reads to generate one token of one sequence.
+//
+// Every figure is an exact integer (or an exact Fraction for amortized per-token figures) and
+// every product is checked: a total that would leave 64 bits is an error naming the input that
+// drove it there, never a wrapped number.
+//
+// Thread-safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tessera/format.h"
+#include "tessera/fraction.h"
+#include "tessera/geometry.h"
+#include "tessera/layout.h"
+#include "tessera/status.h"
+
+namespace tessera {
+
+enum class Engine {
+  kTessera,  // Tessera's own pools: derived block span, state in a per-request arena
+  kVllm,     // vLLM's page sizing (FlashMLA pages of 64; DeepSeek-V4 hybrid groups)
+  kSglang,   // SGLang's token pools (page 64 for FlashMLA)
+};
+std::string_view EngineName(Engine engine);
+Result<Engine> ParseEngine(std::string_view name);
+
+struct LedgerOptions {
+  uint64_t context_tokens = 0;  // tokens cached per request
+  uint64_t batch = 1;           // requests
+  std::string kv_format;        // main record format; empty = the model's default
+  std::string indexer_format;   // indexer record format; empty = the default for kv_format
+  std::optional<uint64_t> block_tokens;
+  uint32_t tp = 1;           // tensor-parallel ranks
+  uint32_t dcp = 1;          // decode-context-parallel ranks (shard tokens); must divide tp
+  uint32_t spec_tokens = 0;  // speculative draft tokens per step
+  bool include_mtp = false;  // whether MTP layers hold cache
+  Engine engine = Engine::kTessera;
+  Kernel kernel = Kernel::kFlashMla;
+};
+
+struct Term {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string note;
+};
+
+// One cache kind over the layers that hold it (e.g. "csa.compressed" over 30 layers).
+struct CacheLine {
+  std::string name;
+  LayerKind layer_kind = LayerKind::kMla;
+  CacheRole role = CacheRole::kLatent;
+  bool mtp = false;
+  uint32_t layers = 0;
+  RecordFormat format;      // as one rank stores it (MHA heads shard over tensor-parallel ranks)
+  uint64_t record_bytes = 0;  // one record of the whole model (unsharded)
+  bool grows = true;          // grows with the context (false: constant per-request state)
+  bool in_pages = true;       // this engine keeps it in pages (false: a per-request arena)
+  uint32_t compress_ratio = 1;  // tokens per entry (paged caches)
+  uint32_t slots = 0;           // ring slots (per-request state), without speculative extras
+  // Growing caches: record_bytes / compress_ratio. State: record bytes per slot (window: per window token).
+  Fraction bytes_per_token_per_layer;
+  std::vector<uint64_t> shape;  // [layers, batch, entries, width] (MHA: [..., 2, heads, head_dim])
+  std::string shape_unit;       // "elements" or "bytes" (last dim)
+  PageLayout page;              // when in_pages
+  uint64_t requested_bytes = 0;
+  uint64_t committed_bytes = 0;  // one rank
+  std::vector<Term> terms;       // committed_bytes decomposed (one rank)
+  uint64_t read_bytes_per_token = 0;
+};
+
+struct LayerKindSummary {
+  LayerKind kind = LayerKind::kMla;
+  uint32_t layers = 0;          // main layers (plus MTP when included)
+  Fraction paged_bytes_per_token;  // per layer: sum over its paged caches of record / ratio
+  uint64_t window_bytes_per_token = 0;  // per layer, per window token (V4)
+  uint64_t state_bytes = 0;             // per layer per request: window ring + compressor state
+};
+
+struct Ledger {
+  std::string model;
+  std::string model_type;
+  std::string config_sha256;
+  LedgerOptions options;
+  std::string kv_format;
+  std::string indexer_format;
+  uint32_t block_tokens = 0;
+  std::vector<std::string> block_reasons;
+  std::vector<std::string> notes;
+  uint64_t tokens_per_rank = 0;
+  uint32_t layers_counted = 0;
+  std::vector<CacheLine> lines;
+  std::vector<LayerKindSummary> kinds;
+  std::vector<Term> terms;  // committed_bytes decomposed, summed over lines
+  uint64_t requested_bytes = 0;
+  uint64_t committed_bytes = 0;            // per rank (the busiest rank)
+  uint64_t committed_bytes_all_ranks = 0;  // summed over tp ranks
+  // What the engine must find free to admit the request(s), per rank. Equal to committed_bytes
+  // except where an engine reserves for phases it has not reached (vLLM's sliding-window groups).
+  uint64_t reserved_at_admission_bytes = 0;
+  // vLLM's DeepSeek-V4 pool: the bytes one block id costs whatever group owns it (0 elsewhere).
+  uint64_t block_id_bytes = 0;
+  uint64_t read_bytes_per_token = 0;       // per rank, one sequence
+  uint64_t read_bytes_per_token_all_ranks = 0;
+  uint64_t mha_equivalent_bytes = 0;
+  uint64_t mha_bytes_per_token_per_layer = 0;
+  Fraction mha_ratio;  // mha_equivalent_bytes / requested_bytes
+
+  const CacheLine* FindLine(std::string_view name) const;
+  const LayerKindSummary* FindKind(LayerKind kind) const;
+  uint64_t TermBytes(std::string_view name) const;  // 0 when absent
+};
+
+// The model's default record formats ("mla-bf16" for dense MLA, "fp8_ds_mla" + "indexer-fp8"
+// for DeepSeek-V3.2, "v4-fp8" + "indexer-fp8" for DeepSeek-V4, "mha-bf16" for MHA/GQA).
+std::string DefaultKvFormat(const Geometry& g);
+std::string DefaultIndexerFormat(const Geometry& g, std::string_view kv_format);
+
+// Computes the ledger. Errors name the offending option or config field ("context", "batch",
+// "kv-format", "block-tokens", "tp", "dcp", ...).
+Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options);
+
+}  // namespace tessera

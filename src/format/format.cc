@@ -1,0 +1,229 @@
+#include "tessera/format.h"
+
+#include <set>
+
+namespace tessera {
+
+uint32_t ElementBits(ElementType type) {
+  switch (type) {
+    case ElementType::kBf16: return 16;
+    case ElementType::kFp16: return 16;
+    case ElementType::kFp32: return 32;
+    case ElementType::kFp8E4M3: return 8;
+    case ElementType::kUe8m0: return 8;
+    case ElementType::kFp4E2M1: return 4;
+    case ElementType::kPad8: return 8;
+  }
+  return 0;
+}
+
+std::string_view ElementTypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kBf16: return "bf16";
+    case ElementType::kFp16: return "fp16";
+    case ElementType::kFp32: return "fp32";
+    case ElementType::kFp8E4M3: return "e4m3";
+    case ElementType::kUe8m0: return "ue8m0";
+    case ElementType::kFp4E2M1: return "e2m1";
+    case ElementType::kPad8: return "pad";
+  }
+  return "?";
+}
+
+std::string_view PackingName(Packing packing) {
+  return packing == Packing::kPerToken ? "per-token" : "region-major";
+}
+
+std::string_view FormatUseName(FormatUse use) {
+  switch (use) {
+    case FormatUse::kKv: return "kv";
+    case FormatUse::kLatent: return "latent";
+    case FormatUse::kIndexer: return "indexer";
+    case FormatUse::kState: return "state";
+  }
+  return "?";
+}
+
+uint64_t RecordFormat::record_bytes() const {
+  uint64_t bits = 0;
+  for (const Region& r : regions) bits += r.bits();
+  return bits / 8;
+}
+
+uint64_t RecordFormat::plane_bytes(uint32_t plane) const {
+  uint64_t bits = 0;
+  for (const Region& r : regions) {
+    if (r.plane == plane) bits += r.bits();
+  }
+  return bits / 8;
+}
+
+uint32_t RecordFormat::plane_count() const {
+  uint32_t n = 0;
+  for (const Region& r : regions) n = std::max(n, r.plane + 1);
+  return n;
+}
+
+bool RecordFormat::single_element_type() const {
+  std::set<ElementType> types;
+  for (const Region& r : regions) types.insert(r.type);
+  return types.size() == 1;
+}
+
+uint64_t RecordFormat::element_count() const {
+  uint64_t n = 0;
+  for (const Region& r : regions) n += r.count;
+  return n;
+}
+
+std::string RecordFormat::RegionSummary() const {
+  std::string out;
+  for (const Region& r : regions) {
+    if (!out.empty()) out += " + ";
+    out += r.name + " " + std::string(ElementTypeName(r.type)) + " x" + std::to_string(r.count);
+  }
+  return out;
+}
+
+namespace {
+
+struct FormatDef {
+  const char* name;
+  FormatUse use;
+  const char* description;
+};
+
+constexpr FormatDef kFormats[] = {
+    {"mha-bf16", FormatUse::kKv, "MHA/GQA K and V, bf16: 2 x kv_heads x head_dim x 2 B"},
+    {"mha-fp8", FormatUse::kKv, "MHA/GQA K and V, fp8 e4m3 (per-tensor scale kept outside the cache)"},
+    {"expanded-bf16", FormatUse::kKv,
+     "MLA expanded to per-head K (nope+rope) and V, bf16, as the Hugging Face transformers cache stores it"},
+    {"mla-bf16", FormatUse::kLatent, "MLA latent + RoPE, bf16 (FlashMLA dense); V is the first latent dims of K"},
+    {"mla-fp16", FormatUse::kLatent, "MLA latent + RoPE, fp16"},
+    {"fp8_ds_mla", FormatUse::kLatent,
+     "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse)"},
+    {"v4-fp8", FormatUse::kLatent,
+     "DeepSeek-V4 e4m3 content + bf16 RoPE rows, then ue8m0 scale rows (one per 64) padded to 8 B; region-major, "
+     "pages padded to a multiple of the data row"},
+    {"v41-fp8", FormatUse::kLatent, "DeepSeek-V4.1 e4m3 content incl. RoPE with one ue8m0 scale per 32"},
+    {"v4-seed", FormatUse::kLatent,
+     "the seed note's structural V4 record: bf16 RoPE + fp8 content, no scales (pair with indexer-fp4-seed)"},
+    {"indexer-fp8", FormatUse::kIndexer, "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4)"},
+    {"indexer-mxfp4", FormatUse::kIndexer, "lightning-indexer key, e2m1 with one ue8m0 scale per 32"},
+    {"indexer-fp4-seed", FormatUse::kIndexer, "the seed note's structural indexer: e2m1 values, no scales"},
+};
+
+Status NeedMla(const Geometry& g, std::string_view name, std::string_view field) {
+  if (!g.is_mla) {
+    return InvalidArgument(std::string(field), std::string(name) + " stores an MLA latent, but " + g.name +
+                                                   " has no latent (no kv_lora_rank or compress_ratios)");
+  }
+  return Status::Ok();
+}
+
+Status NeedDivisible(uint64_t value, uint64_t group, std::string_view name, std::string_view what, std::string_view field) {
+  if (value % group != 0) {
+    return InvalidArgument(std::string(field), std::string(name) + " needs " + std::string(what) + " (" + std::to_string(value) +
+                                                   ") divisible by its scale group " + std::to_string(group));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<FormatInfo> FormatCatalog() {
+  std::vector<FormatInfo> out;
+  for (const FormatDef& d : kFormats) out.push_back({d.name, d.use, d.description});
+  out.push_back({"v4-compressor-state", FormatUse::kState,
+                 "DeepSeek-V4 compressor state: fp32 x (2 x coff x dim) per slot; built per layer, not selectable"});
+  return out;
+}
+
+RecordFormat CompressorStateFormat(uint32_t floats) {
+  RecordFormat f;
+  f.name = "v4-compressor-state";
+  f.description = "fp32 compressor state slot";
+  f.use = FormatUse::kState;
+  f.regions = {{"state", ElementType::kFp32, floats, 0}};
+  return f;
+}
+
+Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::string_view field) {
+  const FormatDef* def = nullptr;
+  for (const FormatDef& d : kFormats) {
+    if (name == d.name) def = &d;
+  }
+  if (def == nullptr) {
+    std::string known;
+    for (const FormatDef& d : kFormats) known += (known.empty() ? "" : ", ") + std::string(d.name);
+    return NotFound(std::string(field), "unknown format \"" + std::string(name) + "\" (known: " + known + ")");
+  }
+  RecordFormat f;
+  f.name = def->name;
+  f.description = def->description;
+  f.use = def->use;
+  const uint64_t latent = g.latent_dim;
+  const uint64_t rope = g.qk_rope_head_dim;
+
+  if (name == "mha-bf16" || name == "mha-fp8") {
+    ElementType t = name == "mha-bf16" ? ElementType::kBf16 : ElementType::kFp8E4M3;
+    uint64_t width = static_cast<uint64_t>(g.mha_heads()) * g.mha_head_dim();
+    f.regions = {{"k", t, width, 0}, {"v", t, width, 0}};
+  } else if (name == "expanded-bf16") {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
+    uint64_t heads = g.num_attention_heads;
+    f.regions = {{"k", ElementType::kBf16, heads * (g.qk_nope_head_dim + rope), 0},
+                 {"v", ElementType::kBf16, heads * g.v_head_dim, 0}};
+  } else if (name == "mla-bf16" || name == "mla-fp16") {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
+    ElementType t = name == "mla-bf16" ? ElementType::kBf16 : ElementType::kFp16;
+    f.regions = {{"latent", t, latent, 0}, {"rope", t, rope, 0}};
+  } else if (name == "fp8_ds_mla") {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
+    TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 128, name, "the latent", field));
+    f.regions = {{"latent", ElementType::kFp8E4M3, latent, 0},
+                 {"scales", ElementType::kFp32, latent / 128, 0},
+                 {"rope", ElementType::kBf16, rope, 0}};
+  } else if (name == "v4-fp8") {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
+    TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 64, name, "the content dims", field));
+    uint64_t scales = latent / 64;
+    uint64_t pad = (8 - scales % 8) % 8;  // the scale row is padded to 8 B
+    f.regions = {{"nope", ElementType::kFp8E4M3, latent, 0},
+                 {"rope", ElementType::kBf16, rope, 0},
+                 {"scales", ElementType::kUe8m0, scales, 1}};
+    if (pad > 0) f.regions.push_back({"pad", ElementType::kPad8, pad, 1});
+    f.packing = Packing::kRegionMajor;
+    f.page_alignment = f.plane_bytes(0);  // 576 B for DeepSeek-V4
+  } else if (name == "v41-fp8") {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
+    TESSERA_RETURN_IF_ERROR(NeedDivisible(latent + rope, 32, name, "content + rope dims", field));
+    f.regions = {{"data", ElementType::kFp8E4M3, latent + rope, 0},
+                 {"scales", ElementType::kUe8m0, (latent + rope) / 32, 0}};
+  } else if (name == "v4-seed") {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
+    f.regions = {{"rope", ElementType::kBf16, rope, 0}, {"nope", ElementType::kFp8E4M3, latent, 0}};
+  } else if (name == "indexer-fp8" || name == "indexer-mxfp4" || name == "indexer-fp4-seed") {
+    if (g.index_head_dim == 0) {
+      return InvalidArgument(std::string(field), std::string(name) + " needs index_head_dim, which " + g.name + " lacks");
+    }
+    uint64_t d = g.index_head_dim;
+    if (name == "indexer-fp8") {
+      f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 0}};
+    } else if (name == "indexer-mxfp4") {
+      TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 32, name, "index_head_dim", field));
+      f.regions = {{"key", ElementType::kFp4E2M1, d, 0}, {"scales", ElementType::kUe8m0, d / 32, 0}};
+    } else {
+      TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 2, name, "index_head_dim", field));
+      f.regions = {{"key", ElementType::kFp4E2M1, d, 0}};
+    }
+  }
+  for (const Region& r : f.regions) {
+    if (r.count == 0) {
+      return InvalidArgument(std::string(field), std::string(name) + " region \"" + r.name + "\" would be empty for " + g.name);
+    }
+  }
+  return f;
+}
+
+}  // namespace tessera

@@ -1,0 +1,378 @@
+// Engine profiles. Each engine decides, per cache line, whether the cache lives in pages or in
+// a per-request arena, the tokens per block, the page alignment, and how blocks are counted.
+// The page arithmetic itself is layout's (ComputePageLayout), shared with the pools.
+//
+// Sources for the vLLM and SGLang rules are listed in docs/ENGINES.md.
+
+#include "engine.h"
+
+#include <algorithm>
+#include <map>
+
+namespace tessera::detail {
+namespace {
+
+// vLLM's default max_num_batched_tokens: the prefill chunk a sliding-window group reserves for.
+constexpr uint64_t kVllmMaxBatchedTokens = 8192;
+constexpr uint32_t kFlashMlaBlockTokens = 64;
+constexpr uint32_t kV4FullBlockTokens = 256;
+constexpr uint32_t kV4WindowBlockTokens = 64;
+
+struct Policy {
+  bool in_pages = false;
+  uint32_t block_tokens = 0;
+  uint32_t entry_tokens = 1;  // tokens per entry inside a page
+  uint64_t alignment = 0;     // 0: the format's own
+  bool by_tokens = false;     // engine allocates a block per block_tokens tokens, complete entries or not
+  uint64_t window = 0;        // > 0: only blocks holding the last `window` tokens are kept
+  std::string group;          // block-id group
+};
+
+uint64_t Blocks(const Policy& p, const PageLayout& page, uint64_t tokens) {
+  if (p.window > 0) return WindowBlocksHeld(tokens, p.window, p.block_tokens);
+  if (p.by_tokens) return CeilDiv(tokens, p.block_tokens);
+  return CeilDiv(Entries(tokens, p.entry_tokens).value(), page.entries_per_block);
+}
+
+struct LineCost {
+  Checked committed;  // with speculative slots
+  std::vector<std::pair<std::string, Checked>> terms;
+  uint64_t blocks_with_spec = 0;
+};
+
+LineCost Cost(const CacheLine& line, const Policy& p, uint64_t n, uint32_t k) {
+  LineCost c;
+  const uint64_t record = line.format.record_bytes();
+  const Checked layers(line.layers);
+  if (p.in_pages) {
+    const PageLayout& page = line.page;
+    uint64_t b_n = Blocks(p, page, n);
+    uint64_t b_nk = Blocks(p, page, n + k);
+    uint64_t live = p.window > 0 ? std::min<uint64_t>(n, p.window) : Entries(n, p.entry_tokens).value();
+    Checked committed_n = layers * b_n * page.page_bytes;
+    Checked committed_nk = layers * b_nk * page.page_bytes;
+    c.terms.emplace_back("records", layers * live * record);
+    c.terms.emplace_back("page_rounding", layers * (Checked(b_n) * page.entries_per_block - live) * record);
+    c.terms.emplace_back("alignment_padding", layers * b_n * page.padding_bytes);
+    c.terms.emplace_back("speculative_slots", committed_nk - committed_n);
+    c.committed = committed_nk;
+    c.blocks_with_spec = b_nk;
+    return c;
+  }
+  uint64_t live = std::min<uint64_t>(n, line.slots);
+  uint64_t spec_slots = 0;
+  if (k > 0) spec_slots = line.role == CacheRole::kWindow ? k : line.slots;  // compressor rings double
+  c.terms.emplace_back("records", layers * live * record);
+  c.terms.emplace_back("ring_capacity", layers * (line.slots - live) * record);
+  c.terms.emplace_back("speculative_slots", layers * spec_slots * record);
+  c.committed = layers * (Checked(line.slots) + spec_slots) * record;
+  return c;
+}
+
+uint64_t ReadEntries(const CacheLine& line, const Geometry& g, uint64_t n) {
+  switch (line.role) {
+    case CacheRole::kKv: return n;
+    case CacheRole::kLatent: return line.layer_kind == LayerKind::kMlaSparse ? std::min<uint64_t>(n, g.index_topk) : n;
+    case CacheRole::kCompressed: {
+      uint64_t e = Entries(n, line.compress_ratio).value();
+      return line.layer_kind == LayerKind::kCsa ? std::min<uint64_t>(e, g.index_topk) : e;
+    }
+    case CacheRole::kIndexer: return Entries(n, line.compress_ratio).value();
+    case CacheRole::kWindow: return std::min<uint64_t>(n, line.slots);
+    case CacheRole::kCompressorState:
+    case CacheRole::kIndexerCompressorState: return 0;
+  }
+  return 0;
+}
+
+// vLLM's first DeepSeek-V4 allocator: one block id is backed by a tuple of pages in T layer
+// slots, and costs sum(distinct full-group page sizes) x T whatever group owns it.
+struct VllmHybridGroups {
+  uint32_t full_block_tokens = 0;
+  uint64_t block_cost = 0;
+  uint32_t tuples = 0;  // T
+  struct Bucket {
+    uint32_t block_tokens;
+    uint64_t window;
+    uint64_t tuples;
+    uint64_t groups;
+  };
+  std::vector<Bucket> buckets;
+};
+
+VllmHybridGroups PlanVllmHybrid(const std::vector<CacheLine>& lines, const std::vector<Policy>& policies,
+                                uint32_t full_block_tokens) {
+  VllmHybridGroups plan;
+  plan.full_block_tokens = full_block_tokens;
+  std::map<uint64_t, uint64_t> full_classes;  // page bytes -> layers
+  std::map<std::pair<uint32_t, uint64_t>, std::map<uint64_t, uint64_t>> buckets;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const Policy& p = policies[i];
+    if (!p.in_pages) continue;
+    if (p.window == 0) {
+      full_classes[lines[i].page.page_bytes] += lines[i].layers;
+    } else {
+      buckets[{p.block_tokens, p.window}][lines[i].page.page_bytes] += lines[i].layers;
+    }
+  }
+  uint64_t sum_pages = 0;
+  uint64_t lower = 1;
+  for (const auto& [page, layers] : full_classes) {
+    sum_pages += page;
+    lower = std::max(lower, layers);
+  }
+  uint64_t upper = lower;
+  std::vector<VllmHybridGroups::Bucket> out;
+  for (const auto& [key, classes] : buckets) {
+    uint64_t tuples = 0;
+    for (const auto& [page, layers] : classes) tuples = std::max(tuples, layers);
+    out.push_back({key.first, key.second, tuples, 0});
+    upper = std::max(upper, tuples);
+  }
+  // T: the tuple count >= the full group's that wastes the fewest layer slots across buckets.
+  uint64_t best_t = lower;
+  uint64_t best_waste = UINT64_MAX;
+  for (uint64_t t = lower; t <= upper; ++t) {
+    uint64_t waste = 0;
+    for (const auto& b : out) waste += CeilDiv(b.tuples, t) * t - b.tuples;
+    if (waste < best_waste) {
+      best_waste = waste;
+      best_t = t;
+    }
+  }
+  for (auto& b : out) b.groups = CeilDiv(b.tuples, best_t);
+  plan.tuples = static_cast<uint32_t>(best_t);
+  plan.block_cost = sum_pages * best_t;
+  plan.buckets = std::move(out);
+  return plan;
+}
+
+struct RankCost {
+  Checked committed;  // one request on one rank
+  std::map<std::string, Checked> terms;
+  std::vector<LineCost> lines;
+  Checked reserved;
+};
+
+}  // namespace
+
+Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat& main_format, Ledger& ledger) {
+  std::vector<CacheLine>& lines = ledger.lines;
+  std::vector<Policy> policies(lines.size());
+
+  std::vector<uint32_t> ratios;
+  for (const CacheLine& l : lines) {
+    if (l.grows) ratios.push_back(l.compress_ratio);
+  }
+  const bool v4_fp8 = main_format.name == "v4-fp8";
+  const uint64_t v4_align = v4_fp8 ? main_format.page_alignment : 1;
+
+  switch (o.engine) {
+    case Engine::kTessera: {
+      TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice choice, ChooseBlockTokens(ratios, g.is_mla, o.kernel, o.block_tokens));
+      ledger.block_tokens = choice.block_tokens;
+      ledger.block_reasons = choice.reasons;
+      for (const std::string& n : choice.notes) ledger.notes.push_back("block-tokens " + n);
+      for (size_t i = 0; i < lines.size(); ++i) {
+        Policy& p = policies[i];
+        if (!lines[i].grows) continue;  // window ring and compressor state: per-request arena
+        p.in_pages = true;
+        p.block_tokens = choice.block_tokens;
+        p.entry_tokens = lines[i].compress_ratio;
+        p.group = lines[i].format.name + "/" + std::to_string(lines[i].compress_ratio);
+      }
+      if (g.is_hybrid) ledger.notes.push_back("window rings and compressor state live in a per-request arena, sized once");
+      break;
+    }
+    case Engine::kVllm:
+    case Engine::kSglang: {
+      const bool vllm = o.engine == Engine::kVllm;
+      if (g.is_hybrid) {
+        if (vllm && o.dcp > 1) {
+          return InvalidArgument("dcp", "vLLM's sliding-window groups (every DeepSeek-V4 layer has one) require dcp = 1");
+        }
+        uint32_t full = kV4FullBlockTokens;
+        if (o.block_tokens) {
+          TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c, ChooseBlockTokens(ratios, true, Kernel::kGeneric, o.block_tokens));
+          full = c.block_tokens;
+        }
+        ledger.block_tokens = full;
+        ledger.block_reasons.push_back(std::string(EngineName(o.engine)) + " DeepSeek-V4: compressed caches in " +
+                                       std::to_string(full) + "-token blocks");
+        if (!v4_fp8) {
+          ledger.notes.push_back(std::string(EngineName(o.engine)) + " serves DeepSeek-V4 with the v4-fp8 record; " +
+                                 main_format.name + " is priced with the same page rules, without the 576-B padding");
+        }
+        for (size_t i = 0; i < lines.size(); ++i) {
+          const CacheLine& l = lines[i];
+          Policy& p = policies[i];
+          p.in_pages = true;
+          p.by_tokens = true;
+          switch (l.role) {
+            case CacheRole::kCompressed:
+            case CacheRole::kIndexer:
+              p.block_tokens = full;
+              p.entry_tokens = l.compress_ratio;
+              // SGLang leaves its indexer pages unpadded; vLLM pads every V4 page.
+              p.alignment = (vllm || l.role == CacheRole::kCompressed) ? v4_align : 1;
+              p.group = "full";
+              break;
+            case CacheRole::kWindow:
+              p.block_tokens = vllm ? kV4WindowBlockTokens : l.slots;
+              p.alignment = v4_align;
+              p.window = l.slots;
+              p.group = "window";
+              break;
+            default:  // compressor states
+              if (!vllm) {
+                p = Policy{};  // SGLang: a per-request ring in its compress-state pool
+                break;
+              }
+              // vLLM: sliding-window groups of 4 (C4, overlapping) or 8 (C128) one-slot tokens.
+              p.block_tokens = l.slots <= 8 ? 4 : 8;
+              p.alignment = v4_align;
+              p.window = l.slots;
+              p.group = "state";
+              break;
+          }
+        }
+        ledger.notes.push_back(vllm ? "vLLM pages the window and the compressor state as sliding-window groups"
+                                    : "SGLang pages the window in window-sized pages; compressor state in a per-request ring");
+      } else {
+        uint32_t bt = g.is_mla ? kFlashMlaBlockTokens : (vllm ? 16 : 1);
+        if (o.block_tokens) {
+          TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c, ChooseBlockTokens(ratios, g.is_mla, Kernel::kGeneric, o.block_tokens));
+          bt = c.block_tokens;
+        }
+        ledger.block_tokens = bt;
+        ledger.block_reasons.push_back(g.is_mla ? std::string(EngineName(o.engine)) + " with FlashMLA: 64-token pages"
+                                                : vllm ? "vLLM default block of 16 tokens" : "SGLang default page size 1");
+        for (size_t i = 0; i < lines.size(); ++i) {
+          Policy& p = policies[i];
+          p.in_pages = true;
+          p.by_tokens = true;
+          p.block_tokens = bt;
+          p.entry_tokens = 1;
+          p.alignment = 1;
+          p.group = "full";
+        }
+      }
+      break;
+    }
+  }
+
+  // Page layouts.
+  for (size_t i = 0; i < lines.size(); ++i) {
+    lines[i].in_pages = policies[i].in_pages;
+    if (!policies[i].in_pages) continue;
+    TESSERA_ASSIGN_OR_RETURN(lines[i].page, ComputePageLayout(lines[i].format, policies[i].entry_tokens,
+                                                              policies[i].block_tokens, policies[i].alignment));
+  }
+
+  std::optional<VllmHybridGroups> vllm_groups;
+  if (o.engine == Engine::kVllm && g.is_hybrid) {
+    vllm_groups = PlanVllmHybrid(lines, policies, ledger.block_tokens);
+    ledger.block_id_bytes = vllm_groups->block_cost;
+    ledger.notes.push_back("vLLM block id = a tuple of pages in " + std::to_string(vllm_groups->tuples) +
+                           " layer slots, " + std::to_string(vllm_groups->block_cost) +
+                           " B whatever group owns it (first DeepSeek-V4 allocator); admission reserves " +
+                           std::to_string(kVllmMaxBatchedTokens) + "-token prefill chunks for every sliding-window group");
+  }
+
+  const uint64_t max_len = std::max<uint64_t>(g.max_position_embeddings, o.context_tokens);
+  auto rank_cost = [&](uint64_t n) {
+    RankCost rc;
+    Checked natural(0);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      LineCost c = Cost(lines[i], policies[i], n, o.spec_tokens);
+      natural += c.committed;
+      for (const auto& [name, bytes] : c.terms) {
+        auto [it, inserted] = rc.terms.try_emplace(name, Checked(0));
+        it->second += bytes;
+      }
+      rc.lines.push_back(std::move(c));
+    }
+    rc.committed = natural;
+    if (o.engine == Engine::kTessera) {
+      std::map<std::string, std::pair<uint64_t, uint32_t>> groups;  // blocks, block tokens
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (policies[i].in_pages) groups[policies[i].group] = {rc.lines[i].blocks_with_spec, policies[i].block_tokens};
+      }
+      Checked meta(0);
+      for (const auto& [name, b] : groups) meta += Checked(b.first) * BlockMetadataBytes(b.second);
+      rc.terms["block_metadata"] = meta;
+      rc.committed += meta;
+    }
+    rc.reserved = rc.committed;
+    if (vllm_groups) {
+      const VllmHybridGroups& vg = *vllm_groups;
+      uint64_t nk = n + o.spec_tokens;
+      Checked held = Checked(CeilDiv(nk, vg.full_block_tokens));
+      Checked reserve = Checked(CeilDiv(std::min(nk, max_len), vg.full_block_tokens));
+      for (const auto& b : vg.buckets) {
+        held += Checked(b.groups) * WindowBlocksHeld(nk, b.window, b.block_tokens);
+        reserve += Checked(b.groups) *
+                   (CeilDiv(std::min<uint64_t>(b.window - 1 + kVllmMaxBatchedTokens, max_len), b.block_tokens) + 1);
+      }
+      Checked total = held * vg.block_cost;
+      rc.terms["uniform_block_padding"] = total - natural;
+      rc.committed = total;
+      rc.reserved = reserve * vg.block_cost;
+    }
+    return rc;
+  };
+
+  // Tokens per rank: decode context parallelism interleaves tokens over dcp ranks.
+  const uint64_t n = o.context_tokens;
+  const uint64_t q = n / o.dcp;
+  const uint64_t extra = n % o.dcp;  // ranks holding q + 1 tokens
+  ledger.tokens_per_rank = q + (extra > 0 ? 1 : 0);
+  RankCost busiest = rank_cost(ledger.tokens_per_rank);
+  Checked all_ranks;
+  if (o.engine == Engine::kTessera) {
+    RankCost lighter = rank_cost(q);
+    all_ranks = (Checked(extra) * busiest.committed + Checked(o.dcp - extra) * lighter.committed) * (o.tp / o.dcp);
+  } else {
+    all_ranks = busiest.committed * o.tp;  // engines allocate the same block count on every rank
+  }
+
+  auto scale = [&](Checked per_request, const char* what) -> Result<uint64_t> {
+    if (per_request.overflowed()) return OutOfRange("context", std::string(what) + " overflows 64 bits");
+    Checked total = per_request * o.batch;
+    if (total.overflowed()) return OutOfRange("batch", std::string(what) + " overflows 64 bits at this batch");
+    return total.value();
+  };
+  TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes, scale(busiest.committed, "committed bytes"));
+  TESSERA_ASSIGN_OR_RETURN(ledger.reserved_at_admission_bytes, scale(busiest.reserved, "reserved bytes"));
+  if (all_ranks.overflowed()) return OutOfRange("tp", "committed bytes over all ranks overflow 64 bits");
+  TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes_all_ranks, scale(all_ranks, "committed bytes over all ranks"));
+
+  static const char* kTermOrder[] = {"records",          "page_rounding",    "alignment_padding",    "ring_capacity",
+                                     "speculative_slots", "block_metadata", "uniform_block_padding"};
+  for (const char* name : kTermOrder) {
+    auto it = busiest.terms.find(name);
+    if (it == busiest.terms.end()) continue;
+    TESSERA_ASSIGN_OR_RETURN(uint64_t bytes, scale(it->second, name));
+    ledger.terms.push_back({name, bytes, ""});
+  }
+  Checked read(0);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    CacheLine& line = lines[i];
+    TESSERA_ASSIGN_OR_RETURN(line.committed_bytes, scale(busiest.lines[i].committed, "committed bytes"));
+    for (const auto& [name, bytes] : busiest.lines[i].terms) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t b, scale(bytes, name.c_str()));
+      if (b > 0 || name == "records") line.terms.push_back({name, b, ""});
+    }
+    Checked r = Checked(ReadEntries(line, g, ledger.tokens_per_rank)) * line.format.record_bytes() * line.layers;
+    line.read_bytes_per_token = r.value();
+    read += r;
+  }
+  if (read.overflowed()) return OutOfRange("context", "read bytes overflow 64 bits");
+  ledger.read_bytes_per_token = read.value();
+  Checked read_all = read * o.tp;
+  if (read_all.overflowed()) return OutOfRange("tp", "read bytes over all ranks overflow 64 bits");
+  ledger.read_bytes_per_token_all_ranks = read_all.value();
+  return Status::Ok();
+}
+
+}  // namespace tessera::detail

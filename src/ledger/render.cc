@@ -1,0 +1,318 @@
+#include "tessera/render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "render_json.h"
+#include "tessera/units.h"
+
+namespace tessera {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+Result<OutputFormat> ParseOutputFormat(std::string_view name) {
+  if (name == "table") return OutputFormat::kTable;
+  if (name == "json") return OutputFormat::kJson;
+  if (name == "markdown") return OutputFormat::kMarkdown;
+  return InvalidArgument("format", "unknown output format \"" + std::string(name) + "\" (known: table, json, markdown)");
+}
+
+namespace {
+
+std::string ShapeString(const CacheLine& l) {
+  std::string s = "[";
+  for (size_t i = 0; i < l.shape.size(); ++i) s += (i ? "," : "") + std::to_string(l.shape[i]);
+  s += "]";
+  if (l.shape_unit == "bytes") s += " B";
+  return s;
+}
+
+std::string Signed(int64_t v) {
+  if (v < 0) return "-" + FormatBytes(static_cast<uint64_t>(-(v + 1)) + 1);
+  return "+" + FormatBytes(static_cast<uint64_t>(v));
+}
+
+// A simple aligned text table.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string Text() const {
+    std::vector<size_t> w;
+    for (const auto& r : rows_) {
+      if (w.size() < r.size()) w.resize(r.size(), 0);
+      for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
+    }
+    std::string out;
+    for (const auto& r : rows_) {
+      std::string line = "  ";
+      for (size_t i = 0; i < r.size(); ++i) {
+        line += r[i];
+        if (i + 1 < r.size()) line += std::string(w[i] - r[i].size() + 2, ' ');
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out += line + "\n";
+    }
+    return out;
+  }
+  std::string Markdown() const {
+    std::string out;
+    for (size_t ri = 0; ri < rows_.size(); ++ri) {
+      out += "|";
+      for (const auto& c : rows_[ri]) out += " " + c + " |";
+      out += "\n";
+      if (ri == 0) {
+        out += "|";
+        for (size_t i = 0; i < rows_[0].size(); ++i) out += " --- |";
+        out += "\n";
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string MtpText(const Ledger& l) {
+  return l.options.include_mtp ? "included" : "not included (off by default; --include-mtp counts them)";
+}
+
+std::string InputsLine(const Ledger& l) {
+  const LedgerOptions& o = l.options;
+  std::string s = "context " + WithThousands(o.context_tokens) + " tokens, batch " + std::to_string(o.batch) +
+                  ", kv-format " + l.kv_format;
+  if (!l.indexer_format.empty()) s += ", indexer-format " + l.indexer_format;
+  s += ", block " + std::to_string(l.block_tokens) + " tokens, tp " + std::to_string(o.tp) + ", dcp " +
+       std::to_string(o.dcp) + ", spec-tokens " + std::to_string(o.spec_tokens) + ", engine " +
+       std::string(EngineName(o.engine));
+  return s;
+}
+
+}  // namespace
+
+namespace detail {
+
+ordered_json ExactJson(const Fraction& f) {
+  if (f.is_integer()) return f.num();
+  ordered_json j;
+  j["fraction"] = f.ToString();
+  j["decimal"] = f.ToDecimal(12);
+  return j;
+}
+
+ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
+  ordered_json j;
+  j["model"] = l.model;
+  j["model_type"] = l.model_type;
+  j["config_sha256"] = l.config_sha256;
+  ordered_json in;
+  in["context_tokens"] = l.options.context_tokens;
+  in["batch"] = l.options.batch;
+  in["kv_format"] = l.kv_format;
+  in["indexer_format"] = l.indexer_format;
+  in["block_tokens"] = l.block_tokens;
+  in["block_tokens_reasons"] = l.block_reasons;
+  in["tp"] = l.options.tp;
+  in["dcp"] = l.options.dcp;
+  in["spec_tokens"] = l.options.spec_tokens;
+  in["include_mtp"] = l.options.include_mtp;
+  in["engine"] = std::string(EngineName(l.options.engine));
+  in["kernel"] = std::string(KernelName(l.options.kernel));
+  j["inputs"] = in;
+  j["layers_counted"] = l.layers_counted;
+  j["tokens_per_rank"] = l.tokens_per_rank;
+  j["requested_bytes"] = l.requested_bytes;
+  j["committed_bytes"] = l.committed_bytes;
+  j["committed_bytes_all_ranks"] = l.committed_bytes_all_ranks;
+  j["reserved_at_admission_bytes"] = l.reserved_at_admission_bytes;
+  if (l.block_id_bytes) j["block_id_bytes"] = l.block_id_bytes;
+  j["read_bytes_per_token"] = l.read_bytes_per_token;
+  j["read_bytes_per_token_all_ranks"] = l.read_bytes_per_token_all_ranks;
+  j["mha_equivalent_bytes"] = l.mha_equivalent_bytes;
+  j["mha_bytes_per_token_per_layer"] = l.mha_bytes_per_token_per_layer;
+  j["mha_ratio"] = ExactJson(l.mha_ratio);
+  ordered_json terms = ordered_json::array();
+  for (const Term& t : l.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+  j["committed_terms"] = terms;
+  ordered_json kinds = ordered_json::array();
+  for (const LayerKindSummary& k : l.kinds) {
+    ordered_json kj;
+    kj["kind"] = std::string(LayerKindName(k.kind));
+    kj["layers"] = k.layers;
+    kj["bytes_per_token_per_layer"] = ExactJson(k.paged_bytes_per_token);
+    if (k.window_bytes_per_token) kj["window_bytes_per_token"] = k.window_bytes_per_token;
+    if (k.state_bytes) kj["state_bytes_per_layer"] = k.state_bytes;
+    kinds.push_back(kj);
+  }
+  j["layer_kinds"] = kinds;
+  ordered_json caches = ordered_json::array();
+  for (const CacheLine& c : l.lines) {
+    ordered_json cj;
+    cj["cache"] = c.name;
+    cj["layer_kind"] = std::string(LayerKindName(c.layer_kind));
+    cj["role"] = std::string(CacheRoleName(c.role));
+    cj["mtp"] = c.mtp;
+    cj["layers"] = c.layers;
+    cj["format"] = c.format.name;
+    cj["regions"] = c.format.RegionSummary();
+    cj["packing"] = std::string(PackingName(c.format.packing));
+    cj["record_bytes"] = c.record_bytes;
+    if (c.grows) {
+      cj["compress_ratio"] = c.compress_ratio;
+      cj["bytes_per_token_per_layer"] = ExactJson(c.bytes_per_token_per_layer);
+    } else {
+      cj["slots"] = c.slots;
+      cj["bytes_per_slot"] = c.record_bytes;
+      cj["per_request_constant"] = true;
+    }
+    cj["shape"] = c.shape;
+    cj["shape_unit"] = c.shape_unit;
+    cj["storage"] = c.in_pages ? "pages" : "per-request arena";
+    if (c.in_pages) {
+      cj["block_tokens"] = c.page.block_tokens;
+      cj["entries_per_block"] = c.page.entries_per_block;
+      cj["page_bytes"] = c.page.page_bytes;
+      cj["page_padding_bytes"] = c.page.padding_bytes;
+    }
+    cj["requested_bytes"] = c.requested_bytes;
+    cj["committed_bytes"] = c.committed_bytes;
+    ordered_json ct = ordered_json::array();
+    for (const Term& t : c.terms) ct.push_back({{"name", t.name}, {"bytes", t.bytes}});
+    cj["committed_terms"] = ct;
+    cj["read_bytes_per_token"] = c.read_bytes_per_token;
+    caches.push_back(cj);
+  }
+  j["caches"] = caches;
+  j["notes"] = l.notes;
+  if (rec != nullptr) {
+    ordered_json r;
+    r["scope"] = rec->scope;
+    r["predicted_bytes"] = rec->predicted_bytes;
+    r["observed_bytes"] = rec->observed_bytes;
+    r["difference_bytes"] = rec->difference_bytes;
+    ordered_json at = ordered_json::array();
+    for (const Attribution& a : rec->attributed) at.push_back({{"term", a.term}, {"bytes", a.bytes}});
+    r["attributed"] = at;
+    r["unexplained_bytes"] = rec->unexplained_bytes;
+    j["reconciliation"] = r;
+  }
+  return j;
+}
+
+ordered_json ClaimsToJson(const ClaimCheck& c) {
+  ordered_json j;
+  j["source"] = c.source;
+  ordered_json rs = ordered_json::array();
+  for (const ClaimResult& r : c.results) {
+    ordered_json rj;
+    rj["id"] = r.id;
+    rj["column"] = r.column;
+    rj["subject"] = r.subject;
+    rj["claimed"] = r.claimed;
+    rj["exact"] = r.exact;
+    rj["verdict"] = std::string(VerdictName(r.verdict));
+    rj["reading"] = r.reading;
+    rj["error_percent"] = std::round(r.error_percent * 1000) / 1000;
+    rj["detail"] = r.detail;
+    rs.push_back(rj);
+  }
+  j["claims"] = rs;
+  j["findings"] = c.findings;
+  return j;
+}
+
+}  // namespace detail
+
+std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliation* rec) {
+  if (format == OutputFormat::kJson) return detail::LedgerToJson(l, rec).dump(2) + "\n";
+  const bool md = format == OutputFormat::kMarkdown;
+  std::ostringstream out;
+  if (md) {
+    out << "## Ledger: " << l.model << " (" << l.model_type << ")\n\n";
+    out << "- inputs: " << InputsLine(l) << "\n";
+    out << "- MTP layers: " << MtpText(l) << "\n";
+    out << "- config sha256: `" << l.config_sha256 << "`\n";
+    for (const std::string& r : l.block_reasons) out << "- block span: " << r << "\n";
+    out << "\n";
+  } else {
+    out << "ledger: " << l.model << " (" << l.model_type << ")\n";
+    out << "inputs: " << InputsLine(l) << "\n";
+    out << "MTP layers: " << MtpText(l) << "\n";
+    for (const std::string& r : l.block_reasons) out << "block span: " << r << "\n";
+    out << "\n";
+  }
+  Table caches({"cache", "layers", "format", "record", "per token per layer", "shape", "storage", "requested",
+                "committed/rank", "read/token"});
+  for (const CacheLine& c : l.lines) {
+    std::string per = c.grows ? c.bytes_per_token_per_layer.ToExactAndDecimal() + " B"
+                              : std::to_string(c.record_bytes) + " B/slot x " + std::to_string(c.slots) + " (constant)";
+    std::string storage = c.in_pages ? std::to_string(c.page.entries_per_block) + " x " + std::to_string(c.page.block_tokens) +
+                                           "-token pages of " + std::to_string(c.page.page_bytes) + " B"
+                                     : "arena";
+    caches.Add({c.name, std::to_string(c.layers), c.format.name, std::to_string(c.record_bytes) + " B", per, ShapeString(c),
+                storage, WithThousands(c.requested_bytes), WithThousands(c.committed_bytes),
+                WithThousands(c.read_bytes_per_token)});
+  }
+  out << (md ? "### Caches (bytes)\n\n" + caches.Markdown() : "caches (bytes):\n" + caches.Text()) << "\n";
+
+  Table terms({"term", "bytes"});
+  for (const Term& t : l.terms) terms.Add({t.name, FormatBytes(t.bytes)});
+  out << (md ? "### Committed per rank, by term\n\n" + terms.Markdown() : "committed per rank, by term:\n" + terms.Text())
+      << "\n";
+
+  Table totals({"total", "value"});
+  totals.Add({"requested_bytes", FormatBytes(l.requested_bytes)});
+  totals.Add({"committed_bytes (per rank)", FormatBytes(l.committed_bytes)});
+  totals.Add({"committed_bytes_all_ranks", FormatBytes(l.committed_bytes_all_ranks)});
+  if (l.reserved_at_admission_bytes != l.committed_bytes) {
+    totals.Add({"reserved_at_admission_bytes (per rank)", FormatBytes(l.reserved_at_admission_bytes)});
+  }
+  totals.Add({"read_bytes_per_token (per rank)", FormatBytes(l.read_bytes_per_token)});
+  totals.Add({"mha_equivalent_bytes", FormatBytes(l.mha_equivalent_bytes) + " (" +
+                                          WithThousands(l.mha_bytes_per_token_per_layer) + " B per token per layer)"});
+  totals.Add({"MHA-equivalent / requested", l.mha_ratio.ToString() + " = " + l.mha_ratio.ToDecimal(4) + "x"});
+  out << (md ? "### Totals\n\n" + totals.Markdown() : "totals:\n" + totals.Text()) << "\n";
+
+  Table kinds({"layer kind", "layers", "paged bytes per token per layer", "window bytes per token", "state bytes per layer"});
+  for (const LayerKindSummary& k : l.kinds) {
+    kinds.Add({std::string(LayerKindName(k.kind)), std::to_string(k.layers), k.paged_bytes_per_token.ToExactAndDecimal() + " B",
+               k.window_bytes_per_token ? std::to_string(k.window_bytes_per_token) + " B" : "-",
+               k.state_bytes ? WithThousands(k.state_bytes) + " B" : "-"});
+  }
+  out << (md ? "### Per layer kind\n\n" + kinds.Markdown() : "per layer kind:\n" + kinds.Text());
+  if (rec != nullptr) {
+    out << (md ? "\n### Reconciliation\n\n" : "\nreconciliation (" + rec->scope + "):\n");
+    out << (md ? "- " : "  ") << "predicted " << FormatBytes(rec->predicted_bytes) << "\n";
+    out << (md ? "- " : "  ") << "observed  " << FormatBytes(rec->observed_bytes) << "\n";
+    out << (md ? "- " : "  ") << "difference " << Signed(rec->difference_bytes) << "\n";
+    for (const Attribution& a : rec->attributed) out << (md ? "- " : "    ") << a.term << ": " << Signed(a.bytes) << "\n";
+    out << (md ? "- " : "  ") << "unexplained " << Signed(rec->unexplained_bytes) << "\n";
+  }
+  if (!l.notes.empty()) {
+    out << (md ? "\n### Notes\n\n" : "\nnotes:\n");
+    for (const std::string& n : l.notes) out << (md ? "- " : "  - ") << n << "\n";
+  }
+  return out.str();
+}
+
+std::string RenderClaims(const ClaimCheck& c, OutputFormat format) {
+  if (format == OutputFormat::kJson) return detail::ClaimsToJson(c).dump(2) + "\n";
+  const bool md = format == OutputFormat::kMarkdown;
+  Table t({"claim", "subject", "claimed", "exact", "verdict", "detail"});
+  for (const ClaimResult& r : c.results) {
+    t.Add({r.id, r.subject, r.claimed, r.exact, std::string(VerdictName(r.verdict)), r.detail});
+  }
+  std::ostringstream out;
+  out << (md ? "## Claim check\n\nsource: " : "claim check — source: ") << c.source << "\n\n";
+  out << (md ? t.Markdown() : t.Text()) << "\n";
+  out << (md ? "### Findings\n\n" : "findings:\n");
+  for (const std::string& f : c.findings) out << (md ? "- " : "  - ") << f << "\n";
+  return out.str();
+}
+
+}  // namespace tessera

@@ -1,0 +1,189 @@
+// End to end through the tessera binary: exit codes, one-line errors naming the field, and
+// no partial output files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::CommandResult;
+using testing::RunTessera;
+using testing::TempDir;
+
+int Lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+void ExpectInputError(const CommandResult& r, const std::string& field) {
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(field), std::string::npos) << "expected field " << field << " in: " << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST(Cli, ReportIsTheMainJob) {
+  CommandResult r = RunTessera("report");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("deepseek-v3"), std::string::npos);
+  EXPECT_NE(r.out.find("deepseek-v4-pro"), std::string::npos);
+  EXPECT_NE(r.out.find("claim check"), std::string::npos);
+  EXPECT_NE(r.out.find("GiB"), std::string::npos);
+}
+
+TEST(Cli, LedgerJsonForThePresetAndTheSameConfigFile) {
+  CommandResult preset = RunTessera("ledger --model deepseek-v3 --context 128k --format json");
+  ASSERT_EQ(preset.exit_code, 0) << preset.err;
+  nlohmann::json j = nlohmann::json::parse(preset.out);
+  EXPECT_EQ(j["requested_bytes"].get<uint64_t>(), 9210691584ULL);
+
+  TempDir dir;
+  std::string cfg = dir.Write("config.json", *PresetConfigText("deepseek-v3"));
+  CommandResult file = RunTessera("ledger --config " + cfg + " --context 131072 --format json");
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  nlohmann::json k = nlohmann::json::parse(file.out);
+  EXPECT_EQ(k["requested_bytes"], j["requested_bytes"]);
+  EXPECT_EQ(k["committed_bytes"], j["committed_bytes"]);
+  EXPECT_EQ(k["config_sha256"], j["config_sha256"]);
+}
+
+TEST(Cli, SeedFixtureThroughTheCli) {
+  std::string cfg = std::string(TESSERA_TEST_DATA) + "/seed-fixture.json";
+  CommandResult r = RunTessera("ledger --config " + cfg + " --context 4 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requested_bytes"], 9216);
+  EXPECT_EQ(j["mha_equivalent_bytes"], 32768);
+  EXPECT_EQ(j["caches"][0]["shape"], nlohmann::json::array({2, 1, 4, 576}));
+  CommandResult again = RunTessera("ledger --config " + cfg + " --context 4 --format json");
+  EXPECT_EQ(again.out, r.out);
+}
+
+TEST(Cli, CheckClaims) {
+  CommandResult r = RunTessera("ledger --check-claims --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["claims"].size(), 23u);
+}
+
+TEST(Cli, ObservedIsReconciled) {
+  CommandResult r = RunTessera("ledger --model deepseek-v3 --context 100 --engine vllm --observed 7027200 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["committed_bytes"], 61 * 128 * 1152);
+  EXPECT_EQ(j["reconciliation"]["unexplained_bytes"], 0);
+  EXPECT_EQ(j["reconciliation"]["attributed"][0]["term"], "-page_rounding");
+}
+
+TEST(Cli, ReceiptWritesBothFiles) {
+  TempDir dir;
+  std::string prefix = dir.path() + "/v3";
+  CommandResult r = RunTessera("receipt --model deepseek-v3 --context 128k --out " + prefix);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".md"));
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".json"));
+}
+
+TEST(Cli, LedgerOutFile) {
+  TempDir dir;
+  std::string out = dir.path() + "/ledger.json";
+  CommandResult r = RunTessera("ledger --model deepseek-v4-pro --context 1m --format json --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out);
+  std::stringstream s;
+  s << in.rdbuf();
+  EXPECT_EQ(nlohmann::json::parse(s.str())["inputs"]["context_tokens"], 1048576);
+}
+
+struct BadCall {
+  const char* name;
+  std::string args;
+  const char* field;
+};
+
+class CliBadInput : public ::testing::TestWithParam<BadCall> {};
+
+TEST_P(CliBadInput, ExitTwoOneLineNamingTheFieldNothingWritten) {
+  TempDir dir;
+  std::string out = dir.path() + "/out.json";
+  std::string prefix = dir.path() + "/receipt";
+  std::string args = GetParam().args;
+  for (std::string* tag : {&args}) {
+    size_t p;
+    while ((p = tag->find("@DIR")) != std::string::npos) tag->replace(p, 4, dir.path());
+  }
+  bool receipt = args.rfind("receipt", 0) == 0;
+  CommandResult r = RunTessera(args + (receipt ? " --out " + prefix : " --format json --out " + out));
+  ExpectInputError(r, GetParam().field);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".md"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".json"));
+}
+
+const std::string kFixtureDir = TESSERA_TEST_DATA;
+
+INSTANTIATE_TEST_SUITE_P(
+    All, CliBadInput,
+    ::testing::Values(
+        BadCall{"unknown_preset", "ledger --model deepseek-v9 --context 8k", "model"},
+        BadCall{"unknown_format", "ledger --model deepseek-v3 --context 8k --kv-format fp3", "kv-format"},
+        BadCall{"missing_config", "ledger --config @DIR/nope.json --context 8k", "config"},
+        BadCall{"unreadable_config", "ledger --config @DIR --context 8k", "config"},
+        BadCall{"zero_context", "ledger --model deepseek-v3 --context 0", "context"},
+        BadCall{"negative_context", "ledger --model deepseek-v3 --context -5", "context"},
+        BadCall{"non_numeric_context", "ledger --model deepseek-v3 --context lots", "context"},
+        BadCall{"missing_context", "ledger --model deepseek-v3", "context"},
+        BadCall{"zero_batch", "ledger --model deepseek-v3 --context 8k --batch 0", "batch"},
+        BadCall{"non_numeric_batch", "ledger --model deepseek-v3 --context 8k --batch many", "batch"},
+        BadCall{"overflow", "ledger --model deepseek-v3 --context 1m --batch 1000000000000", "batch"},
+        BadCall{"v4_block_100", "ledger --model deepseek-v4-pro --context 8k --block-tokens 100", "block-tokens"},
+        BadCall{"dcp_not_dividing", "ledger --model deepseek-v3 --context 8k --tp 4 --dcp 3", "dcp"},
+        BadCall{"unknown_engine", "ledger --model deepseek-v3 --context 8k --engine trt", "engine"},
+        BadCall{"bad_observed", "ledger --model deepseek-v3 --context 8k --observed 12GB", "observed"},
+        BadCall{"model_and_config", "ledger --model deepseek-v3 --config x.json --context 8k", "model"},
+        BadCall{"unknown_option", "ledger --model deepseek-v3 --context 8k --frobnicate", "usage"},
+        BadCall{"receipt_bad_tp", "receipt --model deepseek-v3 --context 8k --tp zero", "tp"},
+        BadCall{"receipt_unknown_preset", "receipt --model nope --context 8k", "model"}),
+    [](const ::testing::TestParamInfo<BadCall>& param_info) { return std::string(param_info.param.name); });
+
+TEST(Cli, BadConfigFilesNameTheirField) {
+  TempDir dir;
+  struct Case {
+    const char* json;
+    const char* field;
+  };
+  const Case cases[] = {
+      {R"({"num_hidden_layers": 2, "num_attention_heads": 8, "kv_lora_rank": 512, "qk_rope_head_dim": 0,
+           "qk_nope_head_dim": 128, "v_head_dim": 128})", "qk_rope_head_dim"},
+      {R"({"num_hidden_layers": -2, "num_attention_heads": 8, "hidden_size": 1024})", "num_hidden_layers"},
+      {R"({"num_hidden_layers": "two", "num_attention_heads": 8, "hidden_size": 1024})", "num_hidden_layers"},
+      {R"({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 1024)", "config"},
+      {R"({"num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 640,
+           "sliding_window": 128, "compress_ratios": [0, 0]})", "qk_rope_head_dim"},
+  };
+  for (const Case& c : cases) {
+    std::string cfg = dir.Write("config.json", c.json);
+    CommandResult r = RunTessera("ledger --config " + cfg + " --context 8k");
+    ExpectInputError(r, c.field);
+  }
+  // A compress ratio that does not divide an explicit block.
+  std::string cfg = dir.Write("v4.json", R"({"num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512,
+      "qk_rope_head_dim": 64, "sliding_window": 128, "compress_ratios": [0, 128]})");
+  ExpectInputError(RunTessera("ledger --config " + cfg + " --context 8k --block-tokens 192"), "block-tokens");
+}
+
+TEST(Cli, HelpExitsZero) {
+  CommandResult r = RunTessera("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("ledger"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera

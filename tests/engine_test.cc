@@ -1,0 +1,127 @@
+// Engine profiles: vLLM and SGLang page sizes and groupings, and Tessera's own.
+#include <gtest/gtest.h>
+
+#include "ledger/engine.h"
+#include "tessera/ledger.h"
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::Context;
+using testing::MustLedger;
+using testing::Preset;
+
+TEST(EngineVllm, DeepSeekV3FlashMlaPages) {
+  Ledger bf16 = MustLedger(Preset("deepseek-v3"), Context(100, "mla-bf16", Engine::kVllm));
+  EXPECT_EQ(bf16.block_tokens, 64u);
+  EXPECT_EQ(bf16.lines[0].page.page_bytes, 64u * 1152);
+  EXPECT_EQ(bf16.committed_bytes, 61ULL * 2 * 64 * 1152);
+  EXPECT_EQ(bf16.TermBytes("block_metadata"), 0u);
+  Ledger fp8 = MustLedger(Preset("deepseek-v3"), Context(100, "fp8_ds_mla", Engine::kVllm));
+  EXPECT_EQ(fp8.lines[0].page.page_bytes, 64u * 656);
+}
+
+TEST(EngineVllm, DeepSeekV32PagesAreUnpadded) {
+  Ledger l = MustLedger(Preset("deepseek-v3.2"), Context(8192, "", Engine::kVllm));
+  EXPECT_EQ(l.FindLine("dsa.latent")->page.page_bytes, 41984u);
+  EXPECT_EQ(l.FindLine("dsa.indexer")->page.page_bytes, 8448u);
+}
+
+TEST(EngineVllm, DeepSeekV4ProPageSizes) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kVllm));
+  EXPECT_EQ(l.FindLine("csa.compressed")->page.page_bytes, 37440u);
+  EXPECT_EQ(l.FindLine("hca.compressed")->page.page_bytes, 1728u);
+  EXPECT_EQ(l.FindLine("csa.indexer")->page.page_bytes, 8640u);
+  EXPECT_EQ(l.FindLine("csa.window")->page.page_bytes, 37440u);
+  EXPECT_EQ(l.FindLine("csa.window")->page.block_tokens, 64u);
+  EXPECT_EQ(l.FindLine("csa.compressor_state")->page.page_bytes, 32832u);
+  EXPECT_EQ(l.FindLine("csa.compressor_state")->page.block_tokens, 4u);
+  EXPECT_EQ(l.FindLine("hca.compressor_state")->page.page_bytes, 32832u);
+  EXPECT_EQ(l.FindLine("hca.compressor_state")->page.block_tokens, 8u);
+  EXPECT_EQ(l.FindLine("csa.indexer_compressor_state")->page.page_bytes, 8640u);
+}
+
+TEST(EngineVllm, EveryBlockIdCostsTheSame) {
+  Ledger pro = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kVllm));
+  EXPECT_EQ(pro.block_id_bytes, (37440u + 8640u + 1728u) * 31u);
+  EXPECT_EQ(pro.block_id_bytes, 1482048u);
+  Ledger flash = MustLedger(Preset("deepseek-v4-flash"), Context(1048576, "", Engine::kVllm));
+  EXPECT_EQ(flash.block_id_bytes, 1051776u);  // x 22 layer slots
+}
+
+TEST(EngineVllm, AdmissionReservationFor1MTokenV4Pro) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kVllm));
+  // full group 4096 + two window groups x 131 + C4-state 2051 + C128-state 1041 block ids
+  EXPECT_EQ(l.reserved_at_admission_bytes, 7450ULL * 1482048);
+  EXPECT_EQ(l.reserved_at_admission_bytes, 11041257600ULL);  // 11.04 GB
+  EXPECT_EQ(l.requested_bytes, 5802431488ULL);               // 5.80 GB structural
+  // Held once prefill is done: far less than reserved, more than structural.
+  EXPECT_GT(l.committed_bytes, l.requested_bytes);
+  EXPECT_LT(l.committed_bytes, l.reserved_at_admission_bytes);
+  uint64_t sum = 0;
+  for (const Term& t : l.terms) sum += t.bytes;
+  EXPECT_EQ(sum, l.committed_bytes);
+}
+
+TEST(EngineVllm, HeldBlocksAreBlockIdsTimesBlockCost) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kVllm));
+  // full: 4096; windows (2 groups): blocks holding the last 128 tokens = 2 each;
+  // C4 state: last 8 tokens in 4-token blocks = 2; C128 state: last 128 in 8-token blocks = 16.
+  EXPECT_EQ(l.committed_bytes, (4096ULL + 2 * 2 + 2 + 16) * 1482048);
+}
+
+TEST(EngineVllm, DcpWithSlidingWindowIsRejected) {
+  LedgerOptions o = Context(8192, "", Engine::kVllm);
+  o.tp = 8;
+  o.dcp = 2;
+  Result<Ledger> l = ComputeLedger(Preset("deepseek-v4-pro"), o);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().field(), "dcp");
+}
+
+TEST(EngineSglang, V4Pages) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kSglang));
+  EXPECT_EQ(l.FindLine("csa.compressed")->page.page_bytes, 37440u);
+  EXPECT_EQ(l.FindLine("hca.compressed")->page.page_bytes, 1728u);
+  EXPECT_EQ(l.FindLine("csa.indexer")->page.page_bytes, 8448u);  // not padded
+  EXPECT_EQ(l.FindLine("csa.window")->page.page_bytes, 74880u);  // 128-token pages padded to 576
+  EXPECT_FALSE(l.FindLine("csa.compressor_state")->in_pages);
+}
+
+TEST(EngineSglang, MhaPageOfOneToken) {
+  Ledger l = MustLedger(Preset("llama-3.1-8b"), Context(100, "", Engine::kSglang));
+  EXPECT_EQ(l.block_tokens, 1u);
+  EXPECT_EQ(l.committed_bytes, l.requested_bytes);
+}
+
+TEST(EngineTessera, V4StateLivesInTheArena) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
+  EXPECT_EQ(l.block_tokens, 256u);
+  EXPECT_TRUE(l.FindLine("csa.compressed")->in_pages);
+  EXPECT_FALSE(l.FindLine("csa.window")->in_pages);
+  EXPECT_FALSE(l.FindLine("hca.compressor_state")->in_pages);
+  EXPECT_EQ(l.reserved_at_admission_bytes, l.committed_bytes);
+  // Tessera holds structural bytes plus page rounding, padding and block metadata only.
+  EXPECT_EQ(l.committed_bytes, l.requested_bytes + l.TermBytes("page_rounding") + l.TermBytes("alignment_padding") +
+                                   l.TermBytes("block_metadata"));
+}
+
+TEST(EngineHelpers, WindowBlocksHeld) {
+  EXPECT_EQ(detail::WindowBlocksHeld(0, 128, 64), 0u);
+  EXPECT_EQ(detail::WindowBlocksHeld(100, 128, 64), 2u);
+  EXPECT_EQ(detail::WindowBlocksHeld(128, 128, 64), 2u);
+  EXPECT_EQ(detail::WindowBlocksHeld(129, 128, 64), 3u);  // tokens 1..128 span blocks 0..2
+  EXPECT_EQ(detail::WindowBlocksHeld(192, 128, 64), 2u);
+  EXPECT_EQ(detail::Entries(1000, 128).value(), 7u);
+  EXPECT_EQ(detail::Entries(1000, 1).value(), 1000u);
+}
+
+TEST(EngineErrors, UnknownEngineNamesTheField) {
+  Result<Engine> e = ParseEngine("trt");
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().field(), "engine");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,261 @@
+// tessera: the command-line front end.
+//
+//   tessera report                      the main job: ledgers for DeepSeek-V3 and V4-Pro and the claim check
+//   tessera ledger --model NAME --context 128k [...]
+//   tessera receipt --model NAME --context 128k --out PREFIX
+//   tessera models | formats
+//
+// Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
+// written); 1 any other failure.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "tessera/claims.h"
+#include "tessera/file_io.h"
+#include "tessera/geometry.h"
+#include "tessera/ledger.h"
+#include "tessera/receipt.h"
+#include "tessera/reconcile.h"
+#include "tessera/render.h"
+#include "tessera/report.h"
+#include "tessera/units.h"
+
+namespace {
+
+using namespace tessera;
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "tessera: error: %s\n", st.ToString().c_str());
+  if (st.code() == StatusCode::kInternal) return 1;
+  if (st.code() == StatusCode::kIoError && st.field() == "out") return 1;
+  return 2;
+}
+
+// Options shared by ledger and receipt, kept as text so that errors name the option.
+struct ModelArgs {
+  std::string model;
+  std::string config;
+  std::string context;
+  std::string batch = "1";
+  std::string kv_format;
+  std::string indexer_format;
+  std::string block_tokens;
+  std::string tp = "1";
+  std::string dcp = "1";
+  std::string spec_tokens = "0";
+  bool include_mtp = false;
+  std::string engine = "tessera";
+  std::string kernel = "flashmla";
+  std::string observed;
+  std::string observed_trace;
+  std::string observed_scope = "rank";
+
+  void Register(CLI::App* app) {
+    app->add_option("--model", model, "preset name (see `tessera models`)");
+    app->add_option("--config", config, "path to a Hugging Face config.json");
+    app->add_option("--context", context, "tokens per request: 8192, 128k (=131072), 1m (=1048576)");
+    app->add_option("--batch", batch, "requests (default 1)");
+    app->add_option("--kv-format", kv_format, "main record format (see `tessera formats`)");
+    app->add_option("--indexer-format", indexer_format, "indexer record format");
+    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived)");
+    app->add_option("--tp", tp, "tensor-parallel ranks (default 1)");
+    app->add_option("--dcp", dcp, "decode-context-parallel ranks (default 1)");
+    app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
+    app->add_flag("--include-mtp", include_mtp, "count the MTP layer(s) as holding cache");
+    app->add_option("--engine", engine, "tessera | vllm | sglang (default tessera)");
+    app->add_option("--kernel", kernel, "flashmla | generic (tessera engine; default flashmla)");
+    app->add_option("--observed", observed, "bytes an engine really allocated, to reconcile");
+    app->add_option("--observed-trace", observed_trace, "allocation trace file: one \"<bytes> [label]\" per line");
+    app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
+  }
+
+  Result<Geometry> LoadGeometry() const {
+    if (!model.empty() && !config.empty()) return InvalidArgument("model", "give --model or --config, not both");
+    if (!config.empty()) return LoadConfigFile(config);
+    if (model.empty()) return InvalidArgument("model", "missing: give --model NAME or --config PATH");
+    return LoadPreset(model);
+  }
+
+  Result<LedgerOptions> Options() const {
+    LedgerOptions o;
+    if (context.empty()) return InvalidArgument("context", "missing: give --context TOKENS (e.g. 128k)");
+    TESSERA_ASSIGN_OR_RETURN(o.context_tokens, ParseTokenCount(context, "context"));
+    TESSERA_ASSIGN_OR_RETURN(o.batch, ParseUnsigned(batch, "batch"));
+    o.kv_format = kv_format;
+    o.indexer_format = indexer_format;
+    if (!block_tokens.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(block_tokens, "block-tokens"));
+      o.block_tokens = bt;
+    }
+    auto small = [](const std::string& text, const char* field) -> Result<uint32_t> {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(text, field));
+      if (v > 65536) return OutOfRange(field, std::to_string(v) + " is above 65536");
+      return static_cast<uint32_t>(v);
+    };
+    TESSERA_ASSIGN_OR_RETURN(o.tp, small(tp, "tp"));
+    TESSERA_ASSIGN_OR_RETURN(o.dcp, small(dcp, "dcp"));
+    TESSERA_ASSIGN_OR_RETURN(o.spec_tokens, small(spec_tokens, "spec-tokens"));
+    o.include_mtp = include_mtp;
+    TESSERA_ASSIGN_OR_RETURN(o.engine, ParseEngine(engine));
+    TESSERA_ASSIGN_OR_RETURN(o.kernel, ParseKernel(kernel));
+    return o;
+  }
+
+  Result<std::optional<uint64_t>> Observed() const {
+    if (!observed.empty() && !observed_trace.empty()) {
+      return InvalidArgument("observed", "give --observed or --observed-trace, not both");
+    }
+    if (observed_scope != "rank" && observed_scope != "all") {
+      return InvalidArgument("observed-scope", "must be rank or all (got \"" + observed_scope + "\")");
+    }
+    if (!observed.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(observed, "observed"));
+      return std::optional<uint64_t>(v);
+    }
+    if (!observed_trace.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t v, ReadAllocationTrace(observed_trace));
+      return std::optional<uint64_t>(v);
+    }
+    return std::optional<uint64_t>();
+  }
+
+  std::string Source() const { return config.empty() ? "preset " + model : config; }
+};
+
+Status Emit(const std::string& text, const std::string& out) {
+  if (out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return Status::Ok();
+  }
+  return WriteFilesAtomically({{out, text}});
+}
+
+int RunLedger(const ModelArgs& args, const std::string& format_name, bool check_claims, const std::string& out) {
+  Result<OutputFormat> format = ParseOutputFormat(format_name);
+  if (!format.ok()) return Fail(format.status());
+  bool has_model = !args.model.empty() || !args.config.empty() || !args.context.empty();
+  std::string text;
+  if (has_model || !check_claims) {
+    Result<Geometry> g = args.LoadGeometry();
+    if (!g.ok()) return Fail(g.status());
+    Result<LedgerOptions> o = args.Options();
+    if (!o.ok()) return Fail(o.status());
+    Result<std::optional<uint64_t>> observed = args.Observed();
+    if (!observed.ok()) return Fail(observed.status());
+    Result<Ledger> l = ComputeLedger(*g, *o);
+    if (!l.ok()) return Fail(l.status());
+    std::optional<Reconciliation> rec;
+    if (observed->has_value()) {
+      Result<Reconciliation> r = Reconcile(*g, *l, **observed, args.observed_scope == "all");
+      if (!r.ok()) return Fail(r.status());
+      rec = *r;
+    }
+    text = RenderLedger(*l, *format, rec ? &*rec : nullptr);
+  }
+  if (check_claims) {
+    Result<ClaimCheck> c = CheckSeedClaims();
+    if (!c.ok()) return Fail(c.status());
+    std::string claims = RenderClaims(*c, *format);
+    if (*format == OutputFormat::kJson && !text.empty()) {
+      text = "{\"ledger\": " + text + ", \"claim_check\": " + claims + "}\n";
+    } else {
+      text += (text.empty() ? "" : "\n") + claims;
+    }
+  }
+  Status st = Emit(text, out);
+  return st.ok() ? 0 : Fail(st);
+}
+
+int RunReceipt(const ModelArgs& args, const std::string& out) {
+  if (out.empty()) return Fail(InvalidArgument("out", "missing: give --out PREFIX (writes PREFIX.md and PREFIX.json)"));
+  Result<Geometry> g = args.LoadGeometry();
+  if (!g.ok()) return Fail(g.status());
+  Result<LedgerOptions> o = args.Options();
+  if (!o.ok()) return Fail(o.status());
+  Result<std::optional<uint64_t>> observed = args.Observed();
+  if (!observed.ok()) return Fail(observed.status());
+  ReceiptRequest req{args.Source(), *o, *observed, args.observed_scope == "all"};
+  Result<Receipt> r = BuildReceipt(*g, req);
+  if (!r.ok()) return Fail(r.status());
+  Status st = WriteFilesAtomically({{out + ".md", r->markdown}, {out + ".json", r->json}});
+  if (!st.ok()) return Fail(st);
+  int passed = 0;
+  for (const ReceiptCheck& c : r->checks) passed += c.passed ? 1 : 0;
+  std::printf("wrote %s.md and %s.json (%d of %zu checks passed)\n", out.c_str(), out.c_str(), passed, r->checks.size());
+  return 0;
+}
+
+int RunReport(const std::string& format_name) {
+  Result<OutputFormat> format = ParseOutputFormat(format_name);
+  if (!format.ok()) return Fail(format.status());
+  Result<std::string> text = RenderReport(*format);
+  if (!text.ok()) return Fail(text.status());
+  std::fwrite(text->data(), 1, text->size(), stdout);
+  return 0;
+}
+
+int RunModels() {
+  for (const std::string& name : PresetNames()) {
+    Result<Geometry> g = LoadPreset(name);
+    if (!g.ok()) return Fail(g.status());
+    std::printf("%-18s %-14s %3u layers (+%u MTP)  default kv-format %s\n", name.c_str(), g->model_type.c_str(), g->num_layers,
+                g->num_mtp_layers, DefaultKvFormat(*g).c_str());
+  }
+  return 0;
+}
+
+int RunFormats() {
+  for (const FormatInfo& f : FormatCatalog()) {
+    std::printf("%-20s %-8s %s\n", f.name.c_str(), std::string(FormatUseName(f.use)).c_str(), f.description.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera: KV-cache ledger for MLA models"};
+  app.require_subcommand(1);
+
+  std::string format = "table";
+  std::string out;
+  bool check_claims = false;
+  ModelArgs ledger_args;
+  CLI::App* ledger = app.add_subcommand("ledger", "bytes requested, committed and read per token");
+  ledger_args.Register(ledger);
+  ledger->add_option("--format", format, "table | json | markdown");
+  ledger->add_flag("--check-claims", check_claims, "evaluate the seed note's published table claim by claim");
+  ledger->add_option("--out", out, "write to this file instead of stdout (all or nothing)");
+
+  ModelArgs receipt_args;
+  CLI::App* receipt = app.add_subcommand("receipt", "write a qualification record (Markdown and JSON)");
+  receipt_args.Register(receipt);
+  receipt->add_option("--out", out, "output prefix: writes PREFIX.md and PREFIX.json");
+
+  CLI::App* report = app.add_subcommand("report", "the main job: DeepSeek-V3 and V4-Pro ledgers and the claim check");
+  report->add_option("--format", format, "table | json | markdown");
+  CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
+  CLI::App* formats = app.add_subcommand("formats", "list the record formats");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (char& c : msg) {
+      if (c == '\n') c = ' ';
+    }
+    std::fprintf(stderr, "tessera: error: usage: %s (see tessera --help)\n", msg.c_str());
+    return 2;
+  }
+  if (ledger->parsed()) return RunLedger(ledger_args, format, check_claims, out);
+  if (receipt->parsed()) return RunReceipt(receipt_args, out);
+  if (report->parsed()) return RunReport(format);
+  if (models->parsed()) return RunModels();
+  if (formats->parsed()) return RunFormats();
+  return 2;
+}
