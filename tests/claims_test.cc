@@ -73,7 +73,8 @@ TEST_F(SeedClaims, RatioIsAConstant) {
     EXPECT_NE(Find(check_, id).exact.find("512/9"), std::string::npos) << id;
   }
   bool constant_finding = false;
-  for (const std::string& f : check_.findings) constant_finding = constant_finding || f.find("same exact value") != std::string::npos;
+  for (const std::string& f : check_.findings)
+    constant_finding = constant_finding || f.find("same exact value") != std::string::npos;
   EXPECT_TRUE(constant_finding);
 }
 
@@ -90,9 +91,15 @@ TEST(Claims, CorrectClaimIsCorrect) {
 TEST(Claims, BadTablesNameTheField) {
   EXPECT_EQ(CheckClaims("{").status().field(), "claims");
   EXPECT_EQ(CheckClaims(R"({"claims": [{"id": "a", "model": "deepseek-v3", "quantity": "requested_bytes",
-      "claimed": "1.2.3", "unit": "GB", "context": "8k"}]})").status().field(), "claimed");
+      "claimed": "1.2.3", "unit": "GB", "context": "8k"}]})")
+                .status()
+                .field(),
+            "claimed");
   EXPECT_EQ(CheckClaims(R"({"claims": [{"id": "a", "model": "deepseek-v3", "quantity": "requested_bytes",
-      "claimed": "1", "unit": "furlongs", "context": "8k"}]})").status().field(), "unit");
+      "claimed": "1", "unit": "furlongs", "context": "8k"}]})")
+                .status()
+                .field(),
+            "unit");
 }
 
 }  // namespace

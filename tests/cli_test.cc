@@ -74,7 +74,8 @@ TEST(Cli, CheckClaims) {
 }
 
 TEST(Cli, ObservedIsReconciled) {
-  CommandResult r = RunTessera("ledger --model deepseek-v3 --context 100 --engine vllm --observed 7027200 --format json");
+  CommandResult r =
+      RunTessera("ledger --model deepseek-v3 --context 100 --engine vllm --observed 7027200 --format json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["committed_bytes"], 61 * 128 * 1152);
@@ -131,26 +132,26 @@ const std::string kFixtureDir = TESSERA_TEST_DATA;
 
 INSTANTIATE_TEST_SUITE_P(
     All, CliBadInput,
-    ::testing::Values(
-        BadCall{"unknown_preset", "ledger --model deepseek-v9 --context 8k", "model"},
-        BadCall{"unknown_format", "ledger --model deepseek-v3 --context 8k --kv-format fp3", "kv-format"},
-        BadCall{"missing_config", "ledger --config @DIR/nope.json --context 8k", "config"},
-        BadCall{"unreadable_config", "ledger --config @DIR --context 8k", "config"},
-        BadCall{"zero_context", "ledger --model deepseek-v3 --context 0", "context"},
-        BadCall{"negative_context", "ledger --model deepseek-v3 --context -5", "context"},
-        BadCall{"non_numeric_context", "ledger --model deepseek-v3 --context lots", "context"},
-        BadCall{"missing_context", "ledger --model deepseek-v3", "context"},
-        BadCall{"zero_batch", "ledger --model deepseek-v3 --context 8k --batch 0", "batch"},
-        BadCall{"non_numeric_batch", "ledger --model deepseek-v3 --context 8k --batch many", "batch"},
-        BadCall{"overflow", "ledger --model deepseek-v3 --context 1m --batch 1000000000000", "batch"},
-        BadCall{"v4_block_100", "ledger --model deepseek-v4-pro --context 8k --block-tokens 100", "block-tokens"},
-        BadCall{"dcp_not_dividing", "ledger --model deepseek-v3 --context 8k --tp 4 --dcp 3", "dcp"},
-        BadCall{"unknown_engine", "ledger --model deepseek-v3 --context 8k --engine trt", "engine"},
-        BadCall{"bad_observed", "ledger --model deepseek-v3 --context 8k --observed 12GB", "observed"},
-        BadCall{"model_and_config", "ledger --model deepseek-v3 --config x.json --context 8k", "model"},
-        BadCall{"unknown_option", "ledger --model deepseek-v3 --context 8k --frobnicate", "usage"},
-        BadCall{"receipt_bad_tp", "receipt --model deepseek-v3 --context 8k --tp zero", "tp"},
-        BadCall{"receipt_unknown_preset", "receipt --model nope --context 8k", "model"}),
+    ::testing::Values(BadCall{"unknown_preset", "ledger --model deepseek-v9 --context 8k", "model"},
+                      BadCall{"unknown_format", "ledger --model deepseek-v3 --context 8k --kv-format fp3", "kv-format"},
+                      BadCall{"missing_config", "ledger --config @DIR/nope.json --context 8k", "config"},
+                      BadCall{"unreadable_config", "ledger --config @DIR --context 8k", "config"},
+                      BadCall{"zero_context", "ledger --model deepseek-v3 --context 0", "context"},
+                      BadCall{"negative_context", "ledger --model deepseek-v3 --context -5", "context"},
+                      BadCall{"non_numeric_context", "ledger --model deepseek-v3 --context lots", "context"},
+                      BadCall{"missing_context", "ledger --model deepseek-v3", "context"},
+                      BadCall{"zero_batch", "ledger --model deepseek-v3 --context 8k --batch 0", "batch"},
+                      BadCall{"non_numeric_batch", "ledger --model deepseek-v3 --context 8k --batch many", "batch"},
+                      BadCall{"overflow", "ledger --model deepseek-v3 --context 1m --batch 1000000000000", "batch"},
+                      BadCall{"v4_block_100", "ledger --model deepseek-v4-pro --context 8k --block-tokens 100",
+                              "block-tokens"},
+                      BadCall{"dcp_not_dividing", "ledger --model deepseek-v3 --context 8k --tp 4 --dcp 3", "dcp"},
+                      BadCall{"unknown_engine", "ledger --model deepseek-v3 --context 8k --engine trt", "engine"},
+                      BadCall{"bad_observed", "ledger --model deepseek-v3 --context 8k --observed 12GB", "observed"},
+                      BadCall{"model_and_config", "ledger --model deepseek-v3 --config x.json --context 8k", "model"},
+                      BadCall{"unknown_option", "ledger --model deepseek-v3 --context 8k --frobnicate", "usage"},
+                      BadCall{"receipt_bad_tp", "receipt --model deepseek-v3 --context 8k --tp zero", "tp"},
+                      BadCall{"receipt_unknown_preset", "receipt --model nope --context 8k", "model"}),
     [](const ::testing::TestParamInfo<BadCall>& param_info) { return std::string(param_info.param.name); });
 
 TEST(Cli, BadConfigFilesNameTheirField) {
@@ -161,12 +162,14 @@ TEST(Cli, BadConfigFilesNameTheirField) {
   };
   const Case cases[] = {
       {R"({"num_hidden_layers": 2, "num_attention_heads": 8, "kv_lora_rank": 512, "qk_rope_head_dim": 0,
-           "qk_nope_head_dim": 128, "v_head_dim": 128})", "qk_rope_head_dim"},
+           "qk_nope_head_dim": 128, "v_head_dim": 128})",
+       "qk_rope_head_dim"},
       {R"({"num_hidden_layers": -2, "num_attention_heads": 8, "hidden_size": 1024})", "num_hidden_layers"},
       {R"({"num_hidden_layers": "two", "num_attention_heads": 8, "hidden_size": 1024})", "num_hidden_layers"},
       {R"({"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 1024)", "config"},
       {R"({"num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 640,
-           "sliding_window": 128, "compress_ratios": [0, 0]})", "qk_rope_head_dim"},
+           "sliding_window": 128, "compress_ratios": [0, 0]})",
+       "qk_rope_head_dim"},
   };
   for (const Case& c : cases) {
     std::string cfg = dir.Write("config.json", c.json);

@@ -12,9 +12,9 @@ using testing::Preset;
 
 TEST(Geometry, EveryPresetLoads) {
   std::vector<std::string> names = PresetNames();
-  for (const char* expected : {"deepseek-v2", "deepseek-v2-lite", "deepseek-v3", "deepseek-r1", "deepseek-v3.1",
-                               "deepseek-v3.2", "kimi-k2", "deepseek-v4-flash", "deepseek-v4-pro", "llama-3.1-8b",
-                               "llama-3.1-70b"}) {
+  for (const char* expected :
+       {"deepseek-v2", "deepseek-v2-lite", "deepseek-v3", "deepseek-r1", "deepseek-v3.1", "deepseek-v3.2", "kimi-k2",
+        "deepseek-v4-flash", "deepseek-v4-pro", "llama-3.1-8b", "llama-3.1-70b"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), expected), names.end()) << expected;
   }
   for (const std::string& n : names) {
@@ -135,23 +135,57 @@ INSTANTIATE_TEST_SUITE_P(
     All, GeometryBadInput,
     ::testing::Values(
         BadConfig{"rope zero", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": 0}", "qk_rope_head_dim"},
-        BadConfig{"rope negative", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": -64}", "qk_rope_head_dim"},
-        BadConfig{"rope string", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": \"64\"}", "qk_rope_head_dim"},
-        BadConfig{"rope fraction", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": 64.5}", "qk_rope_head_dim"},
-        BadConfig{"layers zero", "{\"num_hidden_layers\": 0, " MLA_BASE ", \"qk_rope_head_dim\": 64}", "num_hidden_layers"},
+        BadConfig{"rope negative", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": -64}",
+                  "qk_rope_head_dim"},
+        BadConfig{"rope string", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": \"64\"}",
+                  "qk_rope_head_dim"},
+        BadConfig{"rope fraction", "{\"num_hidden_layers\": 2, " MLA_BASE ", \"qk_rope_head_dim\": 64.5}",
+                  "qk_rope_head_dim"},
+        BadConfig{"layers zero", "{\"num_hidden_layers\": 0, " MLA_BASE ", \"qk_rope_head_dim\": 64}",
+                  "num_hidden_layers"},
         BadConfig{"layers missing", "{" MLA_BASE ", \"qk_rope_head_dim\": 64}", "num_hidden_layers"},
-        BadConfig{"layers bool", "{\"num_hidden_layers\": true, " MLA_BASE ", \"qk_rope_head_dim\": 64}", "num_hidden_layers"},
-        BadConfig{"latent zero", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"kv_lora_rank\": 0, \"qk_nope_head_dim\": 128, \"v_head_dim\": 128, \"qk_rope_head_dim\": 64}", "kv_lora_rank"},
-        BadConfig{"heads negative", "{\"num_hidden_layers\": 2, \"num_attention_heads\": -8, \"hidden_size\": 4096}", "num_attention_heads"},
-        BadConfig{"kv heads do not divide", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 32, \"num_key_value_heads\": 5, \"hidden_size\": 4096}", "num_key_value_heads"},
-        BadConfig{"hidden not multiple", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 3, \"hidden_size\": 4096}", "hidden_size"},
-        BadConfig{"mha rope above head dim", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 32, \"hidden_size\": 4096, \"qk_rope_head_dim\": 256}", "qk_rope_head_dim"},
-        BadConfig{"v4 rope above head dim", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 600, \"sliding_window\": 128, \"compress_ratios\": [0, 128]}", "qk_rope_head_dim"},
-        BadConfig{"v4 ratios too short", "{\"num_hidden_layers\": 3, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 64, \"sliding_window\": 128, \"compress_ratios\": [0, 128]}", "compress_ratios"},
-        BadConfig{"v4 ratio negative", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 64, \"sliding_window\": 128, \"compress_ratios\": [0, -4]}", "compress_ratios"},
-        BadConfig{"v4 ratios not a list", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 64, \"sliding_window\": 128, \"compress_ratios\": 4}", "compress_ratios"},
-        BadConfig{"v4 window zero", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 64, \"sliding_window\": 0, \"compress_ratios\": [0, 128]}", "sliding_window"},
-        BadConfig{"v4 csa without indexer", "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": 64, \"sliding_window\": 128, \"compress_ratios\": [4, 128]}", "index_head_dim"},
+        BadConfig{"layers bool", "{\"num_hidden_layers\": true, " MLA_BASE ", \"qk_rope_head_dim\": 64}",
+                  "num_hidden_layers"},
+        BadConfig{"latent zero",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"kv_lora_rank\": 0, \"qk_nope_head_dim\": "
+                  "128, \"v_head_dim\": 128, \"qk_rope_head_dim\": 64}",
+                  "kv_lora_rank"},
+        BadConfig{"heads negative", "{\"num_hidden_layers\": 2, \"num_attention_heads\": -8, \"hidden_size\": 4096}",
+                  "num_attention_heads"},
+        BadConfig{"kv heads do not divide",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 32, \"num_key_value_heads\": 5, "
+                  "\"hidden_size\": 4096}",
+                  "num_key_value_heads"},
+        BadConfig{"hidden not multiple",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 3, \"hidden_size\": 4096}", "hidden_size"},
+        BadConfig{
+            "mha rope above head dim",
+            "{\"num_hidden_layers\": 2, \"num_attention_heads\": 32, \"hidden_size\": 4096, \"qk_rope_head_dim\": 256}",
+            "qk_rope_head_dim"},
+        BadConfig{"v4 rope above head dim",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": "
+                  "600, \"sliding_window\": 128, \"compress_ratios\": [0, 128]}",
+                  "qk_rope_head_dim"},
+        BadConfig{"v4 ratios too short",
+                  "{\"num_hidden_layers\": 3, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": "
+                  "64, \"sliding_window\": 128, \"compress_ratios\": [0, 128]}",
+                  "compress_ratios"},
+        BadConfig{"v4 ratio negative",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": "
+                  "64, \"sliding_window\": 128, \"compress_ratios\": [0, -4]}",
+                  "compress_ratios"},
+        BadConfig{"v4 ratios not a list",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": "
+                  "64, \"sliding_window\": 128, \"compress_ratios\": 4}",
+                  "compress_ratios"},
+        BadConfig{"v4 window zero",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": "
+                  "64, \"sliding_window\": 0, \"compress_ratios\": [0, 128]}",
+                  "sliding_window"},
+        BadConfig{"v4 csa without indexer",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, \"qk_rope_head_dim\": "
+                  "64, \"sliding_window\": 128, \"compress_ratios\": [4, 128]}",
+                  "index_head_dim"},
         BadConfig{"malformed json", "{\"num_hidden_layers\": 2,, }", "config"},
         BadConfig{"not an object", "[1, 2, 3]", "config"},
         BadConfig{"model_type not a string", "{\"model_type\": 3, \"num_hidden_layers\": 2}", "model_type"}),

@@ -64,9 +64,7 @@ TEST(Layout, PageRejectsBlockInsideAGroup) {
   EXPECT_EQ(p.status().field(), "block-tokens");
 }
 
-TEST(Layout, BlockMetadataCountsTokenIds) {
-  EXPECT_EQ(BlockMetadataBytes(64), kBlockHeaderBytes + 256);
-}
+TEST(Layout, BlockMetadataCountsTokenIds) { EXPECT_EQ(BlockMetadataBytes(64), kBlockHeaderBytes + 256); }
 
 }  // namespace
 }  // namespace tessera

@@ -185,8 +185,8 @@ TEST(LedgerV4, WindowAndCompressorStateAreConstantPerRequest) {
   Geometry g = Preset("deepseek-v4-pro");
   Ledger a = MustLedger(g, Context(131072));
   Ledger b = MustLedger(g, Context(1048576));
-  for (const char* name : {"csa.window", "hca.window", "csa.compressor_state", "hca.compressor_state",
-                           "csa.indexer_compressor_state"}) {
+  for (const char* name :
+       {"csa.window", "hca.window", "csa.compressor_state", "hca.compressor_state", "csa.indexer_compressor_state"}) {
     ASSERT_NE(a.FindLine(name), nullptr) << name;
     EXPECT_FALSE(a.FindLine(name)->grows) << name;
     EXPECT_EQ(a.FindLine(name)->committed_bytes, b.FindLine(name)->committed_bytes) << name;
@@ -264,7 +264,7 @@ TEST(LedgerTerms, TensorParallelShardsGqaHeads) {
   Ledger eight = MustLedger(g, o);
   EXPECT_EQ(eight.committed_bytes * 8, eight.committed_bytes_all_ranks);
   EXPECT_EQ(eight.lines[0].format.record_bytes(), 512u);  // one KV head per rank
-  o.tp = 16;  // 8 KV heads over 16 ranks: each head on two ranks
+  o.tp = 16;                                              // 8 KV heads over 16 ranks: each head on two ranks
   Ledger sixteen = MustLedger(g, o);
   EXPECT_EQ(sixteen.committed_bytes, eight.committed_bytes);
 }

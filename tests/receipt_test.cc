@@ -18,7 +18,8 @@ TEST(Receipt, AllChecksPassOnPresets) {
       ReceiptRequest req{std::string("preset ") + model, Context(131072, "", e), std::nullopt, false};
       Result<Receipt> r = BuildReceipt(Preset(model), req);
       ASSERT_TRUE(r.ok()) << r.status().ToString();
-      for (const ReceiptCheck& c : r->checks) EXPECT_TRUE(c.passed) << model << " " << EngineName(e) << ": " << c.name << " " << c.detail;
+      for (const ReceiptCheck& c : r->checks)
+        EXPECT_TRUE(c.passed) << model << " " << EngineName(e) << ": " << c.name << " " << c.detail;
     }
   }
 }

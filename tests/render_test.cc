@@ -62,9 +62,7 @@ TEST(Render, MarkdownHasTables) {
   EXPECT_NE(md.find("swa.window"), std::string::npos);
 }
 
-TEST(Render, UnknownFormatNamesTheField) {
-  EXPECT_EQ(ParseOutputFormat("yaml").status().field(), "format");
-}
+TEST(Render, UnknownFormatNamesTheField) { EXPECT_EQ(ParseOutputFormat("yaml").status().field(), "format"); }
 
 TEST(Render, ClaimsAsJson) {
   ClaimCheck c = *CheckSeedClaims();

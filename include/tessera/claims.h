@@ -23,7 +23,7 @@ struct ClaimResult {
   std::string claimed;  // "2.17 GB"
   std::string exact;    // the exact figure, labeled
   Verdict verdict = Verdict::kWrong;
-  std::string reading;  // the unit reading that matched, or the closest one
+  std::string reading;       // the unit reading that matched, or the closest one
   double error_percent = 0;  // claimed vs exact under `reading`, signed (claimed high > 0)
   std::string detail;
 };

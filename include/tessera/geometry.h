@@ -79,8 +79,8 @@ struct Geometry {
   uint32_t sliding_window = 0;
   uint64_t max_position_embeddings = 0;
   bool is_mla = false;
-  bool is_hybrid = false;  // has compress_ratios (DeepSeek-V4 family)
-  std::vector<LayerSpec> layers;  // main layers, then MTP layers
+  bool is_hybrid = false;          // has compress_ratios (DeepSeek-V4 family)
+  std::vector<LayerSpec> layers;   // main layers, then MTP layers
   std::vector<std::string> notes;  // assumptions the reader made, shown in outputs
 
   // MHA-equivalent baseline: what conventional MHA with the same heads would cache per token

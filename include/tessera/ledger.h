@@ -62,10 +62,10 @@ struct CacheLine {
   CacheRole role = CacheRole::kLatent;
   bool mtp = false;
   uint32_t layers = 0;
-  RecordFormat format;      // as one rank stores it (MHA heads shard over tensor-parallel ranks)
-  uint64_t record_bytes = 0;  // one record of the whole model (unsharded)
-  bool grows = true;          // grows with the context (false: constant per-request state)
-  bool in_pages = true;       // this engine keeps it in pages (false: a per-request arena)
+  RecordFormat format;          // as one rank stores it (MHA heads shard over tensor-parallel ranks)
+  uint64_t record_bytes = 0;    // one record of the whole model (unsharded)
+  bool grows = true;            // grows with the context (false: constant per-request state)
+  bool in_pages = true;         // this engine keeps it in pages (false: a per-request arena)
   uint32_t compress_ratio = 1;  // tokens per entry (paged caches)
   uint32_t slots = 0;           // ring slots (per-request state), without speculative extras
   // Growing caches: record_bytes / compress_ratio. State: record bytes per slot (window: per window token).
@@ -81,8 +81,8 @@ struct CacheLine {
 
 struct LayerKindSummary {
   LayerKind kind = LayerKind::kMla;
-  uint32_t layers = 0;          // main layers (plus MTP when included)
-  Fraction paged_bytes_per_token;  // per layer: sum over its paged caches of record / ratio
+  uint32_t layers = 0;                  // main layers (plus MTP when included)
+  Fraction paged_bytes_per_token;       // per layer: sum over its paged caches of record / ratio
   uint64_t window_bytes_per_token = 0;  // per layer, per window token (V4)
   uint64_t state_bytes = 0;             // per layer per request: window ring + compressor state
 };
@@ -110,7 +110,7 @@ struct Ledger {
   uint64_t reserved_at_admission_bytes = 0;
   // vLLM's DeepSeek-V4 pool: the bytes one block id costs whatever group owns it (0 elsewhere).
   uint64_t block_id_bytes = 0;
-  uint64_t read_bytes_per_token = 0;       // per rank, one sequence
+  uint64_t read_bytes_per_token = 0;  // per rank, one sequence
   uint64_t read_bytes_per_token_all_ranks = 0;
   uint64_t mha_equivalent_bytes = 0;
   uint64_t mha_bytes_per_token_per_layer = 0;

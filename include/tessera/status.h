@@ -75,7 +75,7 @@ inline Status IoError(std::string field, std::string message) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!status_.ok() && "Result constructed from an OK status without a value");
   }
@@ -108,17 +108,19 @@ class [[nodiscard]] Result {
 }  // namespace tessera
 
 // Propagate a non-OK Status from an expression returning Status.
-#define TESSERA_RETURN_IF_ERROR(expr)       \
-  do {                                      \
-    ::tessera::Status tessera_st_ = (expr); \
+#define TESSERA_RETURN_IF_ERROR(expr)          \
+  do {                                         \
+    ::tessera::Status tessera_st_ = (expr);    \
     if (!tessera_st_.ok()) return tessera_st_; \
   } while (0)
 
 #define TESSERA_CONCAT_INNER(a, b) a##b
 #define TESSERA_CONCAT(a, b) TESSERA_CONCAT_INNER(a, b)
-// Declare `lhs` from a Result expression, or return its Status.
-#define TESSERA_ASSIGN_OR_RETURN(lhs, expr)                            \
-  auto TESSERA_CONCAT(tessera_res_, __LINE__) = (expr);                \
-  if (!TESSERA_CONCAT(tessera_res_, __LINE__).ok())                    \
-    return TESSERA_CONCAT(tessera_res_, __LINE__).status();            \
+// Declare `lhs` from a Result expression, or return its Status. `lhs` is a declaration
+// ("uint64_t x"), so it cannot be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+#define TESSERA_ASSIGN_OR_RETURN(lhs, expr)                                                                 \
+  auto TESSERA_CONCAT(tessera_res_, __LINE__) = (expr);                                                     \
+  if (!TESSERA_CONCAT(tessera_res_, __LINE__).ok()) return TESSERA_CONCAT(tessera_res_, __LINE__).status(); \
   lhs = std::move(TESSERA_CONCAT(tessera_res_, __LINE__)).value()
+// NOLINTEND(bugprone-macro-parentheses)

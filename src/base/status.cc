@@ -4,15 +4,24 @@ namespace tessera {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kOutOfRange: return "out of range";
-    case StatusCode::kIoError: return "i/o error";
-    case StatusCode::kOutOfBlocks: return "out of blocks";
-    case StatusCode::kFailedPrecondition: return "failed precondition";
-    case StatusCode::kDataLoss: return "data loss";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kOutOfRange:
+      return "out of range";
+    case StatusCode::kIoError:
+      return "i/o error";
+    case StatusCode::kOutOfBlocks:
+      return "out of blocks";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kDataLoss:
+      return "data loss";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }

@@ -6,40 +6,56 @@ namespace tessera {
 
 uint32_t ElementBits(ElementType type) {
   switch (type) {
-    case ElementType::kBf16: return 16;
-    case ElementType::kFp16: return 16;
-    case ElementType::kFp32: return 32;
-    case ElementType::kFp8E4M3: return 8;
-    case ElementType::kUe8m0: return 8;
-    case ElementType::kFp4E2M1: return 4;
-    case ElementType::kPad8: return 8;
+    case ElementType::kBf16:
+      return 16;
+    case ElementType::kFp16:
+      return 16;
+    case ElementType::kFp32:
+      return 32;
+    case ElementType::kFp8E4M3:
+      return 8;
+    case ElementType::kUe8m0:
+      return 8;
+    case ElementType::kFp4E2M1:
+      return 4;
+    case ElementType::kPad8:
+      return 8;
   }
   return 0;
 }
 
 std::string_view ElementTypeName(ElementType type) {
   switch (type) {
-    case ElementType::kBf16: return "bf16";
-    case ElementType::kFp16: return "fp16";
-    case ElementType::kFp32: return "fp32";
-    case ElementType::kFp8E4M3: return "e4m3";
-    case ElementType::kUe8m0: return "ue8m0";
-    case ElementType::kFp4E2M1: return "e2m1";
-    case ElementType::kPad8: return "pad";
+    case ElementType::kBf16:
+      return "bf16";
+    case ElementType::kFp16:
+      return "fp16";
+    case ElementType::kFp32:
+      return "fp32";
+    case ElementType::kFp8E4M3:
+      return "e4m3";
+    case ElementType::kUe8m0:
+      return "ue8m0";
+    case ElementType::kFp4E2M1:
+      return "e2m1";
+    case ElementType::kPad8:
+      return "pad";
   }
   return "?";
 }
 
-std::string_view PackingName(Packing packing) {
-  return packing == Packing::kPerToken ? "per-token" : "region-major";
-}
+std::string_view PackingName(Packing packing) { return packing == Packing::kPerToken ? "per-token" : "region-major"; }
 
 std::string_view FormatUseName(FormatUse use) {
   switch (use) {
-    case FormatUse::kKv: return "kv";
-    case FormatUse::kLatent: return "latent";
-    case FormatUse::kIndexer: return "indexer";
-    case FormatUse::kState: return "state";
+    case FormatUse::kKv:
+      return "kv";
+    case FormatUse::kLatent:
+      return "latent";
+    case FormatUse::kIndexer:
+      return "indexer";
+    case FormatUse::kState:
+      return "state";
   }
   return "?";
 }
@@ -121,10 +137,12 @@ Status NeedMla(const Geometry& g, std::string_view name, std::string_view field)
   return Status::Ok();
 }
 
-Status NeedDivisible(uint64_t value, uint64_t group, std::string_view name, std::string_view what, std::string_view field) {
+Status NeedDivisible(uint64_t value, uint64_t group, std::string_view name, std::string_view what,
+                     std::string_view field) {
   if (value % group != 0) {
-    return InvalidArgument(std::string(field), std::string(name) + " needs " + std::string(what) + " (" + std::to_string(value) +
-                                                   ") divisible by its scale group " + std::to_string(group));
+    return InvalidArgument(std::string(field), std::string(name) + " needs " + std::string(what) + " (" +
+                                                   std::to_string(value) + ") divisible by its scale group " +
+                                                   std::to_string(group));
   }
   return Status::Ok();
 }
@@ -205,7 +223,8 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
     f.regions = {{"rope", ElementType::kBf16, rope, 0}, {"nope", ElementType::kFp8E4M3, latent, 0}};
   } else if (name == "indexer-fp8" || name == "indexer-mxfp4" || name == "indexer-fp4-seed") {
     if (g.index_head_dim == 0) {
-      return InvalidArgument(std::string(field), std::string(name) + " needs index_head_dim, which " + g.name + " lacks");
+      return InvalidArgument(std::string(field),
+                             std::string(name) + " needs index_head_dim, which " + g.name + " lacks");
     }
     uint64_t d = g.index_head_dim;
     if (name == "indexer-fp8") {
@@ -220,7 +239,8 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
   }
   for (const Region& r : f.regions) {
     if (r.count == 0) {
-      return InvalidArgument(std::string(field), std::string(name) + " region \"" + r.name + "\" would be empty for " + g.name);
+      return InvalidArgument(std::string(field),
+                             std::string(name) + " region \"" + r.name + "\" would be empty for " + g.name);
     }
   }
   return f;

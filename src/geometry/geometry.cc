@@ -16,25 +16,38 @@ using nlohmann::json;
 
 std::string_view LayerKindName(LayerKind kind) {
   switch (kind) {
-    case LayerKind::kMha: return "mha";
-    case LayerKind::kMla: return "mla";
-    case LayerKind::kMlaSparse: return "dsa";
-    case LayerKind::kSwa: return "swa";
-    case LayerKind::kCsa: return "csa";
-    case LayerKind::kHca: return "hca";
+    case LayerKind::kMha:
+      return "mha";
+    case LayerKind::kMla:
+      return "mla";
+    case LayerKind::kMlaSparse:
+      return "dsa";
+    case LayerKind::kSwa:
+      return "swa";
+    case LayerKind::kCsa:
+      return "csa";
+    case LayerKind::kHca:
+      return "hca";
   }
   return "?";
 }
 
 std::string_view CacheRoleName(CacheRole role) {
   switch (role) {
-    case CacheRole::kKv: return "kv";
-    case CacheRole::kLatent: return "latent";
-    case CacheRole::kCompressed: return "compressed";
-    case CacheRole::kIndexer: return "indexer";
-    case CacheRole::kWindow: return "window";
-    case CacheRole::kCompressorState: return "compressor_state";
-    case CacheRole::kIndexerCompressorState: return "indexer_compressor_state";
+    case CacheRole::kKv:
+      return "kv";
+    case CacheRole::kLatent:
+      return "latent";
+    case CacheRole::kCompressed:
+      return "compressed";
+    case CacheRole::kIndexer:
+      return "indexer";
+    case CacheRole::kWindow:
+      return "window";
+    case CacheRole::kCompressorState:
+      return "compressor_state";
+    case CacheRole::kIndexerCompressorState:
+      return "indexer_compressor_state";
   }
   return "?";
 }
@@ -58,7 +71,7 @@ std::string Sha256Hex(std::string_view data) {
   EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha256(), nullptr);
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  out.reserve(len * 2);
+  out.reserve(static_cast<size_t>(len) * 2);
   for (unsigned int i = 0; i < len; ++i) {
     out += kHex[digest[i] >> 4];
     out += kHex[digest[i] & 15];
@@ -76,8 +89,7 @@ std::string Describe(const json& v) {
 
 // Reads an optional non-negative integer field. Absent or null -> `fallback`.
 // Present but not an integer (string, fraction, bool, negative, > 2^32) -> error naming it.
-Result<uint32_t> ReadCount(const json& cfg, const char* field, uint32_t fallback, bool required,
-                           bool allow_zero) {
+Result<uint32_t> ReadCount(const json& cfg, const char* field, uint32_t fallback, bool required, bool allow_zero) {
   auto it = cfg.find(field);
   if (it == cfg.end() || it->is_null()) {
     if (required) return InvalidArgument(field, "missing from config.json");
@@ -122,7 +134,8 @@ constexpr uint32_t kSparseRatio = 4;
 
 Status BuildHybridLayers(const json& cfg, Geometry& g) {
   const json& ratios = cfg["compress_ratios"];
-  if (!ratios.is_array()) return InvalidArgument("compress_ratios", "must be a list of integers (got " + Describe(ratios) + ")");
+  if (!ratios.is_array())
+    return InvalidArgument("compress_ratios", "must be a list of integers (got " + Describe(ratios) + ")");
   size_t total = static_cast<size_t>(g.num_layers) + g.num_mtp_layers;
   if (ratios.size() != g.num_layers && ratios.size() != total) {
     return InvalidArgument("compress_ratios", "has " + std::to_string(ratios.size()) + " entries; expected " +
@@ -137,13 +150,14 @@ Status BuildHybridLayers(const json& cfg, Geometry& g) {
     if (i < ratios.size()) {
       const json& v = ratios[i];
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 20)) {
-        return InvalidArgument("compress_ratios", "entry " + std::to_string(i) + " must be a non-negative integer (got " +
-                                                      Describe(v) + ")");
+        return InvalidArgument("compress_ratios", "entry " + std::to_string(i) +
+                                                      " must be a non-negative integer (got " + Describe(v) + ")");
       }
       r = static_cast<uint32_t>(v.get<int64_t>());
     }
     if (r == 1) {
-      return InvalidArgument("compress_ratios", "entry " + std::to_string(i) + " is 1; use 0 for sliding-window-only layers");
+      return InvalidArgument("compress_ratios",
+                             "entry " + std::to_string(i) + " is 1; use 0 for sliding-window-only layers");
     }
     LayerSpec layer;
     layer.index = static_cast<uint32_t>(i);
@@ -194,28 +208,31 @@ Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_
   TESSERA_ASSIGN_OR_RETURN(g.num_mtp_layers, ReadCount(cfg, "num_nextn_predict_layers", 0, false, true));
   TESSERA_ASSIGN_OR_RETURN(uint32_t max_pos, ReadCount(cfg, "max_position_embeddings", 0, false, true));
   g.max_position_embeddings = max_pos;
-  if (g.num_layers > 100000) return OutOfRange("num_hidden_layers", "value " + std::to_string(g.num_layers) + " is implausibly large");
+  if (g.num_layers > 100000)
+    return OutOfRange("num_hidden_layers", "value " + std::to_string(g.num_layers) + " is implausibly large");
 
   g.is_hybrid = Has(cfg, "compress_ratios");
   g.is_mla = Has(cfg, "kv_lora_rank") || g.is_hybrid;
 
   if (g.is_hybrid) {
     if (!cfg["compress_ratios"].is_array()) {
-      return InvalidArgument("compress_ratios", "must be a list of integers (got " + Describe(cfg["compress_ratios"]) + ")");
+      return InvalidArgument("compress_ratios",
+                             "must be a list of integers (got " + Describe(cfg["compress_ratios"]) + ")");
     }
     // DeepSeek-V4: one latent of head_dim (content + RoPE) shared by all heads.
     TESSERA_ASSIGN_OR_RETURN(g.head_dim, ReadCount(cfg, "head_dim", 0, true, false));
     TESSERA_ASSIGN_OR_RETURN(g.qk_rope_head_dim, ReadCount(cfg, "qk_rope_head_dim", 0, true, false));
     if (g.qk_rope_head_dim >= g.head_dim) {
-      return InvalidArgument("qk_rope_head_dim", std::to_string(g.qk_rope_head_dim) + " must be smaller than head_dim " +
-                                                     std::to_string(g.head_dim));
+      return InvalidArgument("qk_rope_head_dim", std::to_string(g.qk_rope_head_dim) +
+                                                     " must be smaller than head_dim " + std::to_string(g.head_dim));
     }
     g.latent_dim = g.head_dim - g.qk_rope_head_dim;
     TESSERA_ASSIGN_OR_RETURN(g.qk_nope_head_dim, ReadCount(cfg, "qk_nope_head_dim", g.latent_dim, false, false));
     TESSERA_ASSIGN_OR_RETURN(g.v_head_dim, ReadCount(cfg, "v_head_dim", g.head_dim, false, false));
     TESSERA_ASSIGN_OR_RETURN(g.sliding_window, ReadCount(cfg, "sliding_window", 0, true, false));
     bool any_sparse = false;
-    for (const json& v : cfg["compress_ratios"]) any_sparse = any_sparse || (v.is_number_integer() && v.get<int64_t>() == kSparseRatio);
+    for (const json& v : cfg["compress_ratios"])
+      any_sparse = any_sparse || (v.is_number_integer() && v.get<int64_t>() == kSparseRatio);
     TESSERA_ASSIGN_OR_RETURN(g.index_head_dim, ReadCount(cfg, "index_head_dim", 0, any_sparse, false));
     TESSERA_ASSIGN_OR_RETURN(g.index_n_heads, ReadCount(cfg, "index_n_heads", 0, any_sparse, false));
     TESSERA_ASSIGN_OR_RETURN(g.index_topk, ReadCount(cfg, "index_topk", 0, any_sparse, false));
@@ -233,7 +250,8 @@ Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_
     if (Has(cfg, "head_dim")) {
       TESSERA_ASSIGN_OR_RETURN(uint32_t hd, ReadCount(cfg, "head_dim", 0, false, false));
       if (g.qk_rope_head_dim > hd) {
-        return InvalidArgument("qk_rope_head_dim", std::to_string(g.qk_rope_head_dim) + " exceeds head_dim " + std::to_string(hd));
+        return InvalidArgument("qk_rope_head_dim",
+                               std::to_string(g.qk_rope_head_dim) + " exceeds head_dim " + std::to_string(hd));
       }
     }
     bool sparse = Has(cfg, "index_topk");
@@ -273,7 +291,8 @@ Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_
   if (Has(cfg, "qk_rope_head_dim")) {
     TESSERA_ASSIGN_OR_RETURN(g.qk_rope_head_dim, ReadCount(cfg, "qk_rope_head_dim", 0, false, false));
     if (g.qk_rope_head_dim > g.head_dim) {
-      return InvalidArgument("qk_rope_head_dim", std::to_string(g.qk_rope_head_dim) + " exceeds head_dim " + std::to_string(g.head_dim));
+      return InvalidArgument("qk_rope_head_dim",
+                             std::to_string(g.qk_rope_head_dim) + " exceeds head_dim " + std::to_string(g.head_dim));
     }
   }
   g.v_head_dim = g.head_dim;

@@ -31,7 +31,8 @@ Result<BlockTokensChoice> ChooseBlockTokens(const std::vector<uint32_t>& ratios,
     finest = finest == 0 ? r : std::min(finest, r);
   }
   if (lcm.overflowed() || lcm.value() > kMaxBlockTokens) {
-    return OutOfRange("compress_ratios", "their least common multiple exceeds " + std::to_string(kMaxBlockTokens) + " tokens");
+    return OutOfRange("compress_ratios",
+                      "their least common multiple exceeds " + std::to_string(kMaxBlockTokens) + " tokens");
   }
   if (finest == 0) finest = 1;
   uint64_t hard = lcm.value();
@@ -53,12 +54,14 @@ Result<BlockTokensChoice> ChooseBlockTokens(const std::vector<uint32_t>& ratios,
   if (requested.has_value()) {
     uint64_t bt = *requested;
     if (bt == 0) return InvalidArgument("block-tokens", "must be positive");
-    if (bt > kMaxBlockTokens) return OutOfRange("block-tokens", std::to_string(bt) + " exceeds " + std::to_string(kMaxBlockTokens));
+    if (bt > kMaxBlockTokens)
+      return OutOfRange("block-tokens", std::to_string(bt) + " exceeds " + std::to_string(kMaxBlockTokens));
     for (uint32_t r : ratios) {
       if (r != 0 && bt % r != 0) {
-        return InvalidArgument("block-tokens", std::to_string(bt) + " is not a multiple of compress ratio " + std::to_string(r) +
-                                                   " (a block must hold whole compression groups; lcm of ratios in use = " +
-                                                   std::to_string(hard) + ")");
+        return InvalidArgument(
+            "block-tokens",
+            std::to_string(bt) + " is not a multiple of compress ratio " + std::to_string(r) +
+                " (a block must hold whole compression groups; lcm of ratios in use = " + std::to_string(hard) + ")");
       }
     }
     choice.block_tokens = static_cast<uint32_t>(bt);
@@ -70,9 +73,11 @@ Result<BlockTokensChoice> ChooseBlockTokens(const std::vector<uint32_t>& ratios,
   }
 
   Checked bt = Lcm(hard, preferred);
-  if (bt.overflowed() || bt.value() > kMaxBlockTokens) return OutOfRange("block-tokens", "derived block span is too large");
+  if (bt.overflowed() || bt.value() > kMaxBlockTokens)
+    return OutOfRange("block-tokens", "derived block span is too large");
   choice.block_tokens = static_cast<uint32_t>(bt.value());
-  if (hard > 1) choice.reasons.push_back("multiple of every compress ratio in use (lcm = " + std::to_string(hard) + ")");
+  if (hard > 1)
+    choice.reasons.push_back("multiple of every compress ratio in use (lcm = " + std::to_string(hard) + ")");
   choice.reasons.push_back(preference);
   return choice;
 }

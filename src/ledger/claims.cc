@@ -18,9 +18,12 @@ using nlohmann::json;
 
 std::string_view VerdictName(Verdict v) {
   switch (v) {
-    case Verdict::kCorrect: return "correct";
-    case Verdict::kMislabeled: return "mislabeled unit";
-    case Verdict::kWrong: return "wrong";
+    case Verdict::kCorrect:
+      return "correct";
+    case Verdict::kMislabeled:
+      return "mislabeled unit";
+    case Verdict::kWrong:
+      return "wrong";
   }
   return "?";
 }
@@ -159,7 +162,8 @@ Result<ClaimCheck> CheckClaims(std::string_view claims_json) {
       for (const LayerKindSummary& s : ledger.kinds) {
         if (LayerKindName(s.kind) == layer_kind) k = &s;
       }
-      if (k == nullptr) return InvalidArgument("layer_kind", r.id + ": " + model + " has no \"" + layer_kind + "\" layers");
+      if (k == nullptr)
+        return InvalidArgument("layer_kind", r.id + ": " + model + " has no \"" + layer_kind + "\" layers");
       if (quantity == "bytes_per_token_per_layer") {
         num = k->paged_bytes_per_token.num();
         den = k->paged_bytes_per_token.den();
@@ -237,7 +241,8 @@ Result<ClaimCheck> CheckClaims(std::string_view claims_json) {
     std::string f = col + ": " + std::to_string(correct) + " correct, " + std::to_string(mislabeled) + " mislabeled, " +
                     std::to_string(wrong) + " wrong";
     std::string read_as;
-    for (const auto& [name, count] : readings) read_as += (read_as.empty() ? "" : ", ") + std::to_string(count) + " read as " + name;
+    for (const auto& [name, count] : readings)
+      read_as += (read_as.empty() ? "" : ", ") + std::to_string(count) + " read as " + name;
     f += " (" + read_as + ")";
     if (wrong > 0) {
       f += "; wrong values are off by " + FormatPercent(min_err) +

@@ -71,16 +71,21 @@ LineCost Cost(const CacheLine& line, const Policy& p, uint64_t n, uint32_t k) {
 
 uint64_t ReadEntries(const CacheLine& line, const Geometry& g, uint64_t n) {
   switch (line.role) {
-    case CacheRole::kKv: return n;
-    case CacheRole::kLatent: return line.layer_kind == LayerKind::kMlaSparse ? std::min<uint64_t>(n, g.index_topk) : n;
+    case CacheRole::kKv:
+      return n;
+    case CacheRole::kLatent:
+      return line.layer_kind == LayerKind::kMlaSparse ? std::min<uint64_t>(n, g.index_topk) : n;
     case CacheRole::kCompressed: {
       uint64_t e = Entries(n, line.compress_ratio).value();
       return line.layer_kind == LayerKind::kCsa ? std::min<uint64_t>(e, g.index_topk) : e;
     }
-    case CacheRole::kIndexer: return Entries(n, line.compress_ratio).value();
-    case CacheRole::kWindow: return std::min<uint64_t>(n, line.slots);
+    case CacheRole::kIndexer:
+      return Entries(n, line.compress_ratio).value();
+    case CacheRole::kWindow:
+      return std::min<uint64_t>(n, line.slots);
     case CacheRole::kCompressorState:
-    case CacheRole::kIndexerCompressorState: return 0;
+    case CacheRole::kIndexerCompressorState:
+      return 0;
   }
   return 0;
 }
@@ -181,7 +186,8 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
         p.entry_tokens = lines[i].compress_ratio;
         p.group = lines[i].format.name + "/" + std::to_string(lines[i].compress_ratio);
       }
-      if (g.is_hybrid) ledger.notes.push_back("window rings and compressor state live in a per-request arena, sized once");
+      if (g.is_hybrid)
+        ledger.notes.push_back("window rings and compressor state live in a per-request arena, sized once");
       break;
     }
     case Engine::kVllm:
@@ -189,11 +195,13 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
       const bool vllm = o.engine == Engine::kVllm;
       if (g.is_hybrid) {
         if (vllm && o.dcp > 1) {
-          return InvalidArgument("dcp", "vLLM's sliding-window groups (every DeepSeek-V4 layer has one) require dcp = 1");
+          return InvalidArgument("dcp",
+                                 "vLLM's sliding-window groups (every DeepSeek-V4 layer has one) require dcp = 1");
         }
         uint32_t full = kV4FullBlockTokens;
         if (o.block_tokens) {
-          TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c, ChooseBlockTokens(ratios, true, Kernel::kGeneric, o.block_tokens));
+          TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c,
+                                   ChooseBlockTokens(ratios, true, Kernel::kGeneric, o.block_tokens));
           full = c.block_tokens;
         }
         ledger.block_tokens = full;
@@ -236,17 +244,20 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
               break;
           }
         }
-        ledger.notes.push_back(vllm ? "vLLM pages the window and the compressor state as sliding-window groups"
-                                    : "SGLang pages the window in window-sized pages; compressor state in a per-request ring");
+        ledger.notes.push_back(
+            vllm ? "vLLM pages the window and the compressor state as sliding-window groups"
+                 : "SGLang pages the window in window-sized pages; compressor state in a per-request ring");
       } else {
         uint32_t bt = g.is_mla ? kFlashMlaBlockTokens : (vllm ? 16 : 1);
         if (o.block_tokens) {
-          TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c, ChooseBlockTokens(ratios, g.is_mla, Kernel::kGeneric, o.block_tokens));
+          TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c,
+                                   ChooseBlockTokens(ratios, g.is_mla, Kernel::kGeneric, o.block_tokens));
           bt = c.block_tokens;
         }
         ledger.block_tokens = bt;
         ledger.block_reasons.push_back(g.is_mla ? std::string(EngineName(o.engine)) + " with FlashMLA: 64-token pages"
-                                                : vllm ? "vLLM default block of 16 tokens" : "SGLang default page size 1");
+                                       : vllm   ? "vLLM default block of 16 tokens"
+                                                : "SGLang default page size 1");
         for (size_t i = 0; i < lines.size(); ++i) {
           Policy& p = policies[i];
           p.in_pages = true;
@@ -276,7 +287,8 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
     ledger.notes.push_back("vLLM block id = a tuple of pages in " + std::to_string(vllm_groups->tuples) +
                            " layer slots, " + std::to_string(vllm_groups->block_cost) +
                            " B whatever group owns it (first DeepSeek-V4 allocator); admission reserves " +
-                           std::to_string(kVllmMaxBatchedTokens) + "-token prefill chunks for every sliding-window group");
+                           std::to_string(kVllmMaxBatchedTokens) +
+                           "-token prefill chunks for every sliding-window group");
   }
 
   const uint64_t max_len = std::max<uint64_t>(g.max_position_embeddings, o.context_tokens);
@@ -347,7 +359,7 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
   if (all_ranks.overflowed()) return OutOfRange("tp", "committed bytes over all ranks overflow 64 bits");
   TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes_all_ranks, scale(all_ranks, "committed bytes over all ranks"));
 
-  static const char* kTermOrder[] = {"records",          "page_rounding",    "alignment_padding",    "ring_capacity",
+  static const char* kTermOrder[] = {"records",           "page_rounding",  "alignment_padding",    "ring_capacity",
                                      "speculative_slots", "block_metadata", "uniform_block_padding"};
   for (const char* name : kTermOrder) {
     auto it = busiest.terms.find(name);

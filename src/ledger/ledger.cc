@@ -10,9 +10,12 @@ namespace tessera {
 
 std::string_view EngineName(Engine engine) {
   switch (engine) {
-    case Engine::kTessera: return "tessera";
-    case Engine::kVllm: return "vllm";
-    case Engine::kSglang: return "sglang";
+    case Engine::kTessera:
+      return "tessera";
+    case Engine::kVllm:
+      return "vllm";
+    case Engine::kSglang:
+      return "sglang";
   }
   return "?";
 }
@@ -97,10 +100,12 @@ Status ValidateOptions(const Geometry& g, const LedgerOptions& o) {
   }
   if (o.spec_tokens > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
   if (!g.is_mla && o.tp > g.num_kv_heads && o.tp % g.num_kv_heads != 0) {
-    return InvalidArgument("tp", std::to_string(o.tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
+    return InvalidArgument(
+        "tp", std::to_string(o.tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
   }
   if (!g.is_mla && o.tp <= g.num_kv_heads && g.num_kv_heads % o.tp != 0) {
-    return InvalidArgument("tp", std::to_string(g.num_kv_heads) + " KV heads cannot be split over " + std::to_string(o.tp) + " ranks");
+    return InvalidArgument(
+        "tp", std::to_string(g.num_kv_heads) + " KV heads cannot be split over " + std::to_string(o.tp) + " ranks");
   }
   return Status::Ok();
 }
@@ -147,7 +152,8 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
   if (needs_kv != (main_format.use == FormatUse::kKv)) {
     if (!(g.is_mla && main_format.use == FormatUse::kKv)) {
       return InvalidArgument("kv-format", ledger.kv_format + " is a " + std::string(FormatUseName(main_format.use)) +
-                                              " format; " + g.name + " needs a " + (needs_kv ? "kv" : "latent") + " format");
+                                              " format; " + g.name + " needs a " + (needs_kv ? "kv" : "latent") +
+                                              " format");
     }
   }
   if (main_format.use == FormatUse::kIndexer) {
@@ -181,8 +187,9 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
     ++ledger.layers_counted;
     for (const CacheSpec& spec : layer.caches) {
       if (expanded && spec.role == CacheRole::kIndexer) continue;
-      LineKey key{layer.kind, expanded ? CacheRole::kKv : spec.role, layer.is_mtp, spec.compress_ratio, spec.slots,
-                  spec.state_floats};
+      LineKey key{layer.kind,   expanded ? CacheRole::kKv : spec.role,
+                  layer.is_mtp, spec.compress_ratio,
+                  spec.slots,   spec.state_floats};
       auto [it, inserted] = index.try_emplace(key, ledger.lines.size());
       if (inserted) {
         CacheLine line;
@@ -198,10 +205,16 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
           case CacheRole::kKv:
           case CacheRole::kLatent:
           case CacheRole::kCompressed:
-          case CacheRole::kWindow: line.format = rank_main_format; break;
-          case CacheRole::kIndexer: line.format = *indexer_format; break;
+          case CacheRole::kWindow:
+            line.format = rank_main_format;
+            break;
+          case CacheRole::kIndexer:
+            line.format = *indexer_format;
+            break;
           case CacheRole::kCompressorState:
-          case CacheRole::kIndexerCompressorState: line.format = CompressorStateFormat(spec.state_floats); break;
+          case CacheRole::kIndexerCompressorState:
+            line.format = CompressorStateFormat(spec.state_floats);
+            break;
         }
         ledger.lines.push_back(std::move(line));
       }

@@ -67,12 +67,14 @@ Result<Receipt> BuildReceipt(const Geometry& g, const ReceiptRequest& req) {
   // 2. Each cache's requested bytes are layers x batch x entries x record.
   bool lines_ok = true;
   for (const CacheLine& c : ledger.lines) {
-    uint64_t entries = c.grows ? (c.compress_ratio <= 1 ? req.options.context_tokens : req.options.context_tokens / c.compress_ratio)
-                               : std::min<uint64_t>(req.options.context_tokens, c.slots);
+    uint64_t entries =
+        c.grows ? (c.compress_ratio <= 1 ? req.options.context_tokens : req.options.context_tokens / c.compress_ratio)
+                : std::min<uint64_t>(req.options.context_tokens, c.slots);
     Checked expect = Checked(c.layers) * req.options.batch * entries * c.record_bytes;
     lines_ok = lines_ok && !expect.overflowed() && expect.value() == c.requested_bytes;
   }
-  check("requested = layers x batch x entries x record, per cache", lines_ok, std::to_string(ledger.lines.size()) + " caches");
+  check("requested = layers x batch x entries x record, per cache", lines_ok,
+        std::to_string(ledger.lines.size()) + " caches");
 
   // 3. The one-token control: a single token costs exactly one record in every per-token cache.
   LedgerOptions one = req.options;
@@ -160,26 +162,32 @@ Result<Receipt> BuildReceipt(const Geometry& g, const ReceiptRequest& req) {
   j["formats"] = formats;
   j["ledger"] = detail::LedgerToJson(ledger, rec ? &*rec : nullptr);
   ordered_json checks = ordered_json::array();
-  for (const ReceiptCheck& c : receipt.checks) checks.push_back({{"check", c.name}, {"passed", c.passed}, {"detail", c.detail}});
+  for (const ReceiptCheck& c : receipt.checks)
+    checks.push_back({{"check", c.name}, {"passed", c.passed}, {"detail", c.detail}});
   j["checks"] = checks;
   receipt.json = j.dump(2) + "\n";
 
   std::ostringstream md;
   md << "# Cache receipt: " << ledger.model << "\n\n";
-  md << "- tool: tessera 0.1.0\n- model source: " << req.model_source << "\n- config sha256: `" << g.config_sha256 << "`\n";
-  md << "- geometry: " << g.num_layers << " layers (+" << g.num_mtp_layers << " MTP), " << g.num_attention_heads << " heads, "
-     << g.num_kv_heads << " KV heads, latent " << g.latent_dim << " + rope " << g.qk_rope_head_dim << "\n\n";
+  md << "- tool: tessera 0.1.0\n- model source: " << req.model_source << "\n- config sha256: `" << g.config_sha256
+     << "`\n";
+  md << "- geometry: " << g.num_layers << " layers (+" << g.num_mtp_layers << " MTP), " << g.num_attention_heads
+     << " heads, " << g.num_kv_heads << " KV heads, latent " << g.latent_dim << " + rope " << g.qk_rope_head_dim
+     << "\n\n";
   md << "## Formats\n\n";
   for (const auto& f : formats) {
     md << "- `" << f["name"].get<std::string>() << "`: " << f["record_bytes"].get<uint64_t>() << " B, "
-       << f["packing"].get<std::string>() << ", page alignment " << f["page_alignment"].get<uint64_t>() << " B; regions:";
+       << f["packing"].get<std::string>() << ", page alignment " << f["page_alignment"].get<uint64_t>()
+       << " B; regions:";
     for (const auto& r : f["regions"]) {
-      md << " " << r["name"].get<std::string>() << " " << r["element"].get<std::string>() << " x" << r["count"].get<uint64_t>() << ";";
+      md << " " << r["name"].get<std::string>() << " " << r["element"].get<std::string>() << " x"
+         << r["count"].get<uint64_t>() << ";";
     }
     md << "\n";
   }
   md << "\n" << RenderLedger(ledger, OutputFormat::kMarkdown, rec ? &*rec : nullptr) << "\n## Checks\n\n";
-  for (const ReceiptCheck& c : receipt.checks) md << "- [" << (c.passed ? "x" : " ") << "] " << c.name << " — " << c.detail << "\n";
+  for (const ReceiptCheck& c : receipt.checks)
+    md << "- [" << (c.passed ? "x" : " ") << "] " << c.name << " — " << c.detail << "\n";
   receipt.markdown = md.str();
   return receipt;
 }

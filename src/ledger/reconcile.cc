@@ -37,7 +37,8 @@ Result<Reconciliation> Reconcile(const Geometry& g, const Ledger& ledger, uint64
     // Terms are per rank; over all ranks each appears on every rank (a close approximation
     // under DCP, exact otherwise).
     Checked b = Checked(t.bytes) * rank_factor;
-    if (!b.overflowed() && b.value() <= kMaxSigned) candidates.push_back({"-" + t.name, -static_cast<int64_t>(b.value())});
+    if (!b.overflowed() && b.value() <= kMaxSigned)
+      candidates.push_back({"-" + t.name, -static_cast<int64_t>(b.value())});
   }
   // The MTP layer(s): held by an engine that runs MTP speculative decoding.
   if (g.num_mtp_layers > 0) {
@@ -73,8 +74,8 @@ Result<Reconciliation> Reconcile(const Geometry& g, const Ledger& ledger, uint64
       }
     }
     Int128 residual = static_cast<Int128>(r.difference_bytes) - sum;
-    bool better = abs128(residual) < abs128(best_residual) ||
-                  (abs128(residual) == abs128(best_residual) && size < best_size);
+    bool better =
+        abs128(residual) < abs128(best_residual) || (abs128(residual) == abs128(best_residual) && size < best_size);
     if (better) {
       best_residual = residual;
       best_mask = mask;
@@ -102,8 +103,8 @@ Result<uint64_t> ReadAllocationTrace(const std::string& path) {
     std::string number = line.substr(start, end == std::string::npos ? std::string::npos : end - start);
     Result<uint64_t> v = ParseUnsigned(number, "trace");
     if (!v.ok()) {
-      return InvalidArgument("trace", path + " line " + std::to_string(lineno) + ": expected \"<bytes> [label]\", got \"" +
-                                          line.substr(0, 60) + "\"");
+      return InvalidArgument("trace", path + " line " + std::to_string(lineno) +
+                                          ": expected \"<bytes> [label]\", got \"" + line.substr(0, 60) + "\"");
     }
     total += *v;
   }

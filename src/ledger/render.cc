@@ -18,7 +18,8 @@ Result<OutputFormat> ParseOutputFormat(std::string_view name) {
   if (name == "table") return OutputFormat::kTable;
   if (name == "json") return OutputFormat::kJson;
   if (name == "markdown") return OutputFormat::kMarkdown;
-  return InvalidArgument("format", "unknown output format \"" + std::string(name) + "\" (known: table, json, markdown)");
+  return InvalidArgument("format",
+                         "unknown output format \"" + std::string(name) + "\" (known: table, json, markdown)");
 }
 
 namespace {
@@ -251,18 +252,20 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   for (const CacheLine& c : l.lines) {
     std::string per = c.grows ? c.bytes_per_token_per_layer.ToExactAndDecimal() + " B"
                               : std::to_string(c.record_bytes) + " B/slot x " + std::to_string(c.slots) + " (constant)";
-    std::string storage = c.in_pages ? std::to_string(c.page.entries_per_block) + " x " + std::to_string(c.page.block_tokens) +
-                                           "-token pages of " + std::to_string(c.page.page_bytes) + " B"
-                                     : "arena";
-    caches.Add({c.name, std::to_string(c.layers), c.format.name, std::to_string(c.record_bytes) + " B", per, ShapeString(c),
-                storage, WithThousands(c.requested_bytes), WithThousands(c.committed_bytes),
+    std::string storage = c.in_pages
+                              ? std::to_string(c.page.entries_per_block) + " x " + std::to_string(c.page.block_tokens) +
+                                    "-token pages of " + std::to_string(c.page.page_bytes) + " B"
+                              : "arena";
+    caches.Add({c.name, std::to_string(c.layers), c.format.name, std::to_string(c.record_bytes) + " B", per,
+                ShapeString(c), storage, WithThousands(c.requested_bytes), WithThousands(c.committed_bytes),
                 WithThousands(c.read_bytes_per_token)});
   }
   out << (md ? "### Caches (bytes)\n\n" + caches.Markdown() : "caches (bytes):\n" + caches.Text()) << "\n";
 
   Table terms({"term", "bytes"});
   for (const Term& t : l.terms) terms.Add({t.name, FormatBytes(t.bytes)});
-  out << (md ? "### Committed per rank, by term\n\n" + terms.Markdown() : "committed per rank, by term:\n" + terms.Text())
+  out << (md ? "### Committed per rank, by term\n\n" + terms.Markdown()
+             : "committed per rank, by term:\n" + terms.Text())
       << "\n";
 
   Table totals({"total", "value"});
@@ -278,9 +281,11 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   totals.Add({"MHA-equivalent / requested", l.mha_ratio.ToString() + " = " + l.mha_ratio.ToDecimal(4) + "x"});
   out << (md ? "### Totals\n\n" + totals.Markdown() : "totals:\n" + totals.Text()) << "\n";
 
-  Table kinds({"layer kind", "layers", "paged bytes per token per layer", "window bytes per token", "state bytes per layer"});
+  Table kinds(
+      {"layer kind", "layers", "paged bytes per token per layer", "window bytes per token", "state bytes per layer"});
   for (const LayerKindSummary& k : l.kinds) {
-    kinds.Add({std::string(LayerKindName(k.kind)), std::to_string(k.layers), k.paged_bytes_per_token.ToExactAndDecimal() + " B",
+    kinds.Add({std::string(LayerKindName(k.kind)), std::to_string(k.layers),
+               k.paged_bytes_per_token.ToExactAndDecimal() + " B",
                k.window_bytes_per_token ? std::to_string(k.window_bytes_per_token) + " B" : "-",
                k.state_bytes ? WithThousands(k.state_bytes) + " B" : "-"});
   }
@@ -290,7 +295,8 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
     out << (md ? "- " : "  ") << "predicted " << FormatBytes(rec->predicted_bytes) << "\n";
     out << (md ? "- " : "  ") << "observed  " << FormatBytes(rec->observed_bytes) << "\n";
     out << (md ? "- " : "  ") << "difference " << Signed(rec->difference_bytes) << "\n";
-    for (const Attribution& a : rec->attributed) out << (md ? "- " : "    ") << a.term << ": " << Signed(a.bytes) << "\n";
+    for (const Attribution& a : rec->attributed)
+      out << (md ? "- " : "    ") << a.term << ": " << Signed(a.bytes) << "\n";
     out << (md ? "- " : "  ") << "unexplained " << Signed(rec->unexplained_bytes) << "\n";
   }
   if (!l.notes.empty()) {

@@ -29,7 +29,8 @@ Result<std::string> RenderReport(OutputFormat format) {
   const bool md = format == OutputFormat::kMarkdown;
   if (md) {
     table << "# Tessera report\n\nKV cache of one request, bytes exact; binary / decimal units.\n\n"
-          << "| model | context | structural (requested) | tessera committed | vllm committed | vllm reserved at admission | "
+          << "| model | context | structural (requested) | tessera committed | vllm committed | vllm reserved at "
+             "admission | "
              "sglang committed | read per token | MHA-equivalent | MHA / requested |\n"
           << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
   } else if (format == OutputFormat::kTable) {
@@ -70,25 +71,25 @@ Result<std::string> RenderReport(OutputFormat format) {
         table << "| " << model << " (" << t.kv_format << ") | " << ctx << " | " << Short(t.requested_bytes) << " | "
               << Short(ledgers[0].committed_bytes) << " | " << Short(ledgers[1].committed_bytes) << " | "
               << Short(ledgers[1].reserved_at_admission_bytes) << " | " << Short(ledgers[2].committed_bytes) << " | "
-              << Short(t.read_bytes_per_token) << " | " << Short(t.mha_equivalent_bytes) << " | " << t.mha_ratio.ToDecimal(4)
-              << "x |\n";
+              << Short(t.read_bytes_per_token) << " | " << Short(t.mha_equivalent_bytes) << " | "
+              << t.mha_ratio.ToDecimal(4) << "x |\n";
       } else if (format == OutputFormat::kTable) {
-        table << model << " (" << t.kv_format << (t.indexer_format.empty() ? "" : " + " + t.indexer_format) << ") at " << ctx
-              << " tokens\n";
+        table << model << " (" << t.kv_format << (t.indexer_format.empty() ? "" : " + " + t.indexer_format) << ") at "
+              << ctx << " tokens\n";
         table << "  structural (requested)      " << FormatBytes(t.requested_bytes) << "\n";
         for (const Ledger& l : ledgers) {
           std::string name = std::string(EngineName(l.options.engine)) + " committed";
-          table << "  " << name << std::string(28 - name.size(), ' ') << FormatBytes(l.committed_bytes) << "  (blocks of "
-                << l.block_tokens << " tokens)\n";
+          table << "  " << name << std::string(28 - name.size(), ' ') << FormatBytes(l.committed_bytes)
+                << "  (blocks of " << l.block_tokens << " tokens)\n";
           if (l.reserved_at_admission_bytes != l.committed_bytes) {
             std::string r = std::string(EngineName(l.options.engine)) + " reserved at admission";
-            table << "  " << r << std::string(r.size() < 28 ? 28 - r.size() : 1, ' ') << FormatBytes(l.reserved_at_admission_bytes)
-                  << "\n";
+            table << "  " << r << std::string(r.size() < 28 ? 28 - r.size() : 1, ' ')
+                  << FormatBytes(l.reserved_at_admission_bytes) << "\n";
           }
         }
         table << "  read per generated token    " << FormatBytes(t.read_bytes_per_token) << "\n";
-        table << "  MHA-equivalent              " << FormatBytes(t.mha_equivalent_bytes) << "  (" << t.mha_ratio.ToDecimal(4)
-              << "x the requested bytes)\n\n";
+        table << "  MHA-equivalent              " << FormatBytes(t.mha_equivalent_bytes) << "  ("
+              << t.mha_ratio.ToDecimal(4) << "x the requested bytes)\n\n";
       }
     }
   }

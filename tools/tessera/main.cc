@@ -184,7 +184,8 @@ int RunReceipt(const ModelArgs& args, const std::string& out) {
   if (!st.ok()) return Fail(st);
   int passed = 0;
   for (const ReceiptCheck& c : r->checks) passed += c.passed ? 1 : 0;
-  std::printf("wrote %s.md and %s.json (%d of %zu checks passed)\n", out.c_str(), out.c_str(), passed, r->checks.size());
+  std::printf("wrote %s.md and %s.json (%d of %zu checks passed)\n", out.c_str(), out.c_str(), passed,
+              r->checks.size());
   return 0;
 }
 
@@ -201,8 +202,8 @@ int RunModels() {
   for (const std::string& name : PresetNames()) {
     Result<Geometry> g = LoadPreset(name);
     if (!g.ok()) return Fail(g.status());
-    std::printf("%-18s %-14s %3u layers (+%u MTP)  default kv-format %s\n", name.c_str(), g->model_type.c_str(), g->num_layers,
-                g->num_mtp_layers, DefaultKvFormat(*g).c_str());
+    std::printf("%-18s %-14s %3u layers (+%u MTP)  default kv-format %s\n", name.c_str(), g->model_type.c_str(),
+                g->num_layers, g->num_mtp_layers, DefaultKvFormat(*g).c_str());
   }
   return 0;
 }
@@ -216,7 +217,7 @@ int RunFormats() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   CLI::App app{"tessera: KV-cache ledger for MLA models"};
   app.require_subcommand(1);
 
@@ -258,4 +259,14 @@ int main(int argc, char** argv) {
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
   return 2;
+}
+
+int main(int argc, char** argv) {
+  // The library reports through Status; only the CLI parser or the allocator can throw here.
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: error: %s\n", e.what());
+    return 1;
+  }
 }

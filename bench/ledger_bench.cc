@@ -1,0 +1,62 @@
+// Ledger speed. Target: the ledger for any preset at 1M tokens answers in well under 100 ms.
+// Baseline measured in the same run: parsing the preset's config.json (the work any tool that
+// reads a model card must do). The ratio ledger / parse shows what the ledger adds.
+//
+//   cmake --preset release && cmake --build build/release --target ledger_bench
+//   build/release/bench/ledger_bench --benchmark_min_time=0.2
+#include <benchmark/benchmark.h>
+
+#include "tessera/geometry.h"
+#include "tessera/ledger.h"
+#include "tessera/report.h"
+
+namespace {
+
+using namespace tessera;
+
+const char* const kPresets[] = {"deepseek-v2",     "deepseek-v2-lite", "deepseek-v3",  "deepseek-r1",
+                                "deepseek-v3.1",   "deepseek-v3.2",    "kimi-k2",      "deepseek-v4-flash",
+                                "deepseek-v4-pro", "llama-3.1-8b",     "llama-3.1-70b"};
+constexpr Engine kEngines[] = {Engine::kTessera, Engine::kVllm, Engine::kSglang};
+
+// Baseline: parse the preset's config.json into a geometry.
+void BM_ParseConfig(benchmark::State& state) {
+  const char* name = kPresets[state.range(0)];
+  std::string text = *PresetConfigText(name);
+  for (auto _ : state) {
+    Result<Geometry> g = GeometryFromConfigJson(text, name);
+    benchmark::DoNotOptimize(g);
+  }
+  state.SetLabel(name);
+}
+BENCHMARK(BM_ParseConfig)->DenseRange(0, std::size(kPresets) - 1);
+
+// The ledger at 1M tokens, from config text to totals (parse included), per engine.
+void BM_Ledger1M(benchmark::State& state) {
+  const char* name = kPresets[state.range(0)];
+  Engine engine = kEngines[state.range(1)];
+  std::string text = *PresetConfigText(name);
+  LedgerOptions o;
+  o.context_tokens = 1 << 20;
+  o.engine = engine;
+  for (auto _ : state) {
+    Result<Geometry> g = GeometryFromConfigJson(text, name);
+    Result<Ledger> l = ComputeLedger(*g, o);
+    benchmark::DoNotOptimize(l);
+  }
+  state.SetLabel(std::string(name) + "/" + std::string(EngineName(engine)));
+}
+BENCHMARK(BM_Ledger1M)->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kPresets) - 1, 1), {0, 1, 2}});
+
+// The whole main job: 18 ledgers and the 23-claim check.
+void BM_Report(benchmark::State& state) {
+  for (auto _ : state) {
+    Result<std::string> r = RenderReport(OutputFormat::kTable);
+    benchmark::DoNotOptimize(r);
+  }
+}
+BENCHMARK(BM_Report)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
