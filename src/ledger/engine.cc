@@ -306,12 +306,16 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
     }
     rc.committed = natural;
     if (o.engine == Engine::kTessera) {
-      std::map<std::string, std::pair<uint64_t, uint32_t>> groups;  // blocks, block tokens
+      // One block id spans every paged group with the same block token span (a page per layer
+      // per group), so metadata is counted once per block id: the most blocks any group needs.
+      std::map<uint32_t, uint64_t> block_ids;  // block tokens -> block ids
       for (size_t i = 0; i < lines.size(); ++i) {
-        if (policies[i].in_pages) groups[policies[i].group] = {rc.lines[i].blocks_with_spec, policies[i].block_tokens};
+        if (!policies[i].in_pages) continue;
+        uint64_t& ids = block_ids[policies[i].block_tokens];
+        ids = std::max(ids, rc.lines[i].blocks_with_spec);
       }
       Checked meta(0);
-      for (const auto& [name, b] : groups) meta += Checked(b.first) * BlockMetadataBytes(b.second);
+      for (const auto& [block_tokens, ids] : block_ids) meta += Checked(ids) * BlockMetadataBytes(block_tokens);
       rc.terms["block_metadata"] = meta;
       rc.committed += meta;
     }

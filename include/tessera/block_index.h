@@ -1,0 +1,122 @@
+// The two indexes of a block store, kept apart.
+//
+// Prefix (token-chain) index — compute reuse. A sealed block is keyed by
+// H(parent key, its tokens, extra keys: tenant domain and cache salt). On lookup the stored
+// tokens, the parent block (id and generation), the domain and the salt are compared, so a
+// hash collision can never serve the wrong KV: a hit means this exact token prefix produced
+// these bytes. This is what lets an engine skip prefill.
+//
+// Content index — memory dedup. On seal the block's bytes across all layers of all its groups
+// are hashed together with the formats and the tenant domain (keyed xxh3-128, or SHA-256). On a
+// hit the bytes are compared: equal (and the same token identity) → the existing block is shared
+// and the candidate released; different → a dedup collision, counted and reported as a security
+// event, and the candidate is installed as a fresh block. A collision is never a share.
+//
+// Why two: an MLA latent past layer 0 depends on every preceding token and its RoPE slice is
+// rotated by position, so equal bytes only arise from the same prefix (concurrent requests,
+// forks, tier imports); byte dedup cannot replace prefix matching (docs/adr/0007).
+//
+// Sharing never crosses tenant domains: both keys include the domain and both checks compare it.
+// A domain is shared between tenants only when the store is told so (manager options).
+//
+// Thread-safety: single owner, like the pool it indexes; counters are atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/block_pool.h"
+#include "tessera/hash.h"
+
+namespace tessera {
+
+// One life of a sealed block in the prefix chain; the root has no block.
+struct PrefixRef {
+  BlockId block;
+  uint32_t generation = 0;
+  Hash128 key;
+  bool is_root() const { return !block.valid(); }
+};
+
+struct SecurityEvent {
+  std::string kind;  // "dedup_collision"
+  Hash128 content_key;
+  BlockId existing;
+  BlockId candidate;
+  uint32_t domain = 0;
+};
+
+struct IndexStats {
+  std::atomic<uint64_t> prefix_hits{0};             // blocks
+  std::atomic<uint64_t> prefix_misses{0};           // lookups that ended a prefix walk
+  std::atomic<uint64_t> prefix_key_mismatches{0};   // key matched, identity did not (hash collision)
+  std::atomic<uint64_t> dedup_hits{0};
+  std::atomic<uint64_t> dedup_collisions{0};        // content key matched, bytes differed
+  std::atomic<uint64_t> dedup_identity_mismatches{0};  // bytes equal, token identity differed: not shared
+  std::atomic<uint64_t> bytes_compared{0};
+};
+
+class BlockIndex {
+ public:
+  // `content_dedup` false turns the content index off (e.g. for an unbacked pool).
+  BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit = 8);
+
+  // The child of `parent` that holds exactly `tokens` in `domain` with `salt`, verified.
+  std::optional<PrefixRef> Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
+                                  uint64_t salt);
+
+  struct SealResult {
+    PrefixRef ref;           // the block the caller now holds in its table
+    bool deduplicated = false;  // the candidate was released in favour of an equal block
+  };
+  // Seals `candidate` (kFilling, refcount 1, full) as the child of `parent`. May return an
+  // existing equal block instead (its refcount raised, the candidate unref'ed).
+  SealResult Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
+                  uint64_t salt);
+
+  // The tokens a sealed block holds (for tests and tiers).
+  std::span<const uint32_t> Tokens(BlockId b) const;
+  uint32_t Domain(BlockId b) const { return identity_[b.value].domain; }
+
+  void SetSecurityListener(std::function<void(const SecurityEvent&)> listener) { security_ = std::move(listener); }
+  const IndexStats& stats() const { return stats_; }
+  size_t prefix_entries() const { return prefix_.size(); }
+
+ private:
+  struct Identity {
+    Hash128 prefix_key;
+    Hash128 content_key;
+    BlockId parent;
+    uint32_t parent_generation = 0;
+    uint32_t domain = 0;
+    uint64_t salt = 0;
+    bool indexed = false;
+    bool in_content = false;
+  };
+  Hash128 ContentKey(BlockId b, uint32_t domain) const;
+  bool BytesEqual(BlockId a, BlockId b);
+  bool SameIdentity(BlockId e, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
+                    uint64_t salt) const;
+  void OnEvict(BlockId b);
+  static uint64_t Extra(uint32_t domain, uint64_t salt) { return (uint64_t{domain} << 32) ^ salt; }
+
+  BlockPool* pool_;
+  ContentHasher hasher_;
+  bool content_dedup_;
+  uint32_t bucket_limit_;
+  uint32_t block_tokens_;
+  std::vector<Identity> identity_;
+  std::vector<uint32_t> tokens_;  // capacity x block_tokens
+  std::unordered_map<Hash128, BlockId, Hash128Hasher> prefix_;
+  std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> content_;
+  std::function<void(const SecurityEvent&)> security_;
+  IndexStats stats_;
+};
+
+}  // namespace tessera

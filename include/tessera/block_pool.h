@@ -1,0 +1,168 @@
+// BlockPool: the pages of one or more cache groups that share a block token span.
+//
+// A block id names the same token span in every layer of every group of the pool: block b
+// owns, in each group g, one page per layer, laid out block-major in g's region
+// ([block][layer][page]) so that a block's bytes in one group are one contiguous range.
+// Each group has its own region and its own page size (no padding to a common size).
+//
+// Block states and their invariants (held in parallel arrays indexed by block id):
+//
+//   kFree     refcount 0; on the free list; no index entry names it.
+//   kFilling  refcount >= 1; owned by requests that are writing it; never shared by an index.
+//   kSealed   refcount >= 1; its bytes are final; it may be named by the prefix/content index.
+//   kCached   refcount 0, sealed bytes kept for reuse; on exactly one LRU list (its priority).
+//
+//   free -> filling (Allocate) -> sealed (MarkSealed) -> cached (last Unref) -> free (evicted)
+//   filling -> free (last Unref of an unsealed block); cached -> sealed (Ref on a hit).
+//
+// Eviction takes the least recently cached block of the lowest non-empty retention priority
+// (0..100, higher is kept longer), O(1): 101 intrusive lists and an occupancy bitmap.
+// Eviction listeners run before the block's pages can be reused (the tier layer demotes there).
+//
+// Allocation is all-or-nothing: Allocate(n) either returns n blocks or kOutOfBlocks with the
+// pool unchanged.
+//
+// Thread-safety: single owner (the request manager). The statistics returned by Stats() are
+// atomics and safe to read from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/format.h"
+#include "tessera/layout.h"
+#include "tessera/memory.h"
+#include "tessera/status.h"
+
+namespace tessera {
+
+struct BlockId {
+  uint32_t value = UINT32_MAX;
+  bool valid() const { return value != UINT32_MAX; }
+  friend bool operator==(BlockId, BlockId) = default;
+  friend auto operator<=>(BlockId, BlockId) = default;
+};
+
+enum class BlockState : uint8_t { kFree, kFilling, kSealed, kCached };
+std::string_view BlockStateName(BlockState s);
+
+constexpr uint8_t kMaxRetentionPriority = 100;
+constexpr uint8_t kDefaultRetentionPriority = 35;
+
+struct PoolGroup {
+  std::string name;  // e.g. "mla.latent"
+  RecordFormat format;
+  uint32_t layers = 0;
+  PageLayout page;  // from layout::ComputePageLayout
+};
+
+struct BlockPoolOptions {
+  std::vector<PoolGroup> groups;  // all with the same page.block_tokens
+  uint32_t capacity_blocks = 0;
+  RegionKind region_kind = RegionKind::kHost;
+};
+
+struct PoolStats {
+  std::atomic<uint64_t> allocations{0};  // blocks handed out by Allocate
+  std::atomic<uint64_t> frees{0};        // blocks returned to the free list
+  std::atomic<uint64_t> evictions{0};    // cached blocks evicted to make room
+  std::atomic<uint64_t> seals{0};
+  std::array<std::atomic<uint64_t>, 4> blocks_in_state{};  // indexed by BlockState
+};
+
+class BlockPool {
+ public:
+  // Errors: kInvalidArgument naming the option (no groups, mixed block spans, zero capacity),
+  // kOutOfBlocks when a region cannot be mapped.
+  static Result<std::unique_ptr<BlockPool>> Create(BlockPoolOptions options);
+
+  // Allocates n blocks into `out` (appended), taking free blocks first, then evicting cached
+  // ones. Each returned block is kFilling with refcount 1. kOutOfBlocks leaves the pool as it was.
+  Status Allocate(uint32_t n, std::vector<BlockId>* out);
+  // Blocks Allocate(n) could hand out now (free + evictable).
+  uint32_t Available() const { return free_count_ + cached_count_; }
+
+  // REQUIRES: state != kFree. A cached block becomes sealed and leaves its LRU list.
+  void Ref(BlockId b);
+  // REQUIRES: refcount > 0. At zero a filling block is freed and a sealed one is cached.
+  void Unref(BlockId b);
+  // REQUIRES: kFilling.
+  void MarkSealed(BlockId b);
+  // Retention priority 0..100 (clamped); takes effect when the block is next cached.
+  void SetPriority(BlockId b, uint8_t priority);
+
+  // Called with a block about to be evicted (still readable); listeners run in order.
+  void AddEvictionListener(std::function<void(BlockId)> listener);
+
+  BlockState state(BlockId b) const { return state_[b.value]; }
+  uint32_t refcount(BlockId b) const { return refcount_[b.value]; }
+  // Incremented each time the block is freed, so (id, generation) names one life of a block.
+  uint32_t generation(BlockId b) const { return generation_[b.value]; }
+  uint8_t priority(BlockId b) const { return priority_[b.value]; }
+
+  // The page of one layer of one group, and the whole block of one group (all its layers).
+  BlockHandle PageHandle(BlockId b, uint32_t group, uint32_t layer) const;
+  BlockHandle BlockHandleOf(BlockId b, uint32_t group) const;
+  const RegionTable& regions() const { return regions_; }
+  bool backed() const { return kind_ == RegionKind::kHost; }
+  // REQUIRES: backed().
+  std::span<std::byte> Bytes(const BlockHandle& h) const { return regions_.Resolve(h); }
+
+  const std::vector<PoolGroup>& groups() const { return groups_; }
+  uint32_t capacity() const { return capacity_; }
+  uint32_t block_tokens() const { return block_tokens_; }
+  // Page bytes of one block over every layer of every group.
+  uint64_t block_bytes() const { return block_bytes_; }
+  // Host bytes of metadata per block (header + token ids), as the ledger counts them.
+  uint64_t metadata_bytes_per_block() const { return BlockMetadataBytes(block_tokens_); }
+  // Bytes held: every block that is not free, pages plus metadata.
+  uint64_t bytes_held() const;
+  uint32_t free_count() const { return free_count_; }
+  uint32_t cached_count() const { return cached_count_; }
+  const PoolStats& stats() const { return stats_; }
+
+  // Checks every invariant above (free list, LRU lists, states, refcounts); for tests.
+  Status CheckInvariants() const;
+
+ private:
+  BlockPool() = default;
+  void SetState(BlockId b, BlockState s);
+  void LruPush(BlockId b);
+  void LruRemove(BlockId b);
+  BlockId LruPopVictim();
+
+  std::vector<PoolGroup> groups_;
+  std::vector<uint32_t> group_region_;
+  std::vector<uint64_t> group_block_bytes_;
+  RegionTable regions_;
+  RegionKind kind_ = RegionKind::kHost;
+  uint32_t capacity_ = 0;
+  uint32_t block_tokens_ = 0;
+  uint64_t block_bytes_ = 0;
+
+  // Parallel per-block arrays.
+  std::vector<BlockState> state_;
+  std::vector<uint32_t> refcount_;
+  std::vector<uint32_t> generation_;
+  std::vector<uint8_t> priority_;
+  std::vector<uint32_t> next_;  // free list or LRU list link
+  std::vector<uint32_t> prev_;  // LRU list link
+
+  uint32_t free_head_ = UINT32_MAX;
+  uint32_t free_count_ = 0;
+  uint32_t cached_count_ = 0;
+  std::array<uint32_t, kMaxRetentionPriority + 1> lru_head_{};  // least recently cached
+  std::array<uint32_t, kMaxRetentionPriority + 1> lru_tail_{};  // most recently cached
+  std::array<uint64_t, 2> lru_occupied_{};                      // bit p: list p is non-empty
+
+  std::vector<std::function<void(BlockId)>> eviction_listeners_;
+  PoolStats stats_;
+};
+
+}  // namespace tessera

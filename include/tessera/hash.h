@@ -1,0 +1,82 @@
+// Keys for the two indexes.
+//
+//   Prefix (token-chain) key: H(parent key, the block's tokens, extra keys incl. tenant salt).
+//   Content key: H(format ids, tenant domain, the block's bytes across all its layers).
+//
+// Both are keyed: xxh3-128 with a secret drawn at random per store (so an outsider cannot
+// precompute collisions), or SHA-256 (OpenSSL) for content when asked. Neither key is trusted
+// on its own: a prefix hit compares tokens and a content hit compares bytes. `bits` truncates
+// content keys (an adversarial self-test that forces collisions).
+//
+// Thread-safety: a ContentHasher is immutable after construction; Stream objects are not
+// shared.
+#pragma once
+
+#include <openssl/evp.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tessera/status.h"
+
+namespace tessera {
+
+struct Hash128 {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  friend bool operator==(const Hash128&, const Hash128&) = default;
+  std::string Hex() const;
+};
+
+struct Hash128Hasher {
+  size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
+};
+
+enum class HashAlgorithm { kXxh3, kSha256 };
+Result<HashAlgorithm> ParseHashAlgorithm(std::string_view name);
+std::string_view HashAlgorithmName(HashAlgorithm a);
+
+class ContentHasher {
+ public:
+  // `key_seed` 0 draws the secret from std::random_device; any other value makes the keys
+  // reproducible (tests, benchmarks). `bits` in [1, 128].
+  static Result<ContentHasher> Create(HashAlgorithm algorithm, uint32_t bits = 128, uint64_t key_seed = 0);
+
+  class Stream {
+   public:
+    void Update(std::span<const std::byte> bytes);
+    void Update(const void* data, size_t len) { Update({static_cast<const std::byte*>(data), len}); }
+    Hash128 Digest();
+    Stream(Stream&&) noexcept;
+    ~Stream();
+
+   private:
+    friend class ContentHasher;
+    explicit Stream(const ContentHasher* h);
+    const ContentHasher* hasher_;
+    std::unique_ptr<std::array<std::byte, 640>> xxh_state_;  // XXH3_state_t storage
+    EVP_MD_CTX* sha_ = nullptr;
+  };
+
+  Stream Begin() const { return Stream(this); }
+  // The prefix key of a block: H(parent, tokens, extra). Always keyed xxh3-128, full width.
+  Hash128 PrefixKey(const Hash128& parent, std::span<const uint32_t> tokens, uint64_t extra) const;
+
+  HashAlgorithm algorithm() const { return algorithm_; }
+  uint32_t bits() const { return bits_; }
+
+ private:
+  ContentHasher() = default;
+  Hash128 Truncate(Hash128 h) const;
+  HashAlgorithm algorithm_ = HashAlgorithm::kXxh3;
+  uint32_t bits_ = 128;
+  std::array<unsigned char, 192> secret_{};  // xxh3 secret (>= XXH3_SECRET_SIZE_MIN)
+  std::array<unsigned char, 32> sha_key_{};  // prepended to SHA-256 input
+};
+
+}  // namespace tessera

@@ -1,0 +1,138 @@
+#include "tessera/block_index.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace tessera {
+
+BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit)
+    : pool_(pool),
+      hasher_(std::move(hasher)),
+      content_dedup_(content_dedup && pool->backed()),
+      bucket_limit_(bucket_limit),
+      block_tokens_(pool->block_tokens()),
+      identity_(pool->capacity()),
+      tokens_(static_cast<size_t>(pool->capacity()) * pool->block_tokens()) {
+  pool_->AddEvictionListener([this](BlockId b) { OnEvict(b); });
+}
+
+std::span<const uint32_t> BlockIndex::Tokens(BlockId b) const {
+  return {tokens_.data() + static_cast<size_t>(b.value) * block_tokens_, block_tokens_};
+}
+
+bool BlockIndex::SameIdentity(BlockId e, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
+                              uint64_t salt) const {
+  const Identity& id = identity_[e.value];
+  if (!id.indexed || id.domain != domain || id.salt != salt) return false;
+  if (id.parent != parent.block || (parent.block.valid() && id.parent_generation != parent.generation)) return false;
+  std::span<const uint32_t> stored = Tokens(e);
+  return tokens.size() == stored.size() && std::equal(tokens.begin(), tokens.end(), stored.begin());
+}
+
+std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
+                                            uint64_t salt) {
+  Hash128 key = hasher_.PrefixKey(parent.key, tokens, Extra(domain, salt));
+  auto it = prefix_.find(key);
+  if (it == prefix_.end()) {
+    stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  BlockId e = it->second;
+  BlockState s = pool_->state(e);
+  if ((s != BlockState::kSealed && s != BlockState::kCached) || !SameIdentity(e, parent, tokens, domain, salt)) {
+    stats_.prefix_key_mismatches.fetch_add(1, std::memory_order_relaxed);
+    stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  stats_.prefix_hits.fetch_add(1, std::memory_order_relaxed);
+  return PrefixRef{e, pool_->generation(e), key};
+}
+
+Hash128 BlockIndex::ContentKey(BlockId b, uint32_t domain) const {
+  ContentHasher::Stream s = hasher_.Begin();
+  s.Update(&domain, sizeof domain);
+  for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
+    const std::string& name = pool_->groups()[g].format.name;
+    s.Update(name.data(), name.size() + 1);
+    s.Update(pool_->Bytes(pool_->BlockHandleOf(b, g)));
+  }
+  return s.Digest();
+}
+
+bool BlockIndex::BytesEqual(BlockId a, BlockId b) {
+  for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
+    std::span<const std::byte> x = pool_->Bytes(pool_->BlockHandleOf(a, g));
+    std::span<const std::byte> y = pool_->Bytes(pool_->BlockHandleOf(b, g));
+    stats_.bytes_compared.fetch_add(x.size(), std::memory_order_relaxed);
+    if (std::memcmp(x.data(), y.data(), x.size()) != 0) return false;
+  }
+  return true;
+}
+
+BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens,
+                                        uint32_t domain, uint64_t salt) {
+  assert(pool_->state(candidate) == BlockState::kFilling && tokens.size() == block_tokens_);
+  Hash128 key = hasher_.PrefixKey(parent.key, tokens, Extra(domain, salt));
+  Hash128 content{};
+  if (content_dedup_) {
+    content = ContentKey(candidate, domain);
+    auto it = content_.find(content);
+    if (it != content_.end()) {
+      bool collided = false;
+      for (BlockId e : it->second) {
+        if (identity_[e.value].domain != domain) {
+          collided = true;  // the key includes the domain: equal keys across domains are a collision
+          continue;
+        }
+        if (!BytesEqual(e, candidate)) {
+          collided = true;
+          continue;
+        }
+        if (!SameIdentity(e, parent, tokens, domain, salt)) {
+          stats_.dedup_identity_mismatches.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        pool_->Ref(e);
+        pool_->Unref(candidate);  // filling, refcount 1 -> free
+        stats_.dedup_hits.fetch_add(1, std::memory_order_relaxed);
+        return {PrefixRef{e, pool_->generation(e), identity_[e.value].prefix_key}, true};
+      }
+      if (collided) {
+        stats_.dedup_collisions.fetch_add(1, std::memory_order_relaxed);
+        if (security_) security_({"dedup_collision", content, it->second.front(), candidate, domain});
+      }
+    }
+  }
+  pool_->MarkSealed(candidate);
+  Identity& id = identity_[candidate.value];
+  id = Identity{key, content, parent.block, parent.generation, domain, salt, true, false};
+  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<ptrdiff_t>(candidate.value) * block_tokens_);
+  if (content_dedup_) {
+    std::vector<BlockId>& bucket = content_[content];
+    if (bucket.size() < bucket_limit_) {
+      bucket.push_back(candidate);
+      id.in_content = true;
+    }
+  }
+  // First sealed block under a key wins; a stale entry (evicted block) was removed on eviction.
+  prefix_.try_emplace(key, candidate);
+  return {PrefixRef{candidate, pool_->generation(candidate), key}, false};
+}
+
+void BlockIndex::OnEvict(BlockId b) {
+  Identity& id = identity_[b.value];
+  if (!id.indexed) return;
+  auto p = prefix_.find(id.prefix_key);
+  if (p != prefix_.end() && p->second == b) prefix_.erase(p);
+  if (id.in_content) {
+    auto c = content_.find(id.content_key);
+    if (c != content_.end()) {
+      std::erase(c->second, b);
+      if (c->second.empty()) content_.erase(c);
+    }
+  }
+  id = Identity{};
+}
+
+}  // namespace tessera

@@ -1,0 +1,120 @@
+#include "tessera/hash.h"
+
+#include <cassert>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+// State layout and XXH3_generateSecret are in the "static linking only" part of the API.
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+#if defined(__x86_64__)
+#include <xxh_x86dispatch.h>  // runtime choice of SSE2/AVX2/AVX-512 kernels
+#endif
+
+namespace tessera {
+
+static_assert(sizeof(XXH3_state_t) <= 640, "enlarge ContentHasher::Stream::xxh_state_");
+
+std::string Hash128::Hex() const {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi), static_cast<unsigned long long>(lo));
+  return buf;
+}
+
+Result<HashAlgorithm> ParseHashAlgorithm(std::string_view name) {
+  if (name == "xxh3") return HashAlgorithm::kXxh3;
+  if (name == "sha256") return HashAlgorithm::kSha256;
+  return InvalidArgument("hash", "unknown hash \"" + std::string(name) + "\" (known: xxh3, sha256)");
+}
+
+std::string_view HashAlgorithmName(HashAlgorithm a) { return a == HashAlgorithm::kXxh3 ? "xxh3" : "sha256"; }
+
+Result<ContentHasher> ContentHasher::Create(HashAlgorithm algorithm, uint32_t bits, uint64_t key_seed) {
+  if (bits == 0 || bits > 128) return InvalidArgument("hash-bits", "must be in 1..128 (got " + std::to_string(bits) + ")");
+  ContentHasher h;
+  h.algorithm_ = algorithm;
+  h.bits_ = bits;
+  std::array<uint64_t, 4> seed{};
+  if (key_seed == 0) {
+    std::random_device rd;
+    for (uint64_t& s : seed) s = (uint64_t{rd()} << 32) ^ rd();
+  } else {
+    std::mt19937_64 gen(key_seed);
+    for (uint64_t& s : seed) s = gen();
+  }
+  if (XXH3_generateSecret(h.secret_.data(), h.secret_.size(), seed.data(), sizeof seed) != XXH_OK) {
+    return Status(StatusCode::kInternal, "hash", "cannot derive the xxh3 secret");
+  }
+  std::memcpy(h.sha_key_.data(), seed.data(), sizeof seed);
+  return h;
+}
+
+ContentHasher::Stream::Stream(const ContentHasher* h) : hasher_(h) {
+  if (h->algorithm_ == HashAlgorithm::kXxh3) {
+    xxh_state_ = std::make_unique<std::array<std::byte, 640>>();
+    auto* st = reinterpret_cast<XXH3_state_t*>(xxh_state_->data());
+    XXH3_INITSTATE(st);
+    XXH3_128bits_reset_withSecret(st, h->secret_.data(), h->secret_.size());
+  } else {
+    sha_ = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
+    EVP_DigestUpdate(sha_, h->sha_key_.data(), h->sha_key_.size());
+  }
+}
+
+ContentHasher::Stream::Stream(Stream&& o) noexcept
+    : hasher_(o.hasher_), xxh_state_(std::move(o.xxh_state_)), sha_(o.sha_) {
+  o.sha_ = nullptr;
+}
+
+ContentHasher::Stream::~Stream() {
+  if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
+}
+
+void ContentHasher::Stream::Update(std::span<const std::byte> bytes) {
+  if (xxh_state_) {
+    XXH3_128bits_update(reinterpret_cast<XXH3_state_t*>(xxh_state_->data()), bytes.data(), bytes.size());
+  } else {
+    EVP_DigestUpdate(sha_, bytes.data(), bytes.size());
+  }
+}
+
+Hash128 ContentHasher::Stream::Digest() {
+  Hash128 out;
+  if (xxh_state_) {
+    XXH128_hash_t d = XXH3_128bits_digest(reinterpret_cast<XXH3_state_t*>(xxh_state_->data()));
+    out = {d.low64, d.high64};
+  } else {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(sha_, md, &len);
+    std::memcpy(&out.lo, md, 8);
+    std::memcpy(&out.hi, md + 8, 8);
+  }
+  return hasher_->Truncate(out);
+}
+
+Hash128 ContentHasher::Truncate(Hash128 h) const {
+  if (bits_ >= 128) return h;
+  if (bits_ <= 64) {
+    h.hi = 0;
+    if (bits_ < 64) h.lo &= (1ULL << bits_) - 1;
+  } else {
+    h.hi &= (1ULL << (bits_ - 64)) - 1;
+  }
+  return h;
+}
+
+Hash128 ContentHasher::PrefixKey(const Hash128& parent, std::span<const uint32_t> tokens, uint64_t extra) const {
+  XXH3_state_t st;
+  XXH3_INITSTATE(&st);
+  XXH3_128bits_reset_withSecret(&st, secret_.data(), secret_.size());
+  XXH3_128bits_update(&st, &parent, sizeof parent);
+  XXH3_128bits_update(&st, &extra, sizeof extra);
+  XXH3_128bits_update(&st, tokens.data(), tokens.size_bytes());
+  XXH128_hash_t d = XXH3_128bits_digest(&st);
+  return {d.low64, d.high64};
+}
+
+}  // namespace tessera

@@ -1,0 +1,252 @@
+#include "tessera/manager.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "tessera/checked.h"
+
+namespace tessera {
+
+LedgerOptions LedgerOptionsFor(const ManagerOptions& options, uint64_t context, uint64_t batch) {
+  LedgerOptions o;
+  o.context_tokens = context;
+  o.batch = batch;
+  o.kv_format = options.kv_format;
+  o.indexer_format = options.indexer_format;
+  o.block_tokens = options.block_tokens;
+  o.kernel = options.kernel;
+  o.engine = Engine::kTessera;
+  return o;
+}
+
+Result<std::unique_ptr<BlockManager>> BlockManager::Create(const Geometry& g, const ManagerOptions& options) {
+  // The pools take their groups and page layouts from the ledger's own computation.
+  TESSERA_ASSIGN_OR_RETURN(Ledger ledger, ComputeLedger(g, LedgerOptionsFor(options, 1, 1)));
+  BlockPoolOptions pool_options;
+  pool_options.capacity_blocks = options.capacity_blocks;
+  pool_options.region_kind = options.region_kind;
+  for (const CacheLine& line : ledger.lines) {
+    if (!line.in_pages) continue;
+    if (line.compress_ratio != 1) {
+      return InvalidArgument("model", g.name + " has compressed caches (" + line.name +
+                                          "); they are managed by the hybrid-attention layer");
+    }
+    pool_options.groups.push_back({line.name, line.format, line.layers, line.page});
+  }
+  if (pool_options.groups.empty()) {
+    return InvalidArgument("model", g.name + " has no paged cache under the tessera engine");
+  }
+  TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher,
+                           ContentHasher::Create(options.hash, options.hash_bits, options.hash_key_seed));
+  std::unique_ptr<BlockManager> m(new BlockManager());
+  m->options_ = options;
+  TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(pool_options)));
+  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), options.content_dedup);
+  m->block_tokens_ = m->pool_->block_tokens();
+  return m;
+}
+
+uint32_t BlockManager::domain_of(uint32_t tenant) const {
+  auto it = options_.tenant_domain.find(tenant);
+  return it == options_.tenant_domain.end() ? tenant : it->second;
+}
+
+Result<BlockManager::Request*> BlockManager::Get(RequestId r) {
+  if (r.value >= requests_.size() || !requests_[r.value].live) {
+    return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  }
+  return &requests_[r.value];
+}
+
+const BlockManager::Request* BlockManager::GetConst(RequestId r) const {
+  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
+  return &requests_[r.value];
+}
+
+Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
+  uint32_t id;
+  if (!free_request_ids_.empty()) {
+    id = free_request_ids_.back();
+    free_request_ids_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(requests_.size());
+    requests_.emplace_back();
+  }
+  Request& req = requests_[id];
+  req = Request{};
+  req.live = true;
+  req.tenant = spec.tenant;
+  req.domain = domain_of(spec.tenant);
+  req.salt = spec.cache_salt;
+  req.priority = std::min(spec.priority, kMaxRetentionPriority);
+  ++live_;
+  metrics_.requests_admitted.fetch_add(1, std::memory_order_relaxed);
+
+  PrefixRef parent;
+  const size_t full_blocks = prompt.size() / block_tokens_;
+  for (size_t i = 0; i < full_blocks; ++i) {
+    std::optional<PrefixRef> hit = index_->Lookup(parent, prompt.subspan(i * block_tokens_, block_tokens_), req.domain, req.salt);
+    if (!hit) break;
+    pool_->Ref(hit->block);
+    req.table.push_back(hit->block);
+    req.chain.push_back(*hit);
+    parent = *hit;
+  }
+  AdmitResult result;
+  result.id = RequestId{id};
+  result.cached_blocks = static_cast<uint32_t>(req.table.size());
+  result.cached_tokens = uint64_t{result.cached_blocks} * block_tokens_;
+  req.tokens = result.cached_tokens;
+  metrics_.prefix_hit_tokens.fetch_add(result.cached_tokens, std::memory_order_relaxed);
+  metrics_.prefix_miss_tokens.fetch_add(prompt.size() - result.cached_tokens, std::memory_order_relaxed);
+  return result;
+}
+
+Status BlockManager::AllocateSlots(RequestId r, uint64_t n) {
+  TESSERA_ASSIGN_OR_RETURN(Request * req, Get(r));
+  Checked needed_tokens = Checked(req->tokens) + n;
+  if (needed_tokens.overflowed()) return OutOfRange("tokens", "token count overflows");
+  uint64_t needed_blocks = CeilDiv(needed_tokens.value(), block_tokens_);
+  if (needed_blocks <= req->table.size()) return Status::Ok();
+  uint64_t more = needed_blocks - req->table.size();
+  if (more > pool_->capacity()) {
+    metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
+    return Status(StatusCode::kOutOfBlocks, "blocks", "need " + std::to_string(more) + " blocks, pool holds " +
+                                                          std::to_string(pool_->capacity()));
+  }
+  Status st = pool_->Allocate(static_cast<uint32_t>(more), &req->table);
+  if (!st.ok()) metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
+  return st;
+}
+
+RecordView BlockManager::View(BlockId b, uint32_t group, uint32_t layer, uint64_t slot_in_block) const {
+  RecordView v;
+  const PoolGroup& g = pool_->groups()[group];
+  std::span<std::byte> page = pool_->Bytes(pool_->PageHandle(b, group, layer));
+  if (g.format.packing == Packing::kPerToken) {
+    uint64_t rb = g.format.record_bytes();
+    v.planes[0] = page.subspan(slot_in_block * rb, rb);
+    v.plane_count = 1;
+    return v;
+  }
+  uint64_t offset = 0;
+  v.plane_count = std::min<uint32_t>(g.format.plane_count(), static_cast<uint32_t>(v.planes.size()));
+  for (uint32_t p = 0; p < v.plane_count; ++p) {
+    uint64_t pb = g.format.plane_bytes(p);
+    v.planes[p] = page.subspan(offset + slot_in_block * pb, pb);
+    offset += uint64_t{g.page.entries_per_block} * pb;
+  }
+  return v;
+}
+
+Status BlockManager::CopyOnWrite(Request& req, size_t slot) {
+  BlockId old = req.table[slot];
+  std::vector<BlockId> fresh;
+  Status st = pool_->Allocate(1, &fresh);
+  if (!st.ok()) {
+    metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+  if (pool_->backed()) {
+    for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
+      std::span<std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
+      std::span<std::byte> to = pool_->Bytes(pool_->BlockHandleOf(fresh[0], g));
+      std::memcpy(to.data(), from.data(), from.size());
+    }
+  }
+  pool_->Unref(old);
+  req.table[slot] = fresh[0];
+  metrics_.cow_copies.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const KvWriter& writer) {
+  TESSERA_ASSIGN_OR_RETURN(Request * req, Get(r));
+  if (CeilDiv(req->tokens + tokens.size(), block_tokens_) > req->table.size()) {
+    return Status(StatusCode::kFailedPrecondition, "tokens",
+                  "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
+  }
+  const uint32_t groups = static_cast<uint32_t>(pool_->groups().size());
+  for (uint32_t token : tokens) {
+    const uint64_t pos = req->tokens;
+    const size_t slot = pos / block_tokens_;
+    const uint64_t in_block = pos % block_tokens_;
+    BlockId b = req->table[slot];
+    assert(pool_->state(b) == BlockState::kFilling && "writing into a sealed block");
+    if (pool_->refcount(b) > 1) {
+      TESSERA_RETURN_IF_ERROR(CopyOnWrite(*req, slot));
+      b = req->table[slot];
+    }
+    if (pool_->backed() && writer) {
+      for (uint32_t g = 0; g < groups; ++g) {
+        for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) writer(g, l, pos, View(b, g, l, in_block));
+      }
+    }
+    req->token_ids.push_back(token);
+    ++req->tokens;
+    if (in_block + 1 == block_tokens_) {
+      PrefixRef parent = req->chain.empty() ? PrefixRef{} : req->chain.back();
+      BlockIndex::SealResult sealed = index_->Seal(b, parent, req->token_ids, req->domain, req->salt);
+      BlockId kept = sealed.ref.block;
+      pool_->SetPriority(kept, std::max(pool_->priority(kept), req->priority));
+      req->table[slot] = kept;
+      req->chain.push_back(sealed.ref);
+      req->token_ids.clear();
+    }
+  }
+  return Status::Ok();
+}
+
+Result<RequestId> BlockManager::Fork(RequestId parent) {
+  TESSERA_ASSIGN_OR_RETURN(Request * p, Get(parent));
+  Request copy = *p;  // before emplace_back may move requests_
+  uint32_t id;
+  if (!free_request_ids_.empty()) {
+    id = free_request_ids_.back();
+    free_request_ids_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(requests_.size());
+    requests_.emplace_back();
+  }
+  for (BlockId b : copy.table) pool_->Ref(b);
+  requests_[id] = std::move(copy);
+  ++live_;
+  metrics_.forks.fetch_add(1, std::memory_order_relaxed);
+  return RequestId{id};
+}
+
+Status BlockManager::Free(RequestId r) {
+  TESSERA_ASSIGN_OR_RETURN(Request * req, Get(r));
+  // Release tail first so that a prefix's blocks are cached after (more recently than) its
+  // extensions are — LRU then evicts the longest chains' leaves first.
+  for (auto it = req->table.rbegin(); it != req->table.rend(); ++it) pool_->Unref(*it);
+  *req = Request{};
+  free_request_ids_.push_back(r.value);
+  --live_;
+  return Status::Ok();
+}
+
+std::span<const BlockId> BlockManager::BlockTable(RequestId r) const {
+  const Request* req = GetConst(r);
+  if (req == nullptr) return {};
+  return req->table;
+}
+
+uint64_t BlockManager::Tokens(RequestId r) const {
+  const Request* req = GetConst(r);
+  return req == nullptr ? 0 : req->tokens;
+}
+
+Result<RecordView> BlockManager::Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const {
+  const Request* req = GetConst(r);
+  if (req == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  if (position >= req->tokens) return InvalidArgument("position", "token " + std::to_string(position) + " not written");
+  if (!pool_->backed()) return InvalidArgument("pool", "an unbacked pool has no bytes to read");
+  if (group >= pool_->groups().size() || layer >= pool_->groups()[group].layers) {
+    return InvalidArgument("layer", "no such group/layer");
+  }
+  return View(req->table[position / block_tokens_], group, layer, position % block_tokens_);
+}
+
+}  // namespace tessera

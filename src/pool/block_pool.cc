@@ -1,0 +1,256 @@
+#include "tessera/block_pool.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "tessera/checked.h"
+
+namespace tessera {
+
+namespace {
+constexpr uint32_t kNil = UINT32_MAX;
+}  // namespace
+
+std::string_view BlockStateName(BlockState s) {
+  switch (s) {
+    case BlockState::kFree: return "free";
+    case BlockState::kFilling: return "filling";
+    case BlockState::kSealed: return "sealed";
+    case BlockState::kCached: return "cached";
+  }
+  return "?";
+}
+
+Result<std::unique_ptr<BlockPool>> BlockPool::Create(BlockPoolOptions options) {
+  if (options.groups.empty()) return InvalidArgument("groups", "a pool needs at least one cache group");
+  if (options.capacity_blocks == 0) return InvalidArgument("capacity-blocks", "must be positive");
+  if (options.capacity_blocks >= kNil) return OutOfRange("capacity-blocks", "too many blocks");
+  std::unique_ptr<BlockPool> pool(new BlockPool());
+  pool->block_tokens_ = options.groups[0].page.block_tokens;
+  pool->capacity_ = options.capacity_blocks;
+  pool->kind_ = options.region_kind;
+  Checked block_bytes(0);
+  for (const PoolGroup& g : options.groups) {
+    if (g.page.block_tokens != pool->block_tokens_) {
+      return InvalidArgument("groups", "group " + g.name + " spans " + std::to_string(g.page.block_tokens) +
+                                           " tokens per block, the pool " + std::to_string(pool->block_tokens_));
+    }
+    if (g.layers == 0 || g.page.page_bytes == 0) return InvalidArgument("groups", "group " + g.name + " is empty");
+    Checked group_block = Checked(g.layers) * g.page.page_bytes;
+    Checked region = group_block * options.capacity_blocks;
+    if (region.overflowed()) return OutOfRange("capacity-blocks", "region bytes overflow 64 bits");
+    TESSERA_ASSIGN_OR_RETURN(uint32_t id, pool->regions_.AddRegion(options.region_kind, region.value(), g.name));
+    pool->group_region_.push_back(id);
+    pool->group_block_bytes_.push_back(group_block.value());
+    block_bytes += group_block;
+  }
+  pool->block_bytes_ = block_bytes.value();
+  pool->groups_ = std::move(options.groups);
+  const uint32_t n = pool->capacity_;
+  pool->state_.assign(n, BlockState::kFree);
+  pool->refcount_.assign(n, 0);
+  pool->generation_.assign(n, 0);
+  pool->priority_.assign(n, kDefaultRetentionPriority);
+  pool->next_.resize(n);
+  pool->prev_.assign(n, kNil);
+  // Free list in id order, so that a fresh pool hands out 0, 1, 2, ...
+  for (uint32_t i = 0; i < n; ++i) pool->next_[i] = i + 1 < n ? i + 1 : kNil;
+  pool->free_head_ = 0;
+  pool->free_count_ = n;
+  pool->lru_head_.fill(kNil);
+  pool->lru_tail_.fill(kNil);
+  pool->stats_.blocks_in_state[static_cast<size_t>(BlockState::kFree)] = n;
+  return pool;
+}
+
+void BlockPool::SetState(BlockId b, BlockState s) {
+  stats_.blocks_in_state[static_cast<size_t>(state_[b.value])].fetch_sub(1, std::memory_order_relaxed);
+  stats_.blocks_in_state[static_cast<size_t>(s)].fetch_add(1, std::memory_order_relaxed);
+  state_[b.value] = s;
+}
+
+void BlockPool::LruPush(BlockId b) {
+  uint8_t p = priority_[b.value];
+  uint32_t tail = lru_tail_[p];
+  prev_[b.value] = tail;
+  next_[b.value] = kNil;
+  if (tail == kNil) {
+    lru_head_[p] = b.value;
+  } else {
+    next_[tail] = b.value;
+  }
+  lru_tail_[p] = b.value;
+  lru_occupied_[p / 64] |= 1ULL << (p % 64);
+  ++cached_count_;
+}
+
+void BlockPool::LruRemove(BlockId b) {
+  uint8_t p = priority_[b.value];
+  uint32_t prev = prev_[b.value], next = next_[b.value];
+  if (prev == kNil) {
+    lru_head_[p] = next;
+  } else {
+    next_[prev] = next;
+  }
+  if (next == kNil) {
+    lru_tail_[p] = prev;
+  } else {
+    prev_[next] = prev;
+  }
+  prev_[b.value] = kNil;
+  next_[b.value] = kNil;
+  if (lru_head_[p] == kNil) lru_occupied_[p / 64] &= ~(1ULL << (p % 64));
+  --cached_count_;
+}
+
+BlockId BlockPool::LruPopVictim() {
+  for (size_t w = 0; w < lru_occupied_.size(); ++w) {
+    if (lru_occupied_[w] != 0) {
+      uint32_t p = static_cast<uint32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(lru_occupied_[w])));
+      BlockId victim{lru_head_[p]};
+      LruRemove(victim);
+      return victim;
+    }
+  }
+  return BlockId{};
+}
+
+Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
+  if (n > Available()) {
+    return Status(StatusCode::kOutOfBlocks, "blocks",
+                  "need " + std::to_string(n) + " blocks, " + std::to_string(Available()) + " free or evictable of " +
+                      std::to_string(capacity_));
+  }
+  out->reserve(out->size() + n);
+  for (uint32_t i = 0; i < n; ++i) {
+    BlockId b;
+    if (free_head_ != kNil) {
+      b = BlockId{free_head_};
+      free_head_ = next_[b.value];
+      --free_count_;
+    } else {
+      b = LruPopVictim();
+      assert(b.valid());
+      // Listeners see the block while its bytes are intact (tier demotion, index removal).
+      for (const auto& listener : eviction_listeners_) listener(b);
+      ++generation_[b.value];
+      stats_.evictions.fetch_add(1, std::memory_order_relaxed);
+    }
+    next_[b.value] = kNil;
+    refcount_[b.value] = 1;
+    priority_[b.value] = kDefaultRetentionPriority;
+    SetState(b, BlockState::kFilling);
+    out->push_back(b);
+  }
+  stats_.allocations.fetch_add(n, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void BlockPool::Ref(BlockId b) {
+  assert(state_[b.value] != BlockState::kFree && "Ref on a free block");
+  if (state_[b.value] == BlockState::kCached) {
+    LruRemove(b);
+    SetState(b, BlockState::kSealed);
+  }
+  ++refcount_[b.value];
+}
+
+void BlockPool::Unref(BlockId b) {
+  assert(refcount_[b.value] > 0 && "Unref below zero");
+  if (--refcount_[b.value] > 0) return;
+  if (state_[b.value] == BlockState::kSealed) {
+    SetState(b, BlockState::kCached);
+    LruPush(b);
+    return;
+  }
+  assert(state_[b.value] == BlockState::kFilling);
+  SetState(b, BlockState::kFree);
+  ++generation_[b.value];
+  next_[b.value] = free_head_;
+  free_head_ = b.value;
+  ++free_count_;
+  stats_.frees.fetch_add(1, std::memory_order_relaxed);
+}
+
+void BlockPool::MarkSealed(BlockId b) {
+  assert(state_[b.value] == BlockState::kFilling && "MarkSealed on a block that is not filling");
+  SetState(b, BlockState::kSealed);
+  stats_.seals.fetch_add(1, std::memory_order_relaxed);
+}
+
+void BlockPool::SetPriority(BlockId b, uint8_t priority) {
+  priority = std::min(priority, kMaxRetentionPriority);
+  if (state_[b.value] == BlockState::kCached) {
+    LruRemove(b);
+    priority_[b.value] = priority;
+    LruPush(b);
+  } else {
+    priority_[b.value] = priority;
+  }
+}
+
+void BlockPool::AddEvictionListener(std::function<void(BlockId)> listener) {
+  eviction_listeners_.push_back(std::move(listener));
+}
+
+BlockHandle BlockPool::PageHandle(BlockId b, uint32_t group, uint32_t layer) const {
+  const PoolGroup& g = groups_[group];
+  assert(layer < g.layers);
+  return {group_region_[group], b.value * group_block_bytes_[group] + uint64_t{layer} * g.page.page_bytes,
+          g.page.page_bytes};
+}
+
+BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {
+  return {group_region_[group], b.value * group_block_bytes_[group], group_block_bytes_[group]};
+}
+
+uint64_t BlockPool::bytes_held() const {
+  uint64_t held = capacity_ - free_count_;
+  return held * (block_bytes_ + metadata_bytes_per_block());
+}
+
+Status BlockPool::CheckInvariants() const {
+  auto fail = [](const std::string& what) { return Status(StatusCode::kInternal, "pool", what); };
+  std::vector<uint8_t> seen(capacity_, 0);
+  uint32_t n = 0;
+  for (uint32_t i = free_head_; i != kNil; i = next_[i]) {
+    if (i >= capacity_ || seen[i]) return fail("free list is corrupt at " + std::to_string(i));
+    seen[i] = 1;
+    if (state_[i] != BlockState::kFree || refcount_[i] != 0) return fail("block on free list is not free");
+    ++n;
+  }
+  if (n != free_count_) return fail("free count mismatch");
+  uint32_t cached = 0;
+  for (uint32_t p = 0; p <= kMaxRetentionPriority; ++p) {
+    uint32_t prev = kNil;
+    for (uint32_t i = lru_head_[p]; i != kNil; i = next_[i]) {
+      if (i >= capacity_ || seen[i]) return fail("LRU list is corrupt");
+      seen[i] = 1;
+      if (state_[i] != BlockState::kCached || refcount_[i] != 0 || priority_[i] != p || prev_[i] != prev) {
+        return fail("block on LRU list " + std::to_string(p) + " is inconsistent");
+      }
+      prev = i;
+      ++cached;
+    }
+    if (lru_tail_[p] != prev) return fail("LRU tail mismatch");
+    bool occupied = (lru_occupied_[p / 64] >> (p % 64)) & 1;
+    if (occupied != (lru_head_[p] != kNil)) return fail("LRU occupancy bit mismatch");
+  }
+  if (cached != cached_count_) return fail("cached count mismatch");
+  std::array<uint64_t, 4> counts{};
+  for (uint32_t i = 0; i < capacity_; ++i) {
+    ++counts[static_cast<size_t>(state_[i])];
+    if (!seen[i] && (state_[i] == BlockState::kFree || state_[i] == BlockState::kCached)) {
+      return fail("free or cached block " + std::to_string(i) + " is on no list");
+    }
+    if ((state_[i] == BlockState::kFilling || state_[i] == BlockState::kSealed) && refcount_[i] == 0) {
+      return fail("live block " + std::to_string(i) + " has refcount 0");
+    }
+  }
+  for (size_t s = 0; s < 4; ++s) {
+    if (counts[s] != stats_.blocks_in_state[s].load()) return fail("state counters mismatch");
+  }
+  return Status::Ok();
+}
+
+}  // namespace tessera
