@@ -28,6 +28,7 @@
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
+#include "tessera/metrics.h"
 #include "tessera/status.h"
 
 namespace tessera {
@@ -79,6 +80,8 @@ struct ManagerMetrics {
   std::atomic<uint64_t> cow_copies{0};
   std::atomic<uint64_t> prefix_hit_tokens{0};
   std::atomic<uint64_t> prefix_miss_tokens{0};
+  std::atomic<uint64_t> prefix_hit_blocks{0};
+  std::atomic<uint64_t> prefix_miss_blocks{0};  // full prompt blocks not served from cache
   std::atomic<uint64_t> out_of_blocks{0};
 };
 
@@ -110,6 +113,9 @@ class BlockManager {
   const BlockIndex& index() const { return *index_; }
   BlockIndex& mutable_index() { return *index_; }
   const ManagerMetrics& metrics() const { return metrics_; }
+  // Every counter of the manager, its pool and its index, plus blocks and bytes per state;
+  // safe to call from any thread (reads atomics only).
+  std::vector<MetricFamily> CollectMetrics() const;
   uint32_t domain_of(uint32_t tenant) const;
 
  private:

@@ -99,6 +99,8 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
   result.cached_tokens = uint64_t{result.cached_blocks} * block_tokens_;
   req.tokens = result.cached_tokens;
   metrics_.prefix_hit_tokens.fetch_add(result.cached_tokens, std::memory_order_relaxed);
+  metrics_.prefix_hit_blocks.fetch_add(result.cached_blocks, std::memory_order_relaxed);
+  metrics_.prefix_miss_blocks.fetch_add(full_blocks - result.cached_blocks, std::memory_order_relaxed);
   metrics_.prefix_miss_tokens.fetch_add(prompt.size() - result.cached_tokens, std::memory_order_relaxed);
   return result;
 }
@@ -247,6 +249,47 @@ Result<RecordView> BlockManager::Record(RequestId r, uint32_t group, uint32_t la
     return InvalidArgument("layer", "no such group/layer");
   }
   return View(req->table[position / block_tokens_], group, layer, position % block_tokens_);
+}
+
+std::vector<MetricFamily> BlockManager::CollectMetrics() const {
+  auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  const PoolStats& ps = pool_->stats();
+  const IndexStats& is = index_->stats();
+  std::vector<MetricFamily> f = {
+      {"tessera_block_allocations_total", "Blocks handed out by the pool.", "counter", {{"", v(ps.allocations)}}},
+      {"tessera_block_frees_total", "Unsealed blocks returned to the free list.", "counter", {{"", v(ps.frees)}}},
+      {"tessera_block_seals_total", "Blocks sealed (bytes final, keys computed).", "counter", {{"", v(ps.seals)}}},
+      {"tessera_block_evictions_total", "Cached blocks evicted to make room.", "counter", {{"", v(ps.evictions)}}},
+      {"tessera_prefix_hits_total", "Prompt blocks and tokens served from the prefix index (tokens verified).",
+       "counter", {{"unit=\"blocks\"", v(metrics_.prefix_hit_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_hit_tokens)}}},
+      {"tessera_prefix_misses_total", "Prompt blocks and tokens not found in the prefix index.", "counter",
+       {{"unit=\"blocks\"", v(metrics_.prefix_miss_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_miss_tokens)}}},
+      {"tessera_prefix_key_mismatches_total", "Prefix keys that matched while tokens or parent did not.", "counter",
+       {{"", v(is.prefix_key_mismatches)}}},
+      {"tessera_dedup_hits_total", "Sealed blocks shared with a byte-identical block.", "counter", {{"", v(is.dedup_hits)}}},
+      {"tessera_dedup_collisions_total", "Content-key matches whose bytes differed (security events; never shared).",
+       "counter", {{"", v(is.dedup_collisions)}}},
+      {"tessera_dedup_identity_mismatches_total", "Byte-identical blocks not shared because their tokens differed.",
+       "counter", {{"", v(is.dedup_identity_mismatches)}}},
+      {"tessera_dedup_bytes_compared_total", "Bytes compared to verify content-key matches.", "counter",
+       {{"", v(is.bytes_compared)}}},
+      {"tessera_cow_copies_total", "Shared unsealed blocks copied before a write.", "counter", {{"", v(metrics_.cow_copies)}}},
+      {"tessera_forks_total", "Requests forked.", "counter", {{"", v(metrics_.forks)}}},
+      {"tessera_requests_admitted_total", "Requests admitted.", "counter", {{"", v(metrics_.requests_admitted)}}},
+      {"tessera_out_of_blocks_total", "Allocations refused for lack of blocks.", "counter", {{"", v(metrics_.out_of_blocks)}}},
+  };
+  MetricFamily blocks{"tessera_blocks", "Blocks per state.", "gauge", {}};
+  MetricFamily bytes{"tessera_block_bytes", "Bytes (pages and metadata) per block state.", "gauge", {}};
+  const uint64_t per_block = pool_->block_bytes() + pool_->metadata_bytes_per_block();
+  for (BlockState s : {BlockState::kFree, BlockState::kFilling, BlockState::kSealed, BlockState::kCached}) {
+    uint64_t n = v(ps.blocks_in_state[static_cast<size_t>(s)]);
+    std::string label = "state=\"" + std::string(BlockStateName(s)) + "\"";
+    blocks.samples.emplace_back(label, n);
+    bytes.samples.emplace_back(label, n * per_block);
+  }
+  f.push_back(std::move(blocks));
+  f.push_back(std::move(bytes));
+  return f;
 }
 
 }  // namespace tessera

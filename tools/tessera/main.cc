@@ -21,6 +21,7 @@
 #include "tessera/reconcile.h"
 #include "tessera/render.h"
 #include "tessera/report.h"
+#include "tessera/simulate.h"
 #include "tessera/units.h"
 
 namespace {
@@ -198,6 +199,84 @@ int RunReport(const std::string& format_name) {
   return 0;
 }
 
+// Options of `simulate` and `stats`, kept as text so that errors name the option.
+struct SimulateArgs {
+  std::string scenario = "agents";
+  std::string model = "deepseek-v3";
+  std::string config;
+  std::string kv_format;
+  std::string agents = "16";
+  std::string independent;
+  std::string shared_tokens = "1024";
+  std::string unique_tokens = "128";
+  std::string block_tokens;
+  std::string capacity_blocks = "0";
+  std::string tenants = "1";
+  std::string hash = "xxh3";
+  std::string hash_bits = "128";
+  std::string seed = "1";
+
+  void Register(CLI::App* app) {
+    app->add_option("--scenario", scenario, "agents (the only scenario so far)");
+    app->add_option("--model", model, "preset name (default deepseek-v3)");
+    app->add_option("--config", config, "path to a Hugging Face config.json");
+    app->add_option("--kv-format", kv_format, "main record format");
+    app->add_option("--agents", agents, "agents forked from the orchestrator (default 16)");
+    app->add_option("--independent", independent, "agents arriving on their own (default agents/2)");
+    app->add_option("--shared-tokens", shared_tokens, "system prompt + documents + tools (default 1024)");
+    app->add_option("--unique-tokens", unique_tokens, "each agent's own tokens (default 128)");
+    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived)");
+    app->add_option("--capacity-blocks", capacity_blocks, "pool capacity (default: enough for the first wave)");
+    app->add_option("--tenants", tenants, "tenant domains (default 1)");
+    app->add_option("--hash", hash, "xxh3 | sha256 (content key)");
+    app->add_option("--hash-bits", hash_bits, "truncate content keys to B bits (adversarial self-test)");
+    app->add_option("--seed", seed, "workload and key seed (default 1)");
+  }
+
+  Result<std::pair<Geometry, AgentScenario>> Parse() const {
+    if (scenario != "agents") return InvalidArgument("scenario", "unknown scenario \"" + scenario + "\" (known: agents)");
+    Result<Geometry> g = config.empty() ? LoadPreset(model) : LoadConfigFile(config);
+    if (!g.ok()) return g.status();
+    AgentScenario s;
+    auto u32 = [](const std::string& text, const char* field) -> Result<uint32_t> {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(text, field));
+      if (v > UINT32_MAX) return OutOfRange(field, "too large");
+      return static_cast<uint32_t>(v);
+    };
+    s.kv_format = kv_format;
+    TESSERA_ASSIGN_OR_RETURN(s.agents, u32(agents, "agents"));
+    s.independent = s.agents / 2;
+    if (!independent.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(s.independent, u32(independent, "independent"));
+    }
+    TESSERA_ASSIGN_OR_RETURN(s.shared_tokens, ParseTokenCount(shared_tokens, "shared-tokens"));
+    TESSERA_ASSIGN_OR_RETURN(s.unique_tokens, ParseTokenCount(unique_tokens, "unique-tokens"));
+    if (!block_tokens.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(block_tokens, "block-tokens"));
+      s.block_tokens = bt;
+    }
+    TESSERA_ASSIGN_OR_RETURN(s.capacity_blocks, u32(capacity_blocks, "capacity-blocks"));
+    TESSERA_ASSIGN_OR_RETURN(s.tenants, u32(tenants, "tenants"));
+    TESSERA_ASSIGN_OR_RETURN(s.hash, ParseHashAlgorithm(hash));
+    TESSERA_ASSIGN_OR_RETURN(s.hash_bits, u32(hash_bits, "hash-bits"));
+    TESSERA_ASSIGN_OR_RETURN(s.seed, ParseUnsigned(seed, "seed"));
+    return std::make_pair(*g, s);
+  }
+};
+
+int RunSimulate(const SimulateArgs& args, const std::string& format_name, bool prometheus) {
+  Result<OutputFormat> format = ParseOutputFormat(format_name);
+  if (!format.ok()) return Fail(format.status());
+  auto parsed = args.Parse();
+  if (!parsed.ok()) return Fail(parsed.status());
+  Result<SimulationResult> r = RunAgentScenario(parsed->first, parsed->second);
+  if (!r.ok()) return Fail(r.status());
+  std::string text = prometheus ? PrometheusText(r->metrics) : RenderSimulation(*r, *format);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  // A wrong byte served or a share across tenants is a failure of the run, not of the input.
+  return r->verify_failures == 0 && r->cross_tenant_shares == 0 ? 0 : 1;
+}
+
 int RunModels() {
   for (const std::string& name : PresetNames()) {
     Result<Geometry> g = LoadPreset(name);
@@ -238,6 +317,13 @@ int Main(int argc, char** argv) {
 
   CLI::App* report = app.add_subcommand("report", "the main job: DeepSeek-V3 and V4-Pro ledgers and the claim check");
   report->add_option("--format", format, "table | json | markdown");
+  SimulateArgs sim_args;
+  CLI::App* simulate = app.add_subcommand("simulate", "replay a multi-agent workload through the block manager");
+  sim_args.Register(simulate);
+  simulate->add_option("--format", format, "table | json | markdown");
+  SimulateArgs stats_args;
+  CLI::App* stats = app.add_subcommand("stats", "run a simulation and print the manager's counters as Prometheus text");
+  stats_args.Register(stats);
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");
 
@@ -256,6 +342,8 @@ int Main(int argc, char** argv) {
   if (ledger->parsed()) return RunLedger(ledger_args, format, check_claims, out);
   if (receipt->parsed()) return RunReceipt(receipt_args, out);
   if (report->parsed()) return RunReport(format);
+  if (simulate->parsed()) return RunSimulate(sim_args, format, false);
+  if (stats->parsed()) return RunSimulate(stats_args, format, true);
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
   return 2;

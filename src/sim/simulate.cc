@@ -1,0 +1,386 @@
+#include "tessera/simulate.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "tessera/checked.h"
+#include "tessera/manager.h"
+#include "tessera/units.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr uint32_t kVocab = 129280;  // DeepSeek-V3's vocabulary size
+constexpr size_t kMaxSecurityEvents = 8;
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The synthetic KV of one record: a splitmix64 stream seeded by the prefix hash of the token,
+// the group and the layer.
+void FillRecord(uint64_t prefix_hash, uint32_t group, uint32_t layer, const RecordView& view) {
+  uint64_t state = prefix_hash ^ (uint64_t{group} << 56) ^ (uint64_t{layer} * 0x100000001b3ULL);
+  for (uint32_t p = 0; p < view.plane_count; ++p) {
+    std::span<std::byte> out = view.planes[p];
+    size_t i = 0;
+    for (; i + 8 <= out.size(); i += 8) {
+      uint64_t r = Mix(state++);
+      std::memcpy(out.data() + i, &r, 8);
+    }
+    if (i < out.size()) {
+      uint64_t r = Mix(state++);
+      std::memcpy(out.data() + i, &r, out.size() - i);
+    }
+  }
+}
+
+bool CheckRecord(uint64_t prefix_hash, uint32_t group, uint32_t layer, const RecordView& view,
+                 std::vector<std::byte>& scratch) {
+  RecordView expect;
+  expect.plane_count = view.plane_count;
+  size_t total = 0;
+  for (uint32_t p = 0; p < view.plane_count; ++p) total += view.planes[p].size();
+  scratch.resize(total);
+  size_t off = 0;
+  for (uint32_t p = 0; p < view.plane_count; ++p) {
+    expect.planes[p] = std::span<std::byte>(scratch.data() + off, view.planes[p].size());
+    off += view.planes[p].size();
+  }
+  FillRecord(prefix_hash, group, layer, expect);
+  for (uint32_t p = 0; p < view.plane_count; ++p) {
+    if (std::memcmp(expect.planes[p].data(), view.planes[p].data(), view.planes[p].size()) != 0) return false;
+  }
+  return true;
+}
+
+struct Agent {
+  RequestId id;
+  uint32_t tenant = 0;
+  std::vector<uint32_t> tokens;       // every token the request holds, in order
+  std::vector<uint64_t> prefix_hash;  // rolling hash of tokens[0..i]
+  bool forked = false;
+  bool live = false;
+};
+
+class Simulation {
+ public:
+  Simulation(const AgentScenario& s, BlockManager* m) : s_(s), m_(m), rng_(s.seed) {}
+
+  std::vector<uint32_t> Tokens(uint64_t n) {
+    std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
+    std::vector<uint32_t> t(n);
+    for (uint32_t& x : t) x = d(rng_);
+    return t;
+  }
+
+  static void Extend(Agent& a, std::span<const uint32_t> more) {
+    for (uint32_t t : more) {
+      uint64_t prev = a.prefix_hash.empty() ? 0x5e55e7aULL : a.prefix_hash.back();
+      a.tokens.push_back(t);
+      a.prefix_hash.push_back(Mix(prev ^ (uint64_t{t} * 0x9e3779b97f4a7c15ULL)));
+    }
+  }
+
+  KvWriter WriterFor(const Agent& a) {
+    return [&a](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
+      FillRecord(a.prefix_hash[position], group, layer, view);
+    };
+  }
+
+  // Admits `prompt`, allocates and writes what was not cached. False when the pool ran out.
+  bool AdmitAndWrite(Agent& a, std::span<const uint32_t> prompt, uint64_t* hit_tokens) {
+    Extend(a, prompt);
+    Result<AdmitResult> r = m_->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
+    if (!r.ok()) return false;
+    a.id = r->id;
+    a.live = true;
+    if (hit_tokens != nullptr) *hit_tokens += r->cached_tokens;
+    return Write(a, r->cached_tokens);
+  }
+
+  // Writes tokens[from..] into the request.
+  bool Write(Agent& a, uint64_t from) {
+    uint64_t n = a.tokens.size() - from;
+    if (!m_->AllocateSlots(a.id, n).ok()) return false;
+    return m_->Append(a.id, std::span<const uint32_t>(a.tokens).subspan(from), WriterFor(a)).ok();
+  }
+
+  void Verify(const Agent& a, SimulationResult& out) {
+    std::vector<std::byte> scratch;
+    const BlockPool& pool = m_->pool();
+    for (uint64_t pos = 0; pos < m_->Tokens(a.id); ++pos) {
+      for (uint32_t g = 0; g < pool.groups().size(); ++g) {
+        for (uint32_t l = 0; l < pool.groups()[g].layers; ++l) {
+          Result<RecordView> view = m_->Record(a.id, g, l, pos);
+          ++out.records_verified;
+          if (!view.ok() || !CheckRecord(a.prefix_hash[pos], g, l, *view, scratch)) {
+            ++out.verify_failures;
+            continue;
+          }
+          for (uint32_t p = 0; p < view->plane_count; ++p) out.bytes_verified += view->planes[p].size();
+        }
+      }
+    }
+  }
+
+  void Release(Agent& a, SimulationResult& out) {
+    if (!a.live) return;
+    Verify(a, out);
+    m_->Free(a.id).IgnoreError();
+    a.live = false;
+  }
+
+ private:
+  const AgentScenario& s_;
+  BlockManager* m_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace
+
+Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario& s) {
+  if (s.agents == 0 && s.independent == 0) return InvalidArgument("agents", "needs at least one agent");
+  if (s.agents > 4096 || s.independent > 4096) return InvalidArgument("agents", "at most 4096 agents of each kind");
+  if (s.tenants == 0) return InvalidArgument("tenants", "must be positive");
+  if (s.shared_tokens < 8) return InvalidArgument("shared-tokens", "must be at least 8");
+  if (s.shared_tokens > (1u << 20) || s.unique_tokens > (1u << 20) || s.preamble_tokens > (1u << 20)) {
+    return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
+  }
+
+  ManagerOptions mo;
+  mo.kv_format = s.kv_format;
+  mo.block_tokens = s.block_tokens;
+  mo.hash = s.hash;
+  mo.hash_bits = s.hash_bits;
+  mo.hash_key_seed = s.seed;
+  // Token layout of the workload.
+  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t docs = s.shared_tokens - system - tools;
+
+  // Capacity: the first wave at its peak, every request live, nothing shared, plus slack for
+  // copy-on-write.
+  TESSERA_ASSIGN_OR_RETURN(Ledger probe, ComputeLedger(g, LedgerOptionsFor(mo, 1, 1)));
+  const uint64_t bt = probe.block_tokens;
+  if (s.capacity_blocks > 0) {
+    mo.capacity_blocks = s.capacity_blocks;
+  } else {
+    uint64_t pairs = std::min<uint32_t>(s.tenants, 2);
+    Checked need = Checked(CeilDiv(s.shared_tokens, bt)) +
+                   Checked(s.agents) * CeilDiv(s.shared_tokens + s.unique_tokens, bt) +
+                   Checked(s.independent + 2 * pairs) * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) +
+                   Checked(s.agents) + 8;
+    if (need.overflowed() || need.value() > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
+    mo.capacity_blocks = static_cast<uint32_t>(need.value());
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> m, BlockManager::Create(g, mo));
+
+  SimulationResult out;
+  out.model = g.name;
+  out.kv_format = probe.kv_format;
+  out.block_tokens = static_cast<uint32_t>(bt);
+  out.block_bytes = m->pool().block_bytes();
+  out.capacity_blocks = mo.capacity_blocks;
+  m->mutable_index().SetSecurityListener([&out](const SecurityEvent& e) {
+    if (out.security_events.size() < kMaxSecurityEvents) {
+      out.security_events.push_back("dedup collision: content key " + e.content_key.Hex() + " names block " +
+                                    std::to_string(e.existing.value) + ", candidate block " +
+                                    std::to_string(e.candidate.value) + " has other bytes (domain " +
+                                    std::to_string(e.domain) + "); installed separately");
+    }
+  });
+
+  Simulation sim(s, m.get());
+  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs), tool_tokens = sim.Tokens(tools);
+  std::vector<std::vector<uint32_t>> preambles = {sim.Tokens(s.preamble_tokens), sim.Tokens(s.preamble_tokens),
+                                                  sim.Tokens(s.preamble_tokens)};
+  auto concat = [](std::initializer_list<const std::vector<uint32_t>*> parts) {
+    std::vector<uint32_t> all;
+    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+    return all;
+  };
+  std::vector<Agent> agents;
+  agents.reserve(1 + s.agents + s.independent + 4);
+
+  // 1. The orchestrator builds the shared context.
+  std::vector<uint32_t> shared = concat({&system_tokens, &doc_tokens, &tool_tokens});
+  agents.emplace_back();
+  Agent& orchestrator = agents.back();
+  if (!sim.AdmitAndWrite(orchestrator, shared, &out.prefix_hit_tokens)) ++out.out_of_blocks;
+
+  // 2. Forked agents: each shares the context and appends its own task.
+  std::vector<size_t> forked;
+  for (uint32_t i = 0; i < s.agents && orchestrator.live; ++i) {
+    Result<RequestId> child = m->Fork(agents[0].id);
+    if (!child.ok()) {
+      ++out.out_of_blocks;
+      continue;
+    }
+    agents.push_back(agents[0]);
+    Agent& a = agents.back();
+    a.id = *child;
+    a.forked = true;
+    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
+    uint64_t from = a.tokens.size();
+    Simulation::Extend(a, task);
+    if (!sim.Write(a, from)) ++out.out_of_blocks;
+    forked.push_back(agents.size() - 1);
+  }
+
+  // 3. Independent agents: their own preamble (one of two), then the same documents and tools.
+  std::vector<std::vector<uint32_t>> independent_prompts;
+  std::vector<uint32_t> independent_tenants;
+  for (uint32_t i = 0; i < s.independent; ++i) {
+    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
+    std::vector<uint32_t> prompt = concat({&preambles[i % 2], &doc_tokens, &tool_tokens, &task});
+    agents.emplace_back();
+    Agent& a = agents.back();
+    a.tenant = i % s.tenants;
+    if (!sim.AdmitAndWrite(a, prompt, &out.prefix_hit_tokens)) ++out.out_of_blocks;
+    independent_prompts.push_back(std::move(prompt));
+    independent_tenants.push_back(a.tenant);
+  }
+
+  // 4. Identical prompts in the same step, before either is sealed (per tenant, up to two).
+  std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
+  std::vector<uint32_t> pair_prompt = concat({&preambles[2], &doc_tokens, &pair_task});
+  for (uint32_t t = 0; t < std::min<uint32_t>(s.tenants, 2); ++t) {
+    size_t first = agents.size();
+    for (int k = 0; k < 2; ++k) {
+      agents.emplace_back();
+      Agent& a = agents.back();
+      a.tenant = t;
+      Simulation::Extend(a, pair_prompt);
+      Result<AdmitResult> r = m->Admit(pair_prompt, RequestSpec{t, 0, kDefaultRetentionPriority});
+      if (!r.ok() || !m->AllocateSlots(r->id, pair_prompt.size() - r->cached_tokens).ok()) {
+        ++out.out_of_blocks;
+        if (r.ok()) m->Free(r->id).IgnoreError();
+        continue;
+      }
+      a.id = r->id;
+      a.live = true;
+      out.prefix_hit_tokens += r->cached_tokens;
+    }
+    // Lockstep, one block at a time: each seal of the second finds the first's equal block.
+    uint64_t pos = 0;
+    while (pos < pair_prompt.size()) {
+      uint64_t end = std::min<uint64_t>(pair_prompt.size(), (pos / bt + 1) * bt);
+      for (size_t k = first; k < first + 2; ++k) {
+        Agent& a = agents[k];
+        if (!a.live || m->Tokens(a.id) > pos) continue;
+        std::span<const uint32_t> chunk = std::span<const uint32_t>(a.tokens).subspan(pos, end - pos);
+        if (!m->Append(a.id, chunk, sim.WriterFor(a)).ok()) ++out.out_of_blocks;
+      }
+      pos = end;
+    }
+  }
+
+  // 5. The peak: sharing, copies of the shared context, tenant isolation.
+  std::unordered_map<uint32_t, std::set<uint32_t>> block_domains;
+  std::set<uint32_t> physical;
+  for (const Agent& a : agents) {
+    if (!a.live) continue;
+    ++out.requests;
+    std::span<const BlockId> table = m->BlockTable(a.id);
+    out.logical_blocks += table.size();
+    for (BlockId b : table) {
+      physical.insert(b.value);
+      block_domains[b.value].insert(m->domain_of(a.tenant));
+    }
+  }
+  out.physical_blocks = physical.size();
+  out.bytes_saved = (out.logical_blocks - out.physical_blocks) * out.block_bytes;
+  for (const auto& [block, domains] : block_domains) out.cross_tenant_shares += domains.size() > 1 ? 1 : 0;
+  const uint64_t shared_full_blocks = s.shared_tokens / bt;
+  for (uint64_t i = 0; i < shared_full_blocks; ++i) {
+    std::set<uint32_t> copies;
+    for (size_t k : forked) {
+      if (agents[k].live) copies.insert(m->BlockTable(agents[k].id)[i].value);
+    }
+    out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
+  }
+
+  // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
+  for (Agent& a : agents) sim.Release(a, out);
+
+  // 7. Second wave: the independent prompts again, from the cache.
+  for (size_t i = 0; i < independent_prompts.size(); ++i) {
+    Agent a;
+    a.tenant = independent_tenants[i];
+    uint64_t hits = 0;
+    if (!sim.AdmitAndWrite(a, independent_prompts[i], &hits)) ++out.out_of_blocks;
+    out.second_wave_hit_tokens += hits;
+    out.prefix_hit_tokens += hits;
+    sim.Release(a, out);
+  }
+
+  // 8. Cold agents: new prompts of the same length; with a tight pool they evict cached blocks.
+  for (size_t i = 0; i < independent_prompts.size(); ++i) {
+    Agent a;
+    a.tenant = independent_tenants[i];
+    if (!sim.AdmitAndWrite(a, sim.Tokens(independent_prompts[i].size()), &out.prefix_hit_tokens)) ++out.out_of_blocks;
+    sim.Release(a, out);
+  }
+
+  const IndexStats& is = m->index().stats();
+  out.dedup_hits = is.dedup_hits.load();
+  out.dedup_collisions = is.dedup_collisions.load();
+  out.evictions = m->pool().stats().evictions.load();
+  out.cow_copies = m->metrics().cow_copies.load();
+  out.metrics = m->CollectMetrics();
+  return out;
+}
+
+std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
+  nlohmann::ordered_json j;
+  j["scenario"] = "agents";
+  j["model"] = r.model;
+  j["kv_format"] = r.kv_format;
+  j["block_tokens"] = r.block_tokens;
+  j["block_bytes"] = r.block_bytes;
+  j["capacity_blocks"] = r.capacity_blocks;
+  j["requests"] = r.requests;
+  j["logical_blocks"] = r.logical_blocks;
+  j["physical_blocks"] = r.physical_blocks;
+  j["shared_context_copies"] = r.shared_context_copies;
+  j["prefix_hit_tokens"] = r.prefix_hit_tokens;
+  j["second_wave_hit_tokens"] = r.second_wave_hit_tokens;
+  j["dedup_hits"] = r.dedup_hits;
+  j["dedup_collisions"] = r.dedup_collisions;
+  j["cow_copies"] = r.cow_copies;
+  j["evictions"] = r.evictions;
+  j["out_of_blocks"] = r.out_of_blocks;
+  j["records_verified"] = r.records_verified;
+  j["bytes_verified"] = r.bytes_verified;
+  j["verify_failures"] = r.verify_failures;
+  j["cross_tenant_shares"] = r.cross_tenant_shares;
+  j["bytes_saved"] = r.bytes_saved;
+  j["security_events"] = r.security_events;
+  if (format == OutputFormat::kJson) return j.dump(2) + "\n";
+  std::ostringstream out;
+  out << "simulate agents: " << r.model << " (" << r.kv_format << "), " << r.block_tokens << "-token blocks of "
+      << FormatBytes(r.block_bytes) << ", capacity " << r.capacity_blocks << " blocks\n";
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "security_events" || it.key() == "scenario" || it.key() == "model" || it.key() == "kv_format") continue;
+    std::string value = it.value().dump();
+    if (it.key() == "bytes_saved" || it.key() == "bytes_verified" || it.key() == "block_bytes") {
+      value = FormatBytes(it.value().get<uint64_t>());
+    }
+    out << (format == OutputFormat::kMarkdown ? "- " : "  ") << it.key() << ": " << value << "\n";
+  }
+  for (const std::string& e : r.security_events) out << "  security: " << e << "\n";
+  return out.str();
+}
+
+}  // namespace tessera

@@ -1,0 +1,111 @@
+#include "tessera/simulate.h"
+
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::Preset;
+
+AgentScenario Small() {
+  AgentScenario s;
+  s.agents = 16;
+  s.independent = 6;
+  s.shared_tokens = 300;  // not a block multiple: forked agents copy the shared tail block on write
+  s.unique_tokens = 40;
+  s.preamble_tokens = 20;
+  s.block_tokens = 16;
+  return s;
+}
+
+TEST(Simulate, ForkedAgentsHoldOneCopyOfTheSharedContext) {
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), Small());
+  EXPECT_EQ(r.shared_context_copies, 1u);
+  EXPECT_EQ(r.cow_copies, 16u);  // each agent's first write into the shared tail block
+  EXPECT_EQ(r.verify_failures, 0u);
+  EXPECT_EQ(r.cross_tenant_shares, 0u);
+  EXPECT_EQ(r.out_of_blocks, 0u);
+  EXPECT_GT(r.records_verified, 0u);
+  EXPECT_LT(r.physical_blocks, r.logical_blocks);
+  EXPECT_EQ(r.bytes_saved, (r.logical_blocks - r.physical_blocks) * r.block_bytes);
+}
+
+TEST(Simulate, IdenticalPromptsInOneStepAreDeduplicatedOnSeal) {
+  AgentScenario s = Small();
+  s.agents = 0;
+  s.independent = 0;
+  s.agents = 1;
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  // The pair's prompt: preamble 20 + documents 226 (300 - 2 x 37) + task 40 = 286 tokens:
+  // 17 full blocks of 16, each sealed twice.
+  EXPECT_EQ(r.dedup_hits, 17u);
+  EXPECT_EQ(r.dedup_collisions, 0u);
+}
+
+TEST(Simulate, IndependentAgentsShareOnlyAnIdenticalPrefix) {
+  AgentScenario s = Small();
+  s.agents = 1;
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  // Second wave: every independent prompt is found whole in the cache (full blocks).
+  // 20 + 226 + 37 + 40 = 323 tokens: 20 full blocks.
+  EXPECT_EQ(r.second_wave_hit_tokens, 6u * 20 * 16);
+  EXPECT_EQ(r.verify_failures, 0u);
+}
+
+TEST(Simulate, ForcedCollisionsNeverServeWrongBytesOrCrossTenants) {
+  AgentScenario s = Small();
+  s.hash_bits = 2;
+  s.tenants = 3;
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  EXPECT_GT(r.dedup_collisions, 100u);
+  EXPECT_EQ(r.verify_failures, 0u);
+  EXPECT_EQ(r.cross_tenant_shares, 0u);
+  EXPECT_FALSE(r.security_events.empty());
+}
+
+TEST(Simulate, SmallCapacityEvictsAndStillVerifies) {
+  AgentScenario s = Small();
+  SimulationResult roomy = *RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  EXPECT_EQ(roomy.evictions, 0u);
+  // The first wave fits (its peak, plus the 18 blocks the second member of an identical pair
+  // holds until its seals are deduplicated), the cold agents of the second wave do not.
+  s.capacity_blocks = static_cast<uint32_t>(roomy.physical_blocks + 18 + 4);
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  EXPECT_EQ(r.out_of_blocks, 0u);
+  EXPECT_GT(r.evictions, 0u);
+  EXPECT_EQ(r.verify_failures, 0u);
+}
+
+TEST(Simulate, Sha256ContentKeys) {
+  AgentScenario s = Small();
+  s.hash = HashAlgorithm::kSha256;
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  EXPECT_GT(r.dedup_hits, 0u);
+  EXPECT_EQ(r.verify_failures, 0u);
+}
+
+TEST(Simulate, JsonNames) {
+  SimulationResult r = *RunAgentScenario(Preset("deepseek-v2-lite"), Small());
+  std::string j = RenderSimulation(r, OutputFormat::kJson);
+  for (const char* key : {"logical_blocks", "physical_blocks", "prefix_hit_tokens", "dedup_hits", "dedup_collisions",
+                          "verify_failures", "cross_tenant_shares", "evictions", "bytes_saved"}) {
+    EXPECT_NE(j.find(std::string("\"") + key + "\""), std::string::npos) << key;
+  }
+}
+
+TEST(Simulate, BadOptionsNameTheField) {
+  AgentScenario s = Small();
+  s.tenants = 0;
+  EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "tenants");
+  s = Small();
+  s.hash_bits = 0;
+  EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "hash-bits");
+  s = Small();
+  s.block_tokens = 0;
+  EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "block-tokens");
+}
+
+}  // namespace
+}  // namespace tessera
