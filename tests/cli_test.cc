@@ -182,6 +182,47 @@ TEST(Cli, BadConfigFilesNameTheirField) {
   ExpectInputError(RunTessera("ledger --config " + cfg + " --context 8k --block-tokens 192"), "block-tokens");
 }
 
+TEST(Cli, SimulateAgents) {
+  CommandResult r = RunTessera(
+      "simulate --scenario agents --model deepseek-v2-lite --agents 16 --shared-tokens 300 --unique-tokens 40 "
+      "--block-tokens 16 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["shared_context_copies"], 1);
+  EXPECT_EQ(j["verify_failures"], 0);
+  EXPECT_EQ(j["cross_tenant_shares"], 0);
+  EXPECT_GT(j["dedup_hits"].get<uint64_t>(), 0u);
+  EXPECT_GT(j["bytes_saved"].get<uint64_t>(), 0u);
+}
+
+TEST(Cli, SimulateForcedCollisions) {
+  CommandResult r = RunTessera(
+      "simulate --model deepseek-v2-lite --agents 4 --shared-tokens 300 --unique-tokens 40 --block-tokens 16 "
+      "--tenants 3 --hash-bits 2 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["dedup_collisions"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["verify_failures"], 0);
+  EXPECT_EQ(j["cross_tenant_shares"], 0);
+}
+
+TEST(Cli, StatsIsPrometheusText) {
+  CommandResult r = RunTessera("stats --model deepseek-v2-lite --agents 2 --shared-tokens 100 --unique-tokens 20 --block-tokens 16");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("# TYPE tessera_dedup_collisions_total counter"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tessera_blocks{state=\"cached\"}"), std::string::npos);
+  EXPECT_NE(r.out.find("tessera_prefix_hits_total{unit=\"tokens\"}"), std::string::npos);
+}
+
+TEST(Cli, SimulateBadInput) {
+  ExpectInputError(RunTessera("simulate --scenario chat"), "scenario");
+  ExpectInputError(RunTessera("simulate --hash-bits 0"), "hash-bits");
+  ExpectInputError(RunTessera("simulate --hash md5"), "hash");
+  ExpectInputError(RunTessera("simulate --tenants 0"), "tenants");
+  ExpectInputError(RunTessera("simulate --agents lots"), "agents");
+  ExpectInputError(RunTessera("simulate --model deepseek-v4-pro"), "model");
+}
+
 TEST(Cli, HelpExitsZero) {
   CommandResult r = RunTessera("--help");
   EXPECT_EQ(r.exit_code, 0);

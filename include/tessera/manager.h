@@ -131,7 +131,8 @@ class BlockManager {
     std::vector<PrefixRef> chain;       // one per sealed block
   };
   BlockManager() = default;
-  Result<Request*> Get(RequestId r);
+  Request* Get(RequestId r);  // nullptr when not live
+  static Status NoRequest(RequestId r);
   const Request* GetConst(RequestId r) const;
   Status CopyOnWrite(Request& req, size_t slot);
   RecordView View(BlockId b, uint32_t group, uint32_t layer, uint64_t slot_in_block) const;

@@ -52,11 +52,13 @@ uint32_t BlockManager::domain_of(uint32_t tenant) const {
   return it == options_.tenant_domain.end() ? tenant : it->second;
 }
 
-Result<BlockManager::Request*> BlockManager::Get(RequestId r) {
-  if (r.value >= requests_.size() || !requests_[r.value].live) {
-    return InvalidArgument("request", "no live request " + std::to_string(r.value));
-  }
+BlockManager::Request* BlockManager::Get(RequestId r) {
+  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
   return &requests_[r.value];
+}
+
+Status BlockManager::NoRequest(RequestId r) {
+  return InvalidArgument("request", "no live request " + std::to_string(r.value));
 }
 
 const BlockManager::Request* BlockManager::GetConst(RequestId r) const {
@@ -106,7 +108,8 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
 }
 
 Status BlockManager::AllocateSlots(RequestId r, uint64_t n) {
-  TESSERA_ASSIGN_OR_RETURN(Request * req, Get(r));
+  Request* req = Get(r);
+  if (req == nullptr) return NoRequest(r);
   Checked needed_tokens = Checked(req->tokens) + n;
   if (needed_tokens.overflowed()) return OutOfRange("tokens", "token count overflows");
   uint64_t needed_blocks = CeilDiv(needed_tokens.value(), block_tokens_);
@@ -164,7 +167,8 @@ Status BlockManager::CopyOnWrite(Request& req, size_t slot) {
 }
 
 Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const KvWriter& writer) {
-  TESSERA_ASSIGN_OR_RETURN(Request * req, Get(r));
+  Request* req = Get(r);
+  if (req == nullptr) return NoRequest(r);
   if (CeilDiv(req->tokens + tokens.size(), block_tokens_) > req->table.size()) {
     return Status(StatusCode::kFailedPrecondition, "tokens",
                   "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
@@ -201,7 +205,8 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
 }
 
 Result<RequestId> BlockManager::Fork(RequestId parent) {
-  TESSERA_ASSIGN_OR_RETURN(Request * p, Get(parent));
+  Request* p = Get(parent);
+  if (p == nullptr) return NoRequest(parent);
   Request copy = *p;  // before emplace_back may move requests_
   uint32_t id;
   if (!free_request_ids_.empty()) {
@@ -219,7 +224,8 @@ Result<RequestId> BlockManager::Fork(RequestId parent) {
 }
 
 Status BlockManager::Free(RequestId r) {
-  TESSERA_ASSIGN_OR_RETURN(Request * req, Get(r));
+  Request* req = Get(r);
+  if (req == nullptr) return NoRequest(r);
   // Release tail first so that a prefix's blocks are cached after (more recently than) its
   // extensions are — LRU then evicts the longest chains' leaves first.
   for (auto it = req->table.rbegin(); it != req->table.rend(); ++it) pool_->Unref(*it);
