@@ -1,1 +1,661 @@
+#include "tessera/manager.h"
+
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::Preset;
+
+constexpr uint32_t kBlock = 64;  // FlashMLA block span of every MLA preset here
+
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The token stream of one request and the KV it implies. Like an MLA latent past layer 0, the
+// record of a position depends on every token up to it (a rolling hash), on the layer and group.
+class KvStream {
+ public:
+  void Add(std::span<const uint32_t> tokens) {
+    for (uint32_t t : tokens) {
+      uint64_t prev = hash_.empty() ? 0x5eedULL : hash_.back();
+      tokens_.push_back(t);
+      hash_.push_back(Mix(prev ^ (uint64_t{t} * 0x100000001b3ULL)));
+    }
+  }
+  const std::vector<uint32_t>& tokens() const { return tokens_; }
+  std::span<const uint32_t> Slice(size_t from, size_t n) const { return std::span(tokens_).subspan(from, n); }
+
+  // The bytes of plane `plane` of the record at `position`.
+  void Expected(uint32_t group, uint32_t layer, uint64_t position, uint32_t plane, std::span<std::byte> out) const {
+    uint64_t seed =
+        Mix(hash_.at(position) ^ (uint64_t{group} << 56) ^ (uint64_t{layer} << 40) ^ (uint64_t{plane} << 32));
+    for (size_t off = 0; off < out.size(); off += 8) {
+      uint64_t v = Mix(seed + off);
+      std::memcpy(out.data() + off, &v, std::min<size_t>(8, out.size() - off));
+    }
+  }
+
+  KvWriter Writer() const {
+    return [this](uint32_t group, uint32_t layer, uint64_t position, const RecordView& record) {
+      for (uint32_t p = 0; p < record.plane_count; ++p) Expected(group, layer, position, p, record.planes[p]);
+    };
+  }
+
+ private:
+  std::vector<uint32_t> tokens_;
+  std::vector<uint64_t> hash_;
+};
+
+std::vector<uint32_t> Range(uint32_t first, uint32_t n) {
+  std::vector<uint32_t> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+ManagerOptions V3Fp8(uint32_t capacity) {
+  ManagerOptions o;
+  o.kv_format = "fp8_ds_mla";
+  o.capacity_blocks = capacity;
+  o.hash_key_seed = 7;
+  return o;
+}
+
+std::unique_ptr<BlockManager> MustManager(const Geometry& g, const ManagerOptions& o) {
+  Result<std::unique_ptr<BlockManager>> m = BlockManager::Create(g, o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+AdmitResult MustAdmit(BlockManager& m, std::span<const uint32_t> prompt, const RequestSpec& spec = {}) {
+  Result<AdmitResult> a = m.Admit(prompt, spec);
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  return a.ok() ? *a : AdmitResult{};
+}
+
+// Allocates and writes the tokens of `stream` past what `r` already holds, up to `upto`.
+void Fill(BlockManager& m, RequestId r, const KvStream& stream, size_t upto) {
+  const size_t have = m.Tokens(r);
+  ASSERT_LE(have, upto);
+  Status st = m.AllocateSlots(r, upto - have);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = m.Append(r, stream.Slice(have, upto - have), stream.Writer());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(m.Tokens(r), upto);
+}
+
+// Every record of `r` (first, middle and last layer of each group) equals the stream's KV.
+::testing::AssertionResult RecordsMatch(const BlockManager& m, RequestId r, const KvStream& stream) {
+  std::vector<std::byte> want;
+  for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
+    for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
+      const uint32_t layers = m.pool().groups()[g].layers;
+      for (uint32_t l : {0u, layers / 2, layers - 1}) {
+        Result<RecordView> v = m.Record(r, g, l, pos);
+        if (!v.ok()) return ::testing::AssertionFailure() << "Record: " << v.status().ToString();
+        for (uint32_t p = 0; p < v->plane_count; ++p) {
+          std::span<std::byte> got = v->planes[p];
+          want.resize(got.size());
+          stream.Expected(g, l, pos, p, want);
+          if (got.empty() || std::memcmp(got.data(), want.data(), got.size()) != 0) {
+            return ::testing::AssertionFailure()
+                   << "record of position " << pos << " group " << g << " layer " << l << " plane " << p << " differs";
+          }
+        }
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<BlockId> Table(const BlockManager& m, RequestId r) {
+  std::span<const BlockId> t = m.BlockTable(r);
+  return {t.begin(), t.end()};
+}
+
+uint64_t PerBlock(const BlockManager& m) { return m.pool().block_bytes() + m.pool().metadata_bytes_per_block(); }
+
+// --- Create ---------------------------------------------------------------------------------
+
+TEST(BlockManagerCreate, PoolMatchesTheLedgerLayout) {
+  Geometry g = Preset("deepseek-v3");
+  std::unique_ptr<BlockManager> m = MustManager(g, V3Fp8(4));
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->pool().block_tokens(), kBlock);
+  ASSERT_EQ(m->pool().groups().size(), 1u);
+  EXPECT_EQ(m->pool().groups()[0].format.name, "fp8_ds_mla");
+  EXPECT_EQ(m->pool().groups()[0].layers, 61u);
+  EXPECT_EQ(m->pool().block_bytes(), 61u * 64 * 656);
+  EXPECT_EQ(m->pool().capacity(), 4u);
+  EXPECT_EQ(m->bytes_held(), 0u);
+  EXPECT_EQ(m->live_requests(), 0u);
+}
+
+TEST(BlockManagerCreate, DeepSeekV4IsRejectedOnModel) {
+  for (const char* name : {"deepseek-v4-pro", "deepseek-v4-flash"}) {
+    ManagerOptions o;
+    o.capacity_blocks = 4;
+    o.region_kind = RegionKind::kUnbacked;
+    Result<std::unique_ptr<BlockManager>> m = BlockManager::Create(Preset(name), o);
+    ASSERT_FALSE(m.ok()) << name;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(m.status().field(), "model") << name;
+  }
+}
+
+TEST(BlockManagerCreate, BadOptionsNameTheirField) {
+  Geometry g = Preset("deepseek-v3");
+  ManagerOptions o = V3Fp8(4);
+  o.kv_format = "no-such-format";
+  EXPECT_EQ(BlockManager::Create(g, o).status().field(), "kv-format");
+  o = V3Fp8(4);
+  o.hash_bits = 0;
+  EXPECT_EQ(BlockManager::Create(g, o).status().field(), "hash-bits");
+  o = V3Fp8(0);
+  EXPECT_EQ(BlockManager::Create(g, o).status().field(), "capacity-blocks");
+}
+
+// --- Writing and reading --------------------------------------------------------------------
+
+TEST(BlockManager, AppendWritesRecordsThatReadBack) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(1000, 150));  // two full blocks and 22 tokens
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  EXPECT_EQ(a.cached_tokens, 0u);
+  EXPECT_EQ(a.cached_blocks, 0u);
+  Fill(*m, a.id, s, 150);
+  std::vector<BlockId> t = Table(*m, a.id);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(m->pool().state(t[0]), BlockState::kSealed);
+  EXPECT_EQ(m->pool().state(t[1]), BlockState::kSealed);
+  EXPECT_EQ(m->pool().state(t[2]), BlockState::kFilling);
+  EXPECT_TRUE(RecordsMatch(*m, a.id, s));
+  // Sealed blocks hold their tokens in the index.
+  std::span<const uint32_t> stored = m->index().Tokens(t[1]);
+  EXPECT_TRUE(std::equal(stored.begin(), stored.end(), s.tokens().begin() + kBlock));
+  EXPECT_EQ(m->bytes_held(), 3 * PerBlock(*m));
+  EXPECT_EQ(m->live_requests(), 1u);
+}
+
+TEST(BlockManager, RecordErrorsNameTheirField) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+  KvStream s;
+  s.Add(Range(1, 10));
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  Fill(*m, a.id, s, 10);
+  EXPECT_TRUE(m->Record(a.id, 0, 60, 9).ok());
+  EXPECT_EQ(m->Record(a.id, 0, 0, 10).status().field(), "position");  // not written yet
+  EXPECT_EQ(m->Record(a.id, 0, 61, 0).status().field(), "layer");
+  EXPECT_EQ(m->Record(a.id, 1, 0, 0).status().field(), "layer");
+  EXPECT_EQ(m->Record(RequestId{99}, 0, 0, 0).status().field(), "request");
+  EXPECT_TRUE(m->BlockTable(RequestId{99}).empty());
+  EXPECT_EQ(m->Tokens(RequestId{99}), 0u);
+  EXPECT_EQ(m->AllocateSlots(RequestId{99}, 1).field(), "request");
+  EXPECT_EQ(m->Free(RequestId{99}).field(), "request");
+  EXPECT_FALSE(m->Fork(RequestId{99}).ok());
+}
+
+TEST(BlockManager, AppendWithoutSlotsIsAFailedPrecondition) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+  KvStream s;
+  s.Add(Range(1, 70));
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  ASSERT_TRUE(m->AllocateSlots(a.id, 64).ok());
+  Status st = m->Append(a.id, s.Slice(0, 65), s.Writer());
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.field(), "tokens");
+  EXPECT_EQ(m->Tokens(a.id), 0u);  // nothing written
+}
+
+TEST(BlockManager, SamePromptHitsItsFullBlocks) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(500, 150));
+  AdmitResult first = MustAdmit(*m, s.tokens());
+  Fill(*m, first.id, s, 150);
+
+  AdmitResult second = MustAdmit(*m, s.tokens());
+  EXPECT_EQ(second.cached_tokens, 2u * kBlock);
+  EXPECT_EQ(second.cached_blocks, 2u);
+  EXPECT_EQ(m->Tokens(second.id), 2u * kBlock);
+  std::vector<BlockId> t1 = Table(*m, first.id), t2 = Table(*m, second.id);
+  ASSERT_EQ(t2.size(), 2u);
+  EXPECT_EQ(t2[0], t1[0]);
+  EXPECT_EQ(t2[1], t1[1]);
+  EXPECT_EQ(m->pool().refcount(t1[0]), 2u);
+  EXPECT_EQ(m->metrics().prefix_hit_tokens.load(), 2u * kBlock);
+  EXPECT_EQ(m->metrics().prefix_miss_tokens.load(), 150u + 22u);
+  // The rest is written by the second request and reads back, cached part included.
+  Fill(*m, second.id, s, 150);
+  EXPECT_TRUE(RecordsMatch(*m, second.id, s));
+  EXPECT_NE(Table(*m, second.id)[2], t1[2]);  // the partial tail is private
+  // A prompt that diverges inside the second block hits only the first.
+  KvStream d;
+  std::vector<uint32_t> diverged = s.tokens();
+  diverged[100] = 7;
+  d.Add(diverged);
+  EXPECT_EQ(MustAdmit(*m, d.tokens()).cached_blocks, 1u);
+}
+
+TEST(BlockManager, ConcurrentIdenticalPromptsShareOnePhysicalCopy) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(40, 150));
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  AdmitResult b = MustAdmit(*m, s.tokens());  // before a sealed anything: a miss
+  EXPECT_EQ(b.cached_tokens, 0u);
+  Fill(*m, a.id, s, 150);
+  Fill(*m, b.id, s, 150);
+  std::vector<BlockId> ta = Table(*m, a.id), tb = Table(*m, b.id);
+  ASSERT_EQ(tb.size(), 3u);
+  EXPECT_EQ(tb[0], ta[0]);  // content dedup: equal bytes, equal identity
+  EXPECT_EQ(tb[1], ta[1]);
+  EXPECT_NE(tb[2], ta[2]);
+  EXPECT_EQ(m->index().stats().dedup_hits.load(), 2u);
+  EXPECT_EQ(m->bytes_held(), 4 * PerBlock(*m));
+  EXPECT_TRUE(RecordsMatch(*m, b.id, s));
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// --- Fork -----------------------------------------------------------------------------------
+
+TEST(BlockManagerFork, ChildWriteCopiesTheSharedPartialBlock) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream parent;
+  parent.Add(Range(1, 100));  // one sealed block, 36 tokens in the second
+  AdmitResult p = MustAdmit(*m, parent.tokens());
+  Fill(*m, p.id, parent, 100);
+  Result<RequestId> c = m->Fork(p.id);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(m->metrics().forks.load(), 1u);
+  EXPECT_EQ(m->live_requests(), 2u);
+  EXPECT_EQ(m->Tokens(*c), 100u);
+  std::vector<BlockId> before = Table(*m, p.id);
+  ASSERT_EQ(Table(*m, *c), before);
+  EXPECT_EQ(m->pool().refcount(before[1]), 2u);
+
+  KvStream child = parent;
+  child.Add(Range(9000, 5));
+  Fill(*m, *c, child, 105);  // fits in the partial block: no new slot, one copy
+  EXPECT_EQ(m->metrics().cow_copies.load(), 1u);
+  std::vector<BlockId> tp = Table(*m, p.id), tc = Table(*m, *c);
+  ASSERT_EQ(tp.size(), 2u);
+  ASSERT_EQ(tc.size(), 2u);
+  EXPECT_EQ(tp, before);    // the parent keeps its blocks
+  EXPECT_EQ(tc[0], tp[0]);  // the sealed block is shared
+  EXPECT_NE(tc[1], tp[1]);  // the partial block was copied
+  EXPECT_EQ(m->pool().refcount(tp[0]), 2u);
+  EXPECT_EQ(m->pool().refcount(tp[1]), 1u);
+  EXPECT_EQ(m->pool().refcount(tc[1]), 1u);
+  EXPECT_TRUE(RecordsMatch(*m, p.id, parent));  // parent bytes unchanged
+  EXPECT_TRUE(RecordsMatch(*m, *c, child));     // child: copied prefix + its own tokens
+
+  // The parent now writes its own tokens: no further copy.
+  KvStream parent2 = parent;
+  parent2.Add(Range(7000, 5));
+  Fill(*m, p.id, parent2, 105);
+  EXPECT_EQ(m->metrics().cow_copies.load(), 1u);
+  EXPECT_TRUE(RecordsMatch(*m, p.id, parent2));
+  EXPECT_TRUE(RecordsMatch(*m, *c, child));
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+TEST(BlockManagerFork, SixteenAgentsHoldOneCopyOfTheSharedContext) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(24));
+  KvStream ctx;
+  ctx.Add(Range(100, 256));
+  AdmitResult root = MustAdmit(*m, ctx.tokens());
+  Fill(*m, root.id, ctx, 256);
+  std::vector<BlockId> shared = Table(*m, root.id);
+  ASSERT_EQ(shared.size(), 4u);
+  std::vector<RequestId> agents;
+  for (int i = 0; i < 16; ++i) {
+    Result<RequestId> a = m->Fork(root.id);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    agents.push_back(*a);
+  }
+  for (BlockId b : shared) {
+    EXPECT_EQ(m->pool().refcount(b), 17u);
+    EXPECT_EQ(m->pool().state(b), BlockState::kSealed);
+  }
+  EXPECT_EQ(m->bytes_held(), 4 * PerBlock(*m));  // forks cost no pages
+
+  std::vector<KvStream> streams(16, ctx);
+  for (uint32_t i = 0; i < 16; ++i) {
+    streams[i].Add(Range(20000 + 100 * i, 8));
+    Fill(*m, agents[i], streams[i], 264);
+  }
+  for (BlockId b : shared) EXPECT_EQ(m->pool().refcount(b), 17u);
+  EXPECT_EQ(m->bytes_held(), (4 + 16) * PerBlock(*m));
+  EXPECT_EQ(m->metrics().cow_copies.load(), 0u);  // the context ended on a block boundary
+  for (uint32_t i = 0; i < 16; ++i) {
+    std::vector<BlockId> t = Table(*m, agents[i]);
+    ASSERT_EQ(t.size(), 5u);
+    EXPECT_TRUE(std::equal(shared.begin(), shared.end(), t.begin()));
+    // The shared records are the same physical bytes.
+    EXPECT_EQ(m->Record(agents[i], 0, 30, 200)->planes[0].data(), m->Record(root.id, 0, 30, 200)->planes[0].data());
+  }
+  EXPECT_TRUE(RecordsMatch(*m, agents[0], streams[0]));
+  EXPECT_TRUE(RecordsMatch(*m, agents[15], streams[15]));
+  for (RequestId a : agents) ASSERT_TRUE(m->Free(a).ok());
+  for (BlockId b : shared) EXPECT_EQ(m->pool().refcount(b), 1u);
+  EXPECT_EQ(m->bytes_held(), 4 * PerBlock(*m));  // the agents' unsealed tails are freed
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// Regression: AllocateSlots promises room for n more tokens, so it must count (and make) the
+// copy that copy-on-write needs when the request's next slot is shared with a fork; otherwise
+// AllocateSlots(child, 5) succeeds on a full pool and the Append that follows runs out.
+TEST(BlockManagerFork, GrantedSlotsCoverTheCopyOnWriteBlock) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(2));
+  KvStream parent;
+  parent.Add(Range(1, 10));
+  AdmitResult p = MustAdmit(*m, parent.tokens());
+  Fill(*m, p.id, parent, 10);
+  Result<RequestId> c = m->Fork(p.id);
+  ASSERT_TRUE(c.ok());
+  KvStream other;
+  other.Add(Range(500, 10));
+  AdmitResult o = MustAdmit(*m, other.tokens());
+  Fill(*m, o.id, other, 10);  // the pool is now full
+  ASSERT_EQ(m->pool().Available(), 0u);
+  KvStream child = parent;
+  child.Add(Range(9000, 5));
+  Status slots = m->AllocateSlots(*c, 5);
+  if (!slots.ok()) {
+    EXPECT_EQ(slots.code(), StatusCode::kOutOfBlocks);  // refusing up front is fine
+    EXPECT_EQ(m->Tokens(*c), 10u);
+    return;
+  }
+  Status st = m->Append(*c, child.Slice(10, 5), child.Writer());
+  EXPECT_TRUE(st.ok()) << "AllocateSlots granted the slots, then Append ran out of blocks: " << st.ToString();
+}
+
+// --- Allocation -----------------------------------------------------------------------------
+
+TEST(BlockManager, AllocateSlotsIsAllOrNothing) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(1, 10));
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  ASSERT_TRUE(m->AllocateSlots(a.id, 5 * kBlock).ok());
+  EXPECT_EQ(Table(*m, a.id).size(), 5u);
+  AdmitResult b = MustAdmit(*m, s.tokens());
+  ASSERT_TRUE(m->AllocateSlots(b.id, 10).ok());  // one block
+  const uint32_t free_before = m->pool().free_count();
+  ASSERT_EQ(free_before, 2u);
+  const std::vector<BlockId> table_before = Table(*m, b.id);
+
+  Status st = m->AllocateSlots(b.id, 4 * kBlock);  // 3 more blocks, 2 free
+  EXPECT_EQ(st.code(), StatusCode::kOutOfBlocks);
+  EXPECT_EQ(m->pool().free_count(), free_before);
+  EXPECT_EQ(Table(*m, b.id), table_before);
+  EXPECT_EQ(m->metrics().out_of_blocks.load(), 1u);
+
+  st = m->AllocateSlots(b.id, 100 * kBlock);  // more than the whole pool
+  EXPECT_EQ(st.code(), StatusCode::kOutOfBlocks);
+  EXPECT_EQ(m->pool().free_count(), free_before);
+  EXPECT_EQ(Table(*m, b.id), table_before);
+  EXPECT_EQ(m->metrics().out_of_blocks.load(), 2u);
+
+  // Slots already held are not allocated twice; exactly the free blocks succeed.
+  ASSERT_TRUE(m->AllocateSlots(b.id, 64).ok());
+  EXPECT_EQ(Table(*m, b.id).size(), 1u);
+  ASSERT_TRUE(m->AllocateSlots(b.id, 3 * kBlock).ok());
+  EXPECT_EQ(Table(*m, b.id).size(), 3u);
+  EXPECT_EQ(m->pool().free_count(), 0u);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+TEST(BlockManager, FreeCachesSealedBlocksForALaterAdmit) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(300, 150));
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  Fill(*m, a.id, s, 150);
+  std::vector<BlockId> t = Table(*m, a.id);
+  ASSERT_TRUE(m->Free(a.id).ok());
+  EXPECT_EQ(m->live_requests(), 0u);
+  EXPECT_TRUE(m->BlockTable(a.id).empty());
+  EXPECT_EQ(m->pool().state(t[0]), BlockState::kCached);
+  EXPECT_EQ(m->pool().state(t[1]), BlockState::kCached);
+  EXPECT_EQ(m->pool().state(t[2]), BlockState::kFree);  // the unsealed tail is dropped
+  EXPECT_EQ(m->pool().cached_count(), 2u);
+  EXPECT_EQ(m->bytes_held(), 2 * PerBlock(*m));
+  EXPECT_FALSE(m->Free(a.id).ok());  // double free is an error, not a crash
+
+  AdmitResult again = MustAdmit(*m, s.tokens());
+  EXPECT_EQ(again.cached_tokens, 2u * kBlock);
+  std::vector<BlockId> t2 = Table(*m, again.id);
+  ASSERT_EQ(t2.size(), 2u);
+  EXPECT_EQ(t2[0], t[0]);
+  EXPECT_EQ(t2[1], t[1]);
+  EXPECT_EQ(m->pool().state(t[0]), BlockState::kSealed);
+  EXPECT_EQ(m->pool().cached_count(), 0u);
+  Fill(*m, again.id, s, 150);
+  EXPECT_TRUE(RecordsMatch(*m, again.id, s));
+}
+
+TEST(BlockManager, FreeEvictsLeavesBeforeTheirPrefixes) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+  KvStream s;
+  s.Add(Range(1, 3 * kBlock));
+  AdmitResult a = MustAdmit(*m, s.tokens());
+  Fill(*m, a.id, s, 3 * kBlock);
+  std::vector<BlockId> t = Table(*m, a.id);
+  ASSERT_TRUE(m->Free(a.id).ok());
+  KvStream other;
+  other.Add(Range(50000, 10));
+  AdmitResult b = MustAdmit(*m, other.tokens());
+  Fill(*m, b.id, other, 10);  // takes one block: the leaf is evicted
+  EXPECT_EQ(Table(*m, b.id)[0], t[2]);
+  ASSERT_TRUE(m->Free(b.id).ok());
+  EXPECT_EQ(MustAdmit(*m, s.tokens()).cached_blocks, 2u);
+}
+
+TEST(BlockManager, HigherPriorityBlocksAreEvictedLast) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+  KvStream keep, drop;
+  keep.Add(Range(1, kBlock));
+  drop.Add(Range(9000, kBlock));
+  RequestSpec high;
+  high.priority = 90;
+  RequestSpec low;
+  low.priority = 10;
+  AdmitResult k = MustAdmit(*m, keep.tokens(), high);
+  Fill(*m, k.id, keep, kBlock);
+  ASSERT_TRUE(m->Free(k.id).ok());
+  AdmitResult d = MustAdmit(*m, drop.tokens(), low);  // cached after `keep`: more recent
+  Fill(*m, d.id, drop, kBlock);
+  ASSERT_TRUE(m->Free(d.id).ok());
+  KvStream other;
+  other.Add(Range(50000, 2 * kBlock));
+  AdmitResult o = MustAdmit(*m, other.tokens());
+  ASSERT_TRUE(m->AllocateSlots(o.id, 2 * kBlock).ok());  // one free block + one eviction
+  ASSERT_TRUE(m->Free(o.id).ok());
+  EXPECT_EQ(MustAdmit(*m, keep.tokens(), high).cached_blocks, 1u);
+  EXPECT_EQ(MustAdmit(*m, drop.tokens(), low).cached_blocks, 0u);
+}
+
+// Regression: a request's retention priority below the default (35) must hold for the blocks it
+// seals itself (the pool resets new blocks to the default; only shared blocks keep the max).
+TEST(BlockManager, LowPriorityRequestIsEvictedBeforeADefaultOne) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+  KvStream normal, batch;
+  normal.Add(Range(1, kBlock));
+  batch.Add(Range(9000, kBlock));
+  RequestSpec low;
+  low.priority = 0;
+  AdmitResult n = MustAdmit(*m, normal.tokens());  // default priority, cached first
+  Fill(*m, n.id, normal, kBlock);
+  ASSERT_TRUE(m->Free(n.id).ok());
+  AdmitResult b = MustAdmit(*m, batch.tokens(), low);
+  Fill(*m, b.id, batch, kBlock);
+  const BlockId batch_block = Table(*m, b.id)[0];
+  EXPECT_EQ(static_cast<unsigned>(m->pool().priority(batch_block)), 0u)
+      << "the request's priority 0 became the default 35";
+  ASSERT_TRUE(m->Free(b.id).ok());
+  KvStream other;
+  other.Add(Range(50000, 2 * kBlock));
+  AdmitResult o = MustAdmit(*m, other.tokens());
+  ASSERT_TRUE(m->AllocateSlots(o.id, 2 * kBlock).ok());  // one free block + one eviction
+  ASSERT_TRUE(m->Free(o.id).ok());
+  EXPECT_EQ(MustAdmit(*m, normal.tokens()).cached_blocks, 1u) << "the default-priority block was evicted";
+  EXPECT_EQ(MustAdmit(*m, batch.tokens(), low).cached_blocks, 0u);
+}
+
+// Regression, through the manager (see BlockIndexPrefix.ResealedChildIsFoundAfterItsParentWasEvicted):
+// a request with a higher retention priority extends a shared prefix; the prefix is evicted
+// first and its child is orphaned in the prefix map; a recomputed child must replace the orphan.
+TEST(BlockManager, ChildKeptLongerThanItsParentDoesNotBlockReuse) {
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+  KvStream conv;
+  conv.Add(Range(1, 2 * kBlock));
+  RequestSpec low;
+  low.priority = 10;
+  RequestSpec high;
+  high.priority = 90;
+  AdmitResult sys = MustAdmit(*m, conv.Slice(0, kBlock), low);  // the shared system prompt
+  Fill(*m, sys.id, conv, kBlock);
+  ASSERT_TRUE(m->Free(sys.id).ok());
+  AdmitResult user = MustAdmit(*m, conv.tokens(), high);  // hits it, extends it
+  ASSERT_EQ(user.cached_blocks, 1u);
+  Fill(*m, user.id, conv, 2 * kBlock);
+  ASSERT_TRUE(m->Free(user.id).ok());
+  // Pressure evicts the low-priority prefix; the high-priority extension stays cached.
+  KvStream other;
+  other.Add(Range(50000, 3 * kBlock));
+  AdmitResult o = MustAdmit(*m, other.tokens());
+  ASSERT_TRUE(m->AllocateSlots(o.id, 3 * kBlock).ok());
+  ASSERT_TRUE(m->Free(o.id).ok());
+  ASSERT_EQ(m->pool().stats().evictions.load(), 1u);
+  // The conversation is computed again in full.
+  AdmitResult redo = MustAdmit(*m, conv.tokens(), high);
+  ASSERT_EQ(redo.cached_blocks, 0u);
+  Fill(*m, redo.id, conv, 2 * kBlock);
+  ASSERT_TRUE(m->Free(redo.id).ok());
+  // Both blocks are sealed and cached, so the next request should hit both.
+  EXPECT_EQ(MustAdmit(*m, conv.tokens(), high).cached_blocks, 2u)
+      << "the orphaned child of the evicted prefix shadows the re-sealed child";
+}
+
+// --- Tenants --------------------------------------------------------------------------------
+
+TEST(BlockManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
+  KvStream s;
+  s.Add(Range(77, 2 * kBlock + 5));
+  RequestSpec t1, t2, t3;
+  t1.tenant = 1;
+  t2.tenant = 2;
+  t3.tenant = 3;
+  {
+    std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+    EXPECT_EQ(m->domain_of(2), 2u);
+    AdmitResult a = MustAdmit(*m, s.tokens(), t1);
+    Fill(*m, a.id, s, s.tokens().size());
+    AdmitResult b = MustAdmit(*m, s.tokens(), t2);
+    EXPECT_EQ(b.cached_tokens, 0u);
+    // Same bytes, other domain: not deduplicated either.
+    Fill(*m, b.id, s, s.tokens().size());
+    std::vector<BlockId> ta = Table(*m, a.id), tb = Table(*m, b.id);
+    for (size_t i = 0; i < ta.size(); ++i) EXPECT_NE(ta[i], tb[i]);
+    EXPECT_EQ(m->index().stats().dedup_hits.load(), 0u);
+    EXPECT_EQ(m->index().Domain(tb[0]), 2u);
+    // The same tenant with another cache salt does not hit either.
+    RequestSpec salted = t1;
+    salted.cache_salt = 1234;
+    EXPECT_EQ(MustAdmit(*m, s.tokens(), salted).cached_tokens, 0u);
+    EXPECT_EQ(MustAdmit(*m, s.tokens(), t1).cached_tokens, 2u * kBlock);
+  }
+  {
+    ManagerOptions o = V3Fp8(8);
+    o.tenant_domain = {{1, 100}, {2, 100}};
+    std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), o);
+    EXPECT_EQ(m->domain_of(1), 100u);
+    EXPECT_EQ(m->domain_of(2), 100u);
+    EXPECT_EQ(m->domain_of(3), 3u);
+    AdmitResult a = MustAdmit(*m, s.tokens(), t1);
+    Fill(*m, a.id, s, s.tokens().size());
+    AdmitResult b = MustAdmit(*m, s.tokens(), t2);
+    EXPECT_EQ(b.cached_tokens, 2u * kBlock);
+    EXPECT_EQ(Table(*m, b.id)[0], Table(*m, a.id)[0]);
+    EXPECT_EQ(MustAdmit(*m, s.tokens(), t3).cached_tokens, 0u);
+  }
+}
+
+// --- The ledger and the pools agree ---------------------------------------------------------
+
+struct LedgerCase {
+  const char* model;
+  const char* kv_format;  // "" = the model's default
+  RegionKind kind;
+};
+
+void ExpectLedgerEquality(const LedgerCase& c, uint64_t n_blocks_times, uint64_t extra) {
+  Geometry g = Preset(c.model);
+  ManagerOptions o;
+  o.kv_format = c.kv_format;
+  o.capacity_blocks = 16;
+  o.region_kind = c.kind;
+  o.hash_key_seed = 3;
+  std::unique_ptr<BlockManager> m = MustManager(g, o);
+  ASSERT_NE(m, nullptr);
+  const uint64_t n = n_blocks_times * m->pool().block_tokens() + extra;
+  const uint64_t batch = 3;
+  std::vector<KvStream> streams(batch);
+  for (uint32_t r = 0; r < batch; ++r) {
+    streams[r].Add(Range(100000 * (r + 1), static_cast<uint32_t>(n)));
+    AdmitResult a = MustAdmit(*m, streams[r].tokens());
+    ASSERT_EQ(a.cached_tokens, 0u);
+    Fill(*m, a.id, streams[r], n);
+  }
+  Result<Ledger> l = ComputeLedger(g, LedgerOptionsFor(o, n, batch));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->block_tokens, m->pool().block_tokens());
+  EXPECT_EQ(m->bytes_held(), l->committed_bytes)
+      << c.model << " " << (*c.kv_format ? c.kv_format : "(default)") << " N=" << n;
+  EXPECT_GT(m->bytes_held(), 0u);
+}
+
+TEST(BlockManagerLedger, BytesHeldEqualsCommittedBytes) {
+  const LedgerCase cases[] = {
+      {"deepseek-v3", "fp8_ds_mla", RegionKind::kHost},
+      {"deepseek-v3", "fp8_ds_mla", RegionKind::kUnbacked},
+      {"deepseek-v3", "mla-bf16", RegionKind::kUnbacked},
+      {"deepseek-v3.2", "", RegionKind::kUnbacked},
+      {"kimi-k2", "", RegionKind::kUnbacked},
+      {"llama-3.1-8b", "", RegionKind::kUnbacked},
+  };
+  for (const LedgerCase& c : cases) {
+    SCOPED_TRACE(std::string(c.model) + " " + c.kv_format);
+    ExpectLedgerEquality(c, 2, 5);  // N = 2 x block_tokens + 5
+    ExpectLedgerEquality(c, 4, 0);  // N = 4 x block_tokens
+  }
+}
+
+TEST(BlockManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
+  ManagerOptions o;
+  o.capacity_blocks = 2;
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3.2"), o);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->pool().groups().size(), 2u);
+  EXPECT_EQ(m->pool().groups()[0].format.name, "fp8_ds_mla");
+  EXPECT_EQ(m->pool().groups()[1].format.name, "indexer-fp8");
+  EXPECT_EQ(m->pool().block_bytes(), 61u * 64 * 788);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -90,13 +90,13 @@ TEST(RegionTable, ResolveCheckedRejectsOutOfRangeHandlesOnHandle) {
   RegionTable t;
   uint32_t id = *t.AddRegion(RegionKind::kHost, 1000, "host");
   const BlockHandle bad[] = {
-      {id, 0, 1001},              // one byte past the end
-      {id, 999, 2},               // straddles the end
-      {id, 1001, 0},              // starts past the end
-      {id, UINT64_MAX, 2},        // offset + len wraps 64 bits
-      {id, 1, UINT64_MAX},        // len alone wraps
-      {id + 1, 0, 1},             // unknown region
-      {UINT32_MAX, 0, 1},         // far unknown region
+      {id, 0, 1001},        // one byte past the end
+      {id, 999, 2},         // straddles the end
+      {id, 1001, 0},        // starts past the end
+      {id, UINT64_MAX, 2},  // offset + len wraps 64 bits
+      {id, 1, UINT64_MAX},  // len alone wraps
+      {id + 1, 0, 1},       // unknown region
+      {UINT32_MAX, 0, 1},   // far unknown region
   };
   for (const BlockHandle& h : bad) {
     Result<std::span<std::byte>> r = t.ResolveChecked(h);
@@ -132,24 +132,23 @@ TEST(BlockHandle, OverlapsTruthTable) {
     bool overlaps;
   };
   const Case cases[] = {
-      {{0, 0, 10}, {0, 0, 10}, true},     // identical
-      {{0, 0, 10}, {0, 9, 10}, true},     // share the last byte of a
-      {{0, 0, 10}, {0, 10, 10}, false},   // adjacent: a ends where b starts
-      {{0, 10, 10}, {0, 0, 10}, false},   // adjacent, reversed
-      {{0, 0, 100}, {0, 40, 10}, true},   // b inside a
-      {{0, 40, 10}, {0, 0, 100}, true},   // a inside b
-      {{0, 0, 10}, {1, 0, 10}, false},    // same range, other region
-      {{0, 5, 0}, {0, 0, 10}, false},     // empty a inside b
-      {{0, 0, 10}, {0, 5, 0}, false},     // empty b inside a
-      {{0, 5, 0}, {0, 5, 0}, false},      // two empty handles at one offset
-      {{0, 0, 1}, {0, 1, 1}, false},      // single bytes side by side
-      {{0, 1, 1}, {0, 1, 1}, true},       // the same single byte
-      {{2, 1000, 24}, {2, 1023, 1}, true},
-      {{2, 1000, 24}, {2, 1024, 1}, false},
+      {{0, 0, 10}, {0, 0, 10}, true},    // identical
+      {{0, 0, 10}, {0, 9, 10}, true},    // share the last byte of a
+      {{0, 0, 10}, {0, 10, 10}, false},  // adjacent: a ends where b starts
+      {{0, 10, 10}, {0, 0, 10}, false},  // adjacent, reversed
+      {{0, 0, 100}, {0, 40, 10}, true},  // b inside a
+      {{0, 40, 10}, {0, 0, 100}, true},  // a inside b
+      {{0, 0, 10}, {1, 0, 10}, false},   // same range, other region
+      {{0, 5, 0}, {0, 0, 10}, false},    // empty a inside b
+      {{0, 0, 10}, {0, 5, 0}, false},    // empty b inside a
+      {{0, 5, 0}, {0, 5, 0}, false},     // two empty handles at one offset
+      {{0, 0, 1}, {0, 1, 1}, false},     // single bytes side by side
+      {{0, 1, 1}, {0, 1, 1}, true},      // the same single byte
+      {{2, 1000, 24}, {2, 1023, 1}, true}, {{2, 1000, 24}, {2, 1024, 1}, false},
   };
   for (const Case& c : cases) {
-    EXPECT_EQ(c.a.Overlaps(c.b), c.overlaps) << "a={" << c.a.region << "," << c.a.offset << "," << c.a.len
-                                             << "} b={" << c.b.region << "," << c.b.offset << "," << c.b.len << "}";
+    EXPECT_EQ(c.a.Overlaps(c.b), c.overlaps) << "a={" << c.a.region << "," << c.a.offset << "," << c.a.len << "} b={"
+                                             << c.b.region << "," << c.b.offset << "," << c.b.len << "}";
     EXPECT_EQ(c.b.Overlaps(c.a), c.overlaps) << "symmetry";
   }
 }

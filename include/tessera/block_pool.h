@@ -94,7 +94,8 @@ class BlockPool {
   void Unref(BlockId b);
   // REQUIRES: kFilling.
   void MarkSealed(BlockId b);
-  // Retention priority 0..100 (clamped); takes effect when the block is next cached.
+  // Retention priority 0..100 (clamped). A cached block moves to its new LRU list at once (as
+  // the most recent there); any other block uses it when it is next cached.
   void SetPriority(BlockId b, uint8_t priority);
 
   // Called with a block about to be evicted (still readable); listeners run in order.

@@ -92,7 +92,8 @@ class BlockManager {
   static Result<std::unique_ptr<BlockManager>> Create(const Geometry& g, const ManagerOptions& options);
 
   Result<AdmitResult> Admit(std::span<const uint32_t> prompt, const RequestSpec& spec);
-  // Makes the request able to hold `n` more tokens. kOutOfBlocks changes nothing.
+  // Makes the request able to hold `n` more tokens, copying any slot it shares with a fork and
+  // has not sealed (so that Append cannot run out of blocks). kOutOfBlocks changes nothing.
   Status AllocateSlots(RequestId r, uint64_t n);
   // REQUIRES: slots for tokens.size() more tokens. Writes, seals full blocks (prefix key,
   // content dedup) and copies a shared unsealed block before its first write.
@@ -135,6 +136,10 @@ class BlockManager {
   static Status NoRequest(RequestId r);
   const Request* GetConst(RequestId r) const;
   Status CopyOnWrite(Request& req, size_t slot);
+  // Slots that the next n tokens land in which are shared with a fork and not sealed.
+  uint32_t SharedSlots(const Request& req, uint64_t n) const;
+  Status UnshareSlots(Request& req, uint64_t n);
+  Status OutOfBlocks(uint64_t needed);
   RecordView View(BlockId b, uint32_t group, uint32_t layer, uint64_t slot_in_block) const;
 
   ManagerOptions options_;

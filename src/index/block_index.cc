@@ -115,8 +115,15 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
       id.in_content = true;
     }
   }
-  // First sealed block under a key wins; a stale entry (evicted block) was removed on eviction.
-  prefix_.try_emplace(key, candidate);
+  // The first live block under a key keeps it. An entry whose block no longer carries this
+  // identity (a child orphaned when its parent was evicted, or a key collision) gives way.
+  auto [entry, inserted] = prefix_.try_emplace(key, candidate);
+  if (!inserted) {
+    BlockId e = entry->second;
+    BlockState st = pool_->state(e);
+    bool live = st == BlockState::kSealed || st == BlockState::kCached;
+    if (!live || !SameIdentity(e, parent, tokens, domain, salt)) entry->second = candidate;
+  }
   return {PrefixRef{candidate, pool_->generation(candidate), key}, false};
 }
 

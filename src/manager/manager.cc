@@ -107,22 +107,51 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
   return result;
 }
 
+uint32_t BlockManager::SharedSlots(const Request& req, uint64_t n) const {
+  if (n == 0) return 0;
+  size_t first = req.tokens / block_tokens_;
+  size_t last = std::min<size_t>(req.table.size(), CeilDiv(req.tokens + n, block_tokens_));
+  uint32_t shared = 0;
+  for (size_t slot = first; slot < last; ++slot) {
+    BlockId b = req.table[slot];
+    if (pool_->state(b) == BlockState::kFilling && pool_->refcount(b) > 1) ++shared;
+  }
+  return shared;
+}
+
+Status BlockManager::UnshareSlots(Request& req, uint64_t n) {
+  size_t first = req.tokens / block_tokens_;
+  size_t last = std::min<size_t>(req.table.size(), CeilDiv(req.tokens + n, block_tokens_));
+  for (size_t slot = first; slot < last; ++slot) {
+    BlockId b = req.table[slot];
+    if (pool_->state(b) == BlockState::kFilling && pool_->refcount(b) > 1) {
+      TESSERA_RETURN_IF_ERROR(CopyOnWrite(req, slot));
+    }
+  }
+  return Status::Ok();
+}
+
+Status BlockManager::OutOfBlocks(uint64_t needed) {
+  metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
+  return Status(StatusCode::kOutOfBlocks, "blocks",
+                "need " + std::to_string(needed) + " blocks, " + std::to_string(pool_->Available()) +
+                    " free or evictable of " + std::to_string(pool_->capacity()));
+}
+
 Status BlockManager::AllocateSlots(RequestId r, uint64_t n) {
   Request* req = Get(r);
   if (req == nullptr) return NoRequest(r);
   Checked needed_tokens = Checked(req->tokens) + n;
   if (needed_tokens.overflowed()) return OutOfRange("tokens", "token count overflows");
   uint64_t needed_blocks = CeilDiv(needed_tokens.value(), block_tokens_);
-  if (needed_blocks <= req->table.size()) return Status::Ok();
-  uint64_t more = needed_blocks - req->table.size();
-  if (more > pool_->capacity()) {
-    metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
-    return Status(StatusCode::kOutOfBlocks, "blocks", "need " + std::to_string(more) + " blocks, pool holds " +
-                                                          std::to_string(pool_->capacity()));
-  }
-  Status st = pool_->Allocate(static_cast<uint32_t>(more), &req->table);
-  if (!st.ok()) metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
-  return st;
+  uint64_t more = needed_blocks > req->table.size() ? needed_blocks - req->table.size() : 0;
+  // Slots the request shares with a fork and has not sealed must be copied before they are
+  // written: they count against the pool now, so that Append cannot run out later.
+  uint64_t copies = SharedSlots(*req, n);
+  if (more + copies == 0) return Status::Ok();
+  if (more + copies > pool_->Available()) return OutOfBlocks(more + copies);
+  TESSERA_RETURN_IF_ERROR(UnshareSlots(*req, n));
+  return pool_->Allocate(static_cast<uint32_t>(more), &req->table);
 }
 
 RecordView BlockManager::View(BlockId b, uint32_t group, uint32_t layer, uint64_t slot_in_block) const {
@@ -148,11 +177,8 @@ RecordView BlockManager::View(BlockId b, uint32_t group, uint32_t layer, uint64_
 Status BlockManager::CopyOnWrite(Request& req, size_t slot) {
   BlockId old = req.table[slot];
   std::vector<BlockId> fresh;
-  Status st = pool_->Allocate(1, &fresh);
-  if (!st.ok()) {
-    metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
-    return st;
-  }
+  if (pool_->Available() == 0) return OutOfBlocks(1);
+  TESSERA_RETURN_IF_ERROR(pool_->Allocate(1, &fresh));
   if (pool_->backed()) {
     for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
       std::span<std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
@@ -173,17 +199,18 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
     return Status(StatusCode::kFailedPrecondition, "tokens",
                   "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
   }
+  // A fork after AllocateSlots may have shared a slot again: copy before writing anything.
+  if (uint32_t copies = SharedSlots(*req, tokens.size()); copies > 0) {
+    if (copies > pool_->Available()) return OutOfBlocks(copies);
+    TESSERA_RETURN_IF_ERROR(UnshareSlots(*req, tokens.size()));
+  }
   const uint32_t groups = static_cast<uint32_t>(pool_->groups().size());
   for (uint32_t token : tokens) {
     const uint64_t pos = req->tokens;
     const size_t slot = pos / block_tokens_;
     const uint64_t in_block = pos % block_tokens_;
     BlockId b = req->table[slot];
-    assert(pool_->state(b) == BlockState::kFilling && "writing into a sealed block");
-    if (pool_->refcount(b) > 1) {
-      TESSERA_RETURN_IF_ERROR(CopyOnWrite(*req, slot));
-      b = req->table[slot];
-    }
+    assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 && "writing into a shared or sealed block");
     if (pool_->backed() && writer) {
       for (uint32_t g = 0; g < groups; ++g) {
         for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) writer(g, l, pos, View(b, g, l, in_block));
@@ -195,7 +222,8 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
       PrefixRef parent = req->chain.empty() ? PrefixRef{} : req->chain.back();
       BlockIndex::SealResult sealed = index_->Seal(b, parent, req->token_ids, req->domain, req->salt);
       BlockId kept = sealed.ref.block;
-      pool_->SetPriority(kept, std::max(pool_->priority(kept), req->priority));
+      // A block this request sealed takes its priority; a shared one keeps the highest.
+      pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), req->priority) : req->priority);
       req->table[slot] = kept;
       req->chain.push_back(sealed.ref);
       req->token_ids.clear();
