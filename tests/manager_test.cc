@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <atomic>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "test_support.h"
@@ -655,6 +657,43 @@ TEST(BlockManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
   EXPECT_EQ(m->pool().groups()[0].format.name, "fp8_ds_mla");
   EXPECT_EQ(m->pool().groups()[1].format.name, "indexer-fp8");
   EXPECT_EQ(m->pool().block_bytes(), 61u * 64 * 788);
+}
+
+// The manager is single-owner, but its statistics may be read from any thread while it runs
+// (this test is what TSan checks).
+TEST(BlockManagerMetrics, ReadableFromAnotherThreadWhileTheOwnerWorks) {
+  ManagerOptions o;
+  o.kv_format = "fp8_ds_mla";
+  o.capacity_blocks = 64;
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), o);
+  std::atomic<bool> done{false};
+  uint64_t last_allocations = 0;
+  bool monotonic = true;
+  std::thread reader([&] {
+    while (!done.load()) {
+      for (const MetricFamily& f : m->CollectMetrics()) {
+        if (f.name == "tessera_block_allocations_total") {
+          monotonic = monotonic && f.samples[0].second >= last_allocations;
+          last_allocations = f.samples[0].second;
+        }
+      }
+    }
+  });
+  std::vector<uint32_t> prompt(256);
+  std::iota(prompt.begin(), prompt.end(), 0u);
+  for (int round = 0; round < 200; ++round) {
+    prompt[0] = static_cast<uint32_t>(round % 7);
+    Result<AdmitResult> a = m->Admit(prompt, RequestSpec{});
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(m->AllocateSlots(a->id, prompt.size() - a->cached_tokens).ok());
+    ASSERT_TRUE(m->Append(a->id, std::span<const uint32_t>(prompt).subspan(a->cached_tokens), nullptr).ok());
+    ASSERT_TRUE(m->Free(a->id).ok());
+  }
+  done = true;
+  reader.join();
+  EXPECT_TRUE(monotonic);
+  EXPECT_GT(m->metrics().prefix_hit_tokens.load(), 0u);
 }
 
 }  // namespace
