@@ -71,6 +71,45 @@ TEST(EngineVllm, HeldBlocksAreBlockIdsTimesBlockCost) {
   EXPECT_EQ(l.committed_bytes, (4096ULL + 2 * 2 + 2 + 16) * 1482048);
 }
 
+TEST(EngineVllm, PhasesOfA1MTokenV4ProRequest) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kVllm));
+  ASSERT_EQ(l.phases.size(), 3u);
+  EXPECT_EQ(l.phases[0].bytes, 11041257600ULL);
+  // The last 8,192-token chunk: 4,096 full-group ids; windows hold 127 + 8,192 tokens (130 ids of
+  // 64 tokens in each of 2 groups, the span being aligned); C4 state 7 + 8,192 (2,050 of 4);
+  // C128 state 127 + 8,192 (1,040 of 8). The admission gate assumed one more per window group.
+  EXPECT_EQ(l.phases[1].bytes, (4096ULL + 2 * 130 + 2050 + 1040) * 1482048);
+  EXPECT_EQ(l.phases[2].bytes, l.committed_bytes);
+  // Tessera at every phase: structural bytes plus page rounding (no reservation beyond it).
+  Ledger t = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
+  EXPECT_LT(t.phases[1].bytes * 18, l.phases[1].bytes * 10);  // under 1/1.8 of vLLM's peak
+  EXPECT_EQ(t.phases[1].bytes, t.committed_bytes);
+}
+
+TEST(EngineTessera, SwaStrategiesPerBoundary) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
+  ASSERT_EQ(l.swa_strategies.size(), 3u);
+  const uint64_t window = 61ULL * 128 * 584;               // every layer's ring
+  const uint64_t overlap = 30ULL * 4 * 8192 + 30ULL * 4 * 2048;  // CSA previous-group rows
+  EXPECT_EQ(l.swa_strategies[0].strategy, SwaStrategy::kRecompute);
+  EXPECT_EQ(l.swa_strategies[0].bytes_kept_per_boundary, 0u);
+  EXPECT_EQ(l.swa_strategies[0].tokens_recomputed_per_hit, 128u);
+  EXPECT_EQ(l.swa_strategies[1].bytes_kept_per_boundary, window + overlap);
+  EXPECT_EQ(l.swa_strategies[1].bytes_copied_per_boundary, window + overlap);
+  EXPECT_EQ(l.swa_strategies[2].bytes_kept_per_boundary, window + overlap);
+  EXPECT_EQ(l.swa_strategies[2].bytes_copied_per_boundary, overlap);
+  EXPECT_EQ(l.cached_boundaries, 4096u);
+  LedgerOptions o = Context(1048576);
+  o.swa_strategy = SwaStrategy::kSnapshot;
+  Ledger snap = MustLedger(Preset("deepseek-v4-pro"), o);
+  EXPECT_EQ(snap.TermBytes("boundary_state"), 4096ULL * (window + overlap));
+  o.swa_strategy = SwaStrategy::kRetain;
+  Ledger keep = MustLedger(Preset("deepseek-v4-pro"), o);
+  // 1M is a multiple of 128: one live chunk (the last boundary's) and 4,095 retained ones.
+  EXPECT_EQ(keep.TermBytes("boundary_state"), 4096ULL * overlap + 4095ULL * window);
+  EXPECT_EQ(keep.FindLine("csa.window")->committed_bytes, 30ULL * 128 * 584);
+}
+
 TEST(EngineVllm, DcpWithSlidingWindowIsRejected) {
   LedgerOptions o = Context(8192, "", Engine::kVllm);
   o.tp = 8;
@@ -101,10 +140,18 @@ TEST(EngineTessera, V4StateLivesInTheArena) {
   EXPECT_TRUE(l.FindLine("csa.compressed")->in_pages);
   EXPECT_FALSE(l.FindLine("csa.window")->in_pages);
   EXPECT_FALSE(l.FindLine("hca.compressor_state")->in_pages);
-  EXPECT_EQ(l.reserved_at_admission_bytes, l.committed_bytes);
   // Tessera holds structural bytes plus page rounding, padding and block metadata only.
   EXPECT_EQ(l.committed_bytes, l.requested_bytes + l.TermBytes("page_rounding") + l.TermBytes("alignment_padding") +
                                    l.TermBytes("block_metadata"));
+  // At admission it needs the arena and the first 8,192-token prefill chunk's pages; the peak
+  // of a chunked prefill is the final holding.
+  Ledger first = MustLedger(Preset("deepseek-v4-pro"), Context(8192));
+  ASSERT_EQ(l.phases.size(), 3u);
+  EXPECT_EQ(l.phases[0].name, "admission");
+  EXPECT_EQ(l.phases[0].bytes, first.committed_bytes);
+  EXPECT_EQ(l.reserved_at_admission_bytes, first.committed_bytes);
+  EXPECT_EQ(l.phases[1].bytes, l.committed_bytes);
+  EXPECT_EQ(l.phases[2].bytes, l.committed_bytes);
 }
 
 TEST(EngineHelpers, WindowBlocksHeld) {

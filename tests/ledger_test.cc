@@ -229,13 +229,20 @@ TEST(LedgerTerms, PageRoundingCommitsWholePages) {
 }
 
 TEST(LedgerTerms, CompressedPagesRoundByCompleteEntries) {
-  // 300 tokens of V4-Pro: 75 C4 entries -> 2 pages of 64; 2 C128 entries -> 1 page of 2.
+  // 300 tokens of V4-Pro: 75 complete C4 entries need 2 pages of 64, so 2 block ids; a block id
+  // has a page in every group of its span, so the 2 C128 entries also sit in 2 pages of 2.
   Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(300));
   const CacheLine* c4 = l.FindLine("csa.compressed");
   ASSERT_NE(c4, nullptr);
   EXPECT_EQ(c4->committed_bytes, 30ULL * 2 * 37440);
   const CacheLine* c128 = l.FindLine("hca.compressed");
-  EXPECT_EQ(c128->committed_bytes, 31ULL * 1 * 1728);
+  EXPECT_EQ(c128->committed_bytes, 31ULL * 2 * 1728);
+  EXPECT_EQ(l.TermBytes("block_metadata"), 2 * BlockMetadataBytes(256));
+  // 259 tokens: 64 complete C4 entries fill block 0; the second span has none yet.
+  Ledger at259 = MustLedger(Preset("deepseek-v4-pro"), Context(259));
+  EXPECT_EQ(at259.FindLine("csa.compressed")->committed_bytes, 30ULL * 1 * 37440);
+  Ledger at260 = MustLedger(Preset("deepseek-v4-pro"), Context(260));
+  EXPECT_EQ(at260.FindLine("csa.compressed")->committed_bytes, 30ULL * 2 * 37440);
 }
 
 TEST(LedgerTerms, AlignmentPaddingIsNamed) {

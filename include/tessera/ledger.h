@@ -35,6 +35,17 @@ enum class Engine {
 std::string_view EngineName(Engine engine);
 Result<Engine> ParseEngine(std::string_view name);
 
+// How a cached prefix that ends at a block boundary gets the sliding-window ring and the
+// compressor state it needs to resume (models with windows: DeepSeek-V4).
+enum class SwaStrategy {
+  kRecompute,  // persist nothing; a hit names the last `window` tokens for the engine to recompute
+  kSnapshot,   // copy the live ring and compressor rows beside each sealed boundary block
+  kRetain,     // keep the raw window rows of each boundary alive (window kept in chunks of `window`
+               // tokens); the overlapping compressor's previous-group rows are copied
+};
+std::string_view SwaStrategyName(SwaStrategy s);
+Result<SwaStrategy> ParseSwaStrategy(std::string_view name);
+
 struct LedgerOptions {
   uint64_t context_tokens = 0;  // tokens cached per request
   uint64_t batch = 1;           // requests
@@ -47,6 +58,8 @@ struct LedgerOptions {
   bool include_mtp = false;  // whether MTP layers hold cache
   Engine engine = Engine::kTessera;
   Kernel kernel = Kernel::kFlashMla;
+  SwaStrategy swa_strategy = SwaStrategy::kRecompute;
+  uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
 };
 
 struct Term {
@@ -87,6 +100,14 @@ struct LayerKindSummary {
   uint64_t state_bytes = 0;             // per layer per request: window ring + compressor state
 };
 
+// What each window-persistence strategy costs per cached block boundary.
+struct StrategyFigures {
+  SwaStrategy strategy = SwaStrategy::kRecompute;
+  uint64_t bytes_kept_per_boundary = 0;    // held beside each sealed boundary block
+  uint64_t bytes_copied_per_boundary = 0;  // written when the boundary is sealed
+  uint64_t tokens_recomputed_per_hit = 0;  // the engine recomputes these after a hit
+};
+
 struct Ledger {
   std::string model;
   std::string model_type;
@@ -110,6 +131,13 @@ struct Ledger {
   uint64_t reserved_at_admission_bytes = 0;
   // vLLM's DeepSeek-V4 pool: the bytes one block id costs whatever group owns it (0 elsewhere).
   uint64_t block_id_bytes = 0;
+  // Bytes one rank holds or reserves per phase: "admission" (what must be free to admit),
+  // "prefill_peak" (the most held during a chunked prefill), "decode" (= committed_bytes).
+  std::vector<Term> phases;
+  // Models with windows: the three persistence strategies, and the boundaries a request of this
+  // context has sealed (full block spans).
+  std::vector<StrategyFigures> swa_strategies;
+  uint64_t cached_boundaries = 0;
   uint64_t read_bytes_per_token = 0;  // per rank, one sequence
   uint64_t read_bytes_per_token_all_ranks = 0;
   uint64_t mha_equivalent_bytes = 0;

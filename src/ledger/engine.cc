@@ -40,14 +40,29 @@ struct LineCost {
   uint64_t blocks_with_spec = 0;
 };
 
-LineCost Cost(const CacheLine& line, const Policy& p, uint64_t n, uint32_t k) {
+// Window chunks of `window` tokens that hold any of the last `window` (+ k draft) tokens.
+uint64_t LiveWindowChunks(uint64_t tokens, uint64_t window) {
+  if (tokens == 0) return 0;
+  uint64_t first = tokens > window ? (tokens - window) / window : 0;
+  return (tokens - 1) / window - first + 1;
+}
+
+struct SpanBlocks {
+  uint64_t at_n = 0;
+  uint64_t at_nk = 0;
+};
+
+// `span`: Tessera allocates one block id for every group of a block span at once, so a paged
+// line holds as many blocks as the group that needs the most. `retain`: window rows live in
+// chunks of `window` tokens instead of a ring.
+LineCost Cost(const CacheLine& line, const Policy& p, uint64_t n, uint32_t k, const SpanBlocks* span, bool retain) {
   LineCost c;
   const uint64_t record = line.format.record_bytes();
   const Checked layers(line.layers);
   if (p.in_pages) {
     const PageLayout& page = line.page;
-    uint64_t b_n = Blocks(p, page, n);
-    uint64_t b_nk = Blocks(p, page, n + k);
+    uint64_t b_n = span != nullptr ? span->at_n : Blocks(p, page, n);
+    uint64_t b_nk = span != nullptr ? span->at_nk : Blocks(p, page, n + k);
     uint64_t live = p.window > 0 ? std::min<uint64_t>(n, p.window) : Entries(n, p.entry_tokens).value();
     Checked committed_n = layers * b_n * page.page_bytes;
     Checked committed_nk = layers * b_nk * page.page_bytes;
@@ -60,6 +75,15 @@ LineCost Cost(const CacheLine& line, const Policy& p, uint64_t n, uint32_t k) {
     return c;
   }
   uint64_t live = std::min<uint64_t>(n, line.slots);
+  if (retain && line.role == CacheRole::kWindow) {
+    Checked committed_n = layers * LiveWindowChunks(n, line.slots) * line.slots * record;
+    Checked committed_nk = layers * LiveWindowChunks(n + k, line.slots) * line.slots * record;
+    c.terms.emplace_back("records", layers * live * record);
+    c.terms.emplace_back("ring_capacity", committed_n - layers * live * record);
+    c.terms.emplace_back("speculative_slots", committed_nk - committed_n);
+    c.committed = committed_nk;
+    return c;
+  }
   uint64_t spec_slots = 0;
   if (k > 0) spec_slots = line.role == CacheRole::kWindow ? k : line.slots;  // compressor rings double
   c.terms.emplace_back("records", layers * live * record);
@@ -292,11 +316,52 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
   }
 
   const uint64_t max_len = std::max<uint64_t>(g.max_position_embeddings, o.context_tokens);
+  const bool tessera = o.engine == Engine::kTessera;
+  const bool retain = tessera && o.swa_strategy == SwaStrategy::kRetain;
+
+  // Window persistence per cached block boundary (Tessera; models with windows). At a boundary
+  // every compression group is complete, so the live compressor rows are the previous group of
+  // the overlapping (CSA) compressors; the window ring holds its last `window` tokens.
+  uint64_t window_boundary = 0, compressor_boundary = 0, window_tokens = 0;
+  for (const CacheLine& l : lines) {
+    if (l.role == CacheRole::kWindow) {
+      window_boundary += uint64_t{l.layers} * l.slots * l.format.record_bytes();
+      window_tokens = std::max<uint64_t>(window_tokens, l.slots);
+    } else if ((l.role == CacheRole::kCompressorState || l.role == CacheRole::kIndexerCompressorState) &&
+               l.layer_kind == LayerKind::kCsa) {
+      compressor_boundary += uint64_t{l.layers} * (l.slots / 2) * l.format.record_bytes();
+    }
+  }
+  if (window_tokens > 0) {
+    ledger.swa_strategies = {
+        {SwaStrategy::kRecompute, 0, 0, window_tokens},
+        {SwaStrategy::kSnapshot, window_boundary + compressor_boundary, window_boundary + compressor_boundary, 0},
+        {SwaStrategy::kRetain, window_boundary + compressor_boundary, compressor_boundary, 0},
+    };
+    if (retain && ledger.block_tokens % window_tokens != 0) {
+      return InvalidArgument("swa-strategy", "retain keeps window chunks of " + std::to_string(window_tokens) +
+                                                 " tokens; the block span " + std::to_string(ledger.block_tokens) +
+                                                 " is not a multiple of it");
+    }
+  }
+
   auto rank_cost = [&](uint64_t n) {
     RankCost rc;
     Checked natural(0);
+    // Tessera: one block id for every paged group of a block span, as many as the group that
+    // needs the most.
+    std::map<uint32_t, SpanBlocks> spans;
+    if (tessera) {
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (!policies[i].in_pages) continue;
+        SpanBlocks& sb = spans[policies[i].block_tokens];
+        sb.at_n = std::max(sb.at_n, Blocks(policies[i], lines[i].page, n));
+        sb.at_nk = std::max(sb.at_nk, Blocks(policies[i], lines[i].page, n + o.spec_tokens));
+      }
+    }
     for (size_t i = 0; i < lines.size(); ++i) {
-      LineCost c = Cost(lines[i], policies[i], n, o.spec_tokens);
+      const SpanBlocks* span = tessera && policies[i].in_pages ? &spans[policies[i].block_tokens] : nullptr;
+      LineCost c = Cost(lines[i], policies[i], n, o.spec_tokens, span, retain);
       natural += c.committed;
       for (const auto& [name, bytes] : c.terms) {
         auto [it, inserted] = rc.terms.try_emplace(name, Checked(0));
@@ -305,19 +370,28 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
       rc.lines.push_back(std::move(c));
     }
     rc.committed = natural;
-    if (o.engine == Engine::kTessera) {
-      // One block id spans every paged group with the same block token span (a page per layer
-      // per group), so metadata is counted once per block id: the most blocks any group needs.
-      std::map<uint32_t, uint64_t> block_ids;  // block tokens -> block ids
-      for (size_t i = 0; i < lines.size(); ++i) {
-        if (!policies[i].in_pages) continue;
-        uint64_t& ids = block_ids[policies[i].block_tokens];
-        ids = std::max(ids, rc.lines[i].blocks_with_spec);
-      }
+    if (tessera) {
+      // Metadata once per block id.
       Checked meta(0);
-      for (const auto& [block_tokens, ids] : block_ids) meta += Checked(ids) * BlockMetadataBytes(block_tokens);
+      for (const auto& [block_tokens, sb] : spans) meta += Checked(sb.at_nk) * BlockMetadataBytes(block_tokens);
       rc.terms["block_metadata"] = meta;
       rc.committed += meta;
+      // Window state kept for the boundaries this request has sealed.
+      if (window_tokens > 0 && o.swa_strategy != SwaStrategy::kRecompute) {
+        uint64_t boundaries = n / ledger.block_tokens;
+        Checked kept = Checked(boundaries) * compressor_boundary;
+        if (o.swa_strategy == SwaStrategy::kSnapshot) {
+          kept += Checked(boundaries) * window_boundary;
+        } else {
+          // Retained window chunks that are no longer among the request's live chunks.
+          uint64_t first_live = n > window_tokens ? (n - window_tokens) / window_tokens : 0;
+          uint64_t below = CeilDiv((first_live + 1) * window_tokens, ledger.block_tokens);
+          uint64_t retained = std::min(boundaries, below > 0 ? below - 1 : 0);
+          kept += Checked(retained) * window_boundary;
+        }
+        rc.terms["boundary_state"] = kept;
+        rc.committed += kept;
+      }
     }
     rc.reserved = rc.committed;
     if (vllm_groups) {
@@ -336,6 +410,24 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
       rc.reserved = reserve * vg.block_cost;
     }
     return rc;
+  };
+
+  // The most a request holds during a chunked prefill of its tokens.
+  auto prefill_peak = [&](uint64_t n) -> Checked {
+    const uint64_t chunk = std::max<uint64_t>(1, o.prefill_chunk_tokens);
+    if (!vllm_groups) return rank_cost(n).committed;  // holdings only grow with the tokens written
+    // vLLM: a sliding-window group allocates the chunk's blocks and frees those wholly behind
+    // the window only after the step, so during the step it holds window - 1 + chunk tokens.
+    const VllmHybridGroups& vg = *vllm_groups;
+    Checked peak(0);
+    for (uint64_t end = std::min(chunk, n); end > 0; end = end == n ? 0 : std::min(end + chunk, n)) {
+      uint64_t size = end % chunk == 0 ? chunk : end % chunk;
+      Checked held = Checked(CeilDiv(end, vg.full_block_tokens));
+      for (const auto& b : vg.buckets) held += Checked(b.groups) * WindowBlocksHeld(end, b.window - 1 + size, b.block_tokens);
+      Checked bytes = held * vg.block_cost;
+      if (bytes.overflowed() || bytes.value() > peak.value()) peak = bytes;
+    }
+    return peak;
   };
 
   // Tokens per rank: decode context parallelism interleaves tokens over dcp ranks.
@@ -363,8 +455,21 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
   if (all_ranks.overflowed()) return OutOfRange("tp", "committed bytes over all ranks overflow 64 bits");
   TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes_all_ranks, scale(all_ranks, "committed bytes over all ranks"));
 
-  static const char* kTermOrder[] = {"records",           "page_rounding",  "alignment_padding",    "ring_capacity",
-                                     "speculative_slots", "block_metadata", "uniform_block_padding"};
+  // Phases. Admission: what must be free to admit (vLLM's DeepSeek-V4 gate; otherwise the
+  // first prefill chunk). Prefill peak: the most held while the prompt is written in chunks.
+  {
+    const uint64_t first_chunk = std::min(ledger.tokens_per_rank, std::max<uint64_t>(1, o.prefill_chunk_tokens));
+    Checked admission = vllm_groups ? busiest.reserved : rank_cost(first_chunk).committed;
+    TESSERA_ASSIGN_OR_RETURN(uint64_t a, scale(admission, "admission bytes"));
+    TESSERA_ASSIGN_OR_RETURN(uint64_t p, scale(prefill_peak(ledger.tokens_per_rank), "prefill bytes"));
+    ledger.phases = {{"admission", a, ""}, {"prefill_peak", p, ""}, {"decode", ledger.committed_bytes, ""}};
+    if (!vllm_groups) ledger.reserved_at_admission_bytes = a;
+  }
+  if (window_tokens > 0) ledger.cached_boundaries = ledger.tokens_per_rank / ledger.block_tokens;
+
+  static const char* kTermOrder[] = {"records",           "page_rounding",  "alignment_padding",
+                                     "ring_capacity",     "speculative_slots", "block_metadata",
+                                     "boundary_state",    "uniform_block_padding"};
   for (const char* name : kTermOrder) {
     auto it = busiest.terms.find(name);
     if (it == busiest.terms.end()) continue;
