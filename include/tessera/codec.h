@@ -38,7 +38,7 @@ namespace tessera {
 // FP8 E4M3 (E4M3FN)
 
 inline constexpr float kE4M3Max = 448.0f;
-inline constexpr uint8_t kE4M3NaN = 0x7F;     // canonical NaN; 0xFF (negative sign) is NaN too
+inline constexpr uint8_t kE4M3NaN = 0x7F;      // canonical NaN; 0xFF (negative sign) is NaN too
 inline constexpr uint8_t kE4M3MaxCode = 0x7E;  // +448
 
 // Exact value of `code`: ±2^(e-7)·(1+m/8) for e in 1..15, ±2^-6·(m/8) for e = 0 (so 0x80 is -0),
@@ -117,9 +117,9 @@ float Bf16ToFloat(uint16_t bits);
 inline constexpr size_t kFp8DsMlaLatentDim = 512;
 inline constexpr size_t kFp8DsMlaRopeDim = 64;
 inline constexpr size_t kFp8DsMlaTileSize = 128;
-inline constexpr size_t kFp8DsMlaTiles = kFp8DsMlaLatentDim / kFp8DsMlaTileSize;  // 4
-inline constexpr size_t kFp8DsMlaScaleOffset = kFp8DsMlaLatentDim;                 // 512
-inline constexpr size_t kFp8DsMlaRopeOffset = kFp8DsMlaScaleOffset + 4 * kFp8DsMlaTiles;  // 528
+inline constexpr size_t kFp8DsMlaTiles = kFp8DsMlaLatentDim / kFp8DsMlaTileSize;            // 4
+inline constexpr size_t kFp8DsMlaScaleOffset = kFp8DsMlaLatentDim;                          // 512
+inline constexpr size_t kFp8DsMlaRopeOffset = kFp8DsMlaScaleOffset + 4 * kFp8DsMlaTiles;    // 528
 inline constexpr size_t kFp8DsMlaRecordBytes = kFp8DsMlaRopeOffset + 2 * kFp8DsMlaRopeDim;  // 656
 
 // Spans: latent 512, rope 64, record 656 bytes. Errors on "latent" when a latent value is not
@@ -140,8 +140,8 @@ Status DequantizeFp8DsMla(std::span<const std::byte> record, std::span<float> la
 // Tile scale = 2^ceil(log2(max(amax/448, 1e-4))) = DecodeUE8M0(EncodeUE8M0Ceil(max(amax/448,
 // 1e-4f))), all in float32, as FlashMLA's reference quantizer (the 1e-4 floor matches its
 // FP8_AMAX_MARGIN; an all-zero tile gets 2^-13). Because the scale is a power of two >= amax/448,
-// x / scale is exact and at most 448 (up to float rounding of amax/448), and dequantization
-// (e4m3 · 2^k) is exact.
+// x / scale is exact (barring float underflow) and at most 448 (up to the float rounding of
+// amax/448, which RNE absorbs), and dequantization (e4m3 · 2^k) is exact.
 
 inline constexpr size_t kV4NopeDim = 448;
 inline constexpr size_t kV4RopeDim = 64;
@@ -158,7 +158,7 @@ Status QuantizeV4Fp8(std::span<const float> nope, std::span<const float> rope, s
                      std::span<std::byte> scale_row);
 // nope[i] = DecodeE4M3(byte i) * DecodeUE8M0(scale[i / 64]); rope = Bf16ToFloat. The pad byte is
 // ignored; stored bytes are not validated (a 0xFF scale yields NaN, a code·scale past FLT_MAX inf).
-Status DequantizeV4Fp8(std::span<const std::byte> data_row, std::span<const std::byte> scale_row,
-                       std::span<float> nope, std::span<float> rope);
+Status DequantizeV4Fp8(std::span<const std::byte> data_row, std::span<const std::byte> scale_row, std::span<float> nope,
+                       std::span<float> rope);
 
 }  // namespace tessera

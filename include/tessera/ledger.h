@@ -149,6 +149,22 @@ struct Ledger {
   uint64_t TermBytes(std::string_view name) const;  // 0 when absent
 };
 
+// The per-layer cache map as groups: layers whose caches share a role, a format and an
+// entries-per-block (pages) or a ring size (arena) form one group, whatever their layer kind.
+struct CacheGroup {
+  std::string name;            // "compressed/4", "indexer/4", "window", "compressor_state/4", ...
+  CacheRole role = CacheRole::kLatent;
+  RecordFormat format;
+  uint32_t layers = 0;
+  std::vector<std::string> lines;  // the ledger lines merged into this group
+  bool in_pages = true;
+  uint32_t compress_ratio = 1;  // pages: tokens per entry
+  PageLayout page;              // pages
+  uint32_t slots = 0;           // arena: ring slots per layer (without speculative extras)
+  uint64_t bytes_per_request = 0;  // arena: layers x slots x record
+};
+std::vector<CacheGroup> BuildCacheMap(const Ledger& ledger);
+
 // The model's default record formats ("mla-bf16" for dense MLA, "fp8_ds_mla" + "indexer-fp8"
 // for DeepSeek-V3.2, "v4-fp8" + "indexer-fp8" for DeepSeek-V4, "mha-bf16" for MHA/GQA).
 std::string DefaultKvFormat(const Geometry& g);

@@ -19,5 +19,9 @@ Result<OutputFormat> ParseOutputFormat(std::string_view name);
 // Per-token-per-layer figures are exact: an integer, or {"fraction": "9/2", "decimal": "4.5"}.
 std::string RenderLedger(const Ledger& ledger, OutputFormat format, const Reconciliation* reconciliation = nullptr);
 std::string RenderClaims(const ClaimCheck& check, OutputFormat format);
+// `tessera layout`: the block span with its reasons, and per cache group the entries per block,
+// page bytes and padding (pages) or ring bytes (arena). JSON names block_tokens and, per group,
+// entries_per_block and page_bytes.
+std::string RenderLayout(const Ledger& ledger, OutputFormat format);
 
 }  // namespace tessera

@@ -37,8 +37,8 @@ uint32_t RoundMagnitude(float a, int mbits, int bias) {
     return RoundHalfEven(std::ldexp(a, mbits - emin));
   }
   int exp = 0;
-  std::frexp(a, &exp);  // a = f · 2^exp, f in [0.5, 1)
-  const int e = exp - 1;  // a in [2^e, 2^(e+1))
+  std::frexp(a, &exp);                                         // a = f · 2^exp, f in [0.5, 1)
+  const int e = exp - 1;                                       // a in [2^e, 2^(e+1))
   const uint32_t n = RoundHalfEven(std::ldexp(a, mbits - e));  // in [2^mbits, 2^(mbits+1)]
   return (static_cast<uint32_t>(e + bias) << mbits) + n - (1u << mbits);
 }
@@ -61,8 +61,8 @@ uint32_t LoadLe32(const std::byte* p) {
 
 Status CheckSize(std::string field, size_t got, size_t want, std::string_view what) {
   if (got == want) return Status::Ok();
-  return InvalidArgument(std::move(field), "expected " + std::to_string(want) + " " + std::string(what) + ", got " +
-                                               std::to_string(got));
+  return InvalidArgument(std::move(field),
+                         "expected " + std::to_string(want) + " " + std::string(what) + ", got " + std::to_string(got));
 }
 
 // Max |x| over `values`, or an error naming `field` at the first non-finite value.
@@ -93,7 +93,8 @@ float DecodeE4M3(uint8_t code) {
   const int e = (code >> 3) & 0xF;
   const int m = code & 0x7;
   if (e == 0xF && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  const float magnitude = e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(static_cast<float>(8 + m), e - 10);
+  const float magnitude =
+      e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(static_cast<float>(8 + m), e - 10);
   return negative ? -magnitude : magnitude;
 }
 
@@ -158,8 +159,8 @@ Status PackE2M1(std::span<const float> values, std::span<uint8_t> packed) {
 Status UnpackE2M1(std::span<const uint8_t> packed, std::span<float> values) {
   if (values.size() != 2 * packed.size() && values.size() + 1 != 2 * packed.size()) {
     return InvalidArgument("values", "expected " + std::to_string(2 * packed.size()) + " or " +
-                                         std::to_string(2 * packed.size() - (packed.empty() ? 0 : 1)) +
-                                         " floats for " + std::to_string(packed.size()) + " packed bytes, got " +
+                                         std::to_string(2 * packed.size() - (packed.empty() ? 0 : 1)) + " floats for " +
+                                         std::to_string(packed.size()) + " packed bytes, got " +
                                          std::to_string(values.size()));
   }
   for (size_t i = 0; i < values.size(); ++i) {
@@ -238,8 +239,8 @@ Status QuantizeV4Fp8(std::span<const float> nope, std::span<const float> rope, s
   return Status::Ok();
 }
 
-Status DequantizeV4Fp8(std::span<const std::byte> data_row, std::span<const std::byte> scale_row,
-                       std::span<float> nope, std::span<float> rope) {
+Status DequantizeV4Fp8(std::span<const std::byte> data_row, std::span<const std::byte> scale_row, std::span<float> nope,
+                       std::span<float> rope) {
   TESSERA_RETURN_IF_ERROR(CheckSize("data_row", data_row.size(), kV4DataRowBytes, "bytes"));
   TESSERA_RETURN_IF_ERROR(CheckSize("scale_row", scale_row.size(), kV4ScaleRowBytes, "bytes"));
   TESSERA_RETURN_IF_ERROR(CheckSize("nope", nope.size(), kV4NopeDim, "floats"));

@@ -64,6 +64,41 @@ uint64_t Ledger::TermBytes(std::string_view name) const {
   return 0;
 }
 
+std::vector<CacheGroup> BuildCacheMap(const Ledger& ledger) {
+  std::vector<CacheGroup> groups;
+  for (const CacheLine& line : ledger.lines) {
+    std::string name = std::string(CacheRoleName(line.role));
+    if (line.in_pages) {
+      name += "/" + std::to_string(line.compress_ratio);
+    } else if (line.role != CacheRole::kWindow) {
+      name += "/" + std::to_string(line.slots);
+    }
+    CacheGroup* g = nullptr;
+    for (CacheGroup& existing : groups) {
+      bool same = existing.name == name && existing.format.name == line.format.name &&
+                  existing.format.record_bytes() == line.format.record_bytes() && existing.in_pages == line.in_pages &&
+                  existing.slots == line.slots;
+      if (same) g = &existing;
+    }
+    if (g == nullptr) {
+      CacheGroup fresh;
+      fresh.name = name;
+      fresh.role = line.role;
+      fresh.format = line.format;
+      fresh.in_pages = line.in_pages;
+      fresh.compress_ratio = line.compress_ratio;
+      fresh.page = line.page;
+      fresh.slots = line.slots;
+      groups.push_back(std::move(fresh));
+      g = &groups.back();
+    }
+    g->layers += line.layers;
+    g->lines.push_back(line.name);
+    if (!line.in_pages) g->bytes_per_request = uint64_t{g->layers} * g->slots * g->format.record_bytes();
+  }
+  return groups;
+}
+
 std::string DefaultKvFormat(const Geometry& g) {
   if (g.is_hybrid) return "v4-fp8";
   if (!g.is_mla) return "mha-bf16";

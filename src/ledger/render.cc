@@ -124,6 +124,8 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
   in["include_mtp"] = l.options.include_mtp;
   in["engine"] = std::string(EngineName(l.options.engine));
   in["kernel"] = std::string(KernelName(l.options.kernel));
+  in["swa_strategy"] = std::string(SwaStrategyName(l.options.swa_strategy));
+  in["prefill_chunk_tokens"] = l.options.prefill_chunk_tokens;
   j["inputs"] = in;
   j["layers_counted"] = l.layers_counted;
   j["tokens_per_rank"] = l.tokens_per_rank;
@@ -137,6 +139,20 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
   j["mha_equivalent_bytes"] = l.mha_equivalent_bytes;
   j["mha_bytes_per_token_per_layer"] = l.mha_bytes_per_token_per_layer;
   j["mha_ratio"] = ExactJson(l.mha_ratio);
+  ordered_json phases = ordered_json::array();
+  for (const Term& t : l.phases) phases.push_back({{"phase", t.name}, {"bytes", t.bytes}});
+  j["phases"] = phases;
+  if (!l.swa_strategies.empty()) {
+    ordered_json st = ordered_json::array();
+    for (const StrategyFigures& f : l.swa_strategies) {
+      st.push_back({{"strategy", std::string(SwaStrategyName(f.strategy))},
+                    {"bytes_kept_per_boundary", f.bytes_kept_per_boundary},
+                    {"bytes_copied_per_boundary", f.bytes_copied_per_boundary},
+                    {"tokens_recomputed_per_hit", f.tokens_recomputed_per_hit}});
+    }
+    j["swa_strategies"] = st;
+    j["cached_boundaries"] = l.cached_boundaries;
+  }
   ordered_json terms = ordered_json::array();
   for (const Term& t : l.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
   j["committed_terms"] = terms;
@@ -272,14 +288,28 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   totals.Add({"requested_bytes", FormatBytes(l.requested_bytes)});
   totals.Add({"committed_bytes (per rank)", FormatBytes(l.committed_bytes)});
   totals.Add({"committed_bytes_all_ranks", FormatBytes(l.committed_bytes_all_ranks)});
-  if (l.reserved_at_admission_bytes != l.committed_bytes) {
-    totals.Add({"reserved_at_admission_bytes (per rank)", FormatBytes(l.reserved_at_admission_bytes)});
-  }
+  totals.Add({"reserved_at_admission_bytes (per rank)", FormatBytes(l.reserved_at_admission_bytes)});
   totals.Add({"read_bytes_per_token (per rank)", FormatBytes(l.read_bytes_per_token)});
   totals.Add({"mha_equivalent_bytes", FormatBytes(l.mha_equivalent_bytes) + " (" +
                                           WithThousands(l.mha_bytes_per_token_per_layer) + " B per token per layer)"});
   totals.Add({"MHA-equivalent / requested", l.mha_ratio.ToString() + " = " + l.mha_ratio.ToDecimal(4) + "x"});
   out << (md ? "### Totals\n\n" + totals.Markdown() : "totals:\n" + totals.Text()) << "\n";
+
+  Table phases({"phase (per rank)", "bytes"});
+  for (const Term& t : l.phases) phases.Add({t.name, FormatBytes(t.bytes)});
+  out << (md ? "### Phases\n\n" + phases.Markdown() : "phases (admission, chunked-prefill peak, decode):\n" + phases.Text())
+      << "\n";
+  if (!l.swa_strategies.empty()) {
+    Table st({"window strategy", "kept per boundary", "copied per boundary", "tokens recomputed per hit"});
+    for (const StrategyFigures& f : l.swa_strategies) {
+      st.Add({std::string(SwaStrategyName(f.strategy)) + (f.strategy == l.options.swa_strategy ? " (in use)" : ""),
+              FormatBytes(f.bytes_kept_per_boundary), FormatBytes(f.bytes_copied_per_boundary),
+              std::to_string(f.tokens_recomputed_per_hit)});
+    }
+    std::string head = "resuming a cached prefix at a block boundary (" + WithThousands(l.cached_boundaries) +
+                       " boundaries sealed at this context):";
+    out << (md ? "### " + head + "\n\n" + st.Markdown() : head + "\n" + st.Text()) << "\n";
+  }
 
   Table kinds(
       {"layer kind", "layers", "paged bytes per token per layer", "window bytes per token", "state bytes per layer"});
@@ -303,6 +333,70 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
     out << (md ? "\n### Notes\n\n" : "\nnotes:\n");
     for (const std::string& n : l.notes) out << (md ? "- " : "  - ") << n << "\n";
   }
+  return out.str();
+}
+
+std::string RenderLayout(const Ledger& l, OutputFormat format) {
+  std::vector<CacheGroup> groups = BuildCacheMap(l);
+  ordered_json j;
+  j["model"] = l.model;
+  j["kernel"] = std::string(KernelName(l.options.kernel));
+  j["block_tokens"] = l.block_tokens;
+  j["block_tokens_reasons"] = l.block_reasons;
+  j["notes"] = l.notes;
+  ordered_json gs = ordered_json::array();
+  for (const CacheGroup& g : groups) {
+    ordered_json gj;
+    gj["group"] = g.name;
+    gj["role"] = std::string(CacheRoleName(g.role));
+    gj["layers"] = g.layers;
+    gj["lines"] = g.lines;
+    gj["format"] = g.format.name;
+    gj["regions"] = g.format.RegionSummary();
+    gj["packing"] = std::string(PackingName(g.format.packing));
+    gj["record_bytes"] = g.format.record_bytes();
+    gj["storage"] = g.in_pages ? "pages" : "per-request arena";
+    if (g.in_pages) {
+      gj["compress_ratio"] = g.compress_ratio;
+      gj["entries_per_block"] = g.page.entries_per_block;
+      gj["data_bytes"] = g.page.data_bytes;
+      gj["page_bytes"] = g.page.page_bytes;
+      gj["padding_bytes"] = g.page.padding_bytes;
+      gj["page_alignment"] = g.page.alignment;
+      gj["block_bytes"] = uint64_t{g.layers} * g.page.page_bytes;
+      std::string why = std::to_string(l.block_tokens) + " tokens / " + std::to_string(g.compress_ratio) +
+                        " per entry = " + std::to_string(g.page.entries_per_block) + " entries of " +
+                        std::to_string(g.format.record_bytes()) + " B";
+      if (g.page.padding_bytes > 0) {
+        why += ", padded to a multiple of " + std::to_string(g.page.alignment) + " B (" + g.format.name + " alignment)";
+      }
+      gj["reason"] = why;
+    } else {
+      gj["slots"] = g.slots;
+      gj["bytes_per_request"] = g.bytes_per_request;
+      gj["reason"] = g.role == CacheRole::kWindow ? "a ring of the last sliding_window tokens per layer"
+                                                  : "fp32 compressor rows of incomplete (and, overlapping, previous) groups";
+    }
+    gs.push_back(gj);
+  }
+  j["groups"] = gs;
+  if (format == OutputFormat::kJson) return j.dump(2) + "\n";
+  const bool md = format == OutputFormat::kMarkdown;
+  std::ostringstream out;
+  out << (md ? "## Layout: " : "layout: ") << l.model << ", kernel " << KernelName(l.options.kernel) << "\n";
+  out << (md ? "- " : "") << "block_tokens " << l.block_tokens << "\n";
+  for (const std::string& r : l.block_reasons) out << (md ? "  - " : "  because: ") << r << "\n";
+  for (const std::string& n : l.notes) out << (md ? "  - note: " : "  note: ") << n << "\n";
+  Table t({"group", "layers", "format", "record", "storage", "entries/block", "page bytes", "padding", "why"});
+  for (const auto& gj : gs) {
+    bool pages = gj["storage"] == "pages";
+    t.Add({gj["group"].get<std::string>(), std::to_string(gj["layers"].get<uint32_t>()), gj["format"].get<std::string>(),
+           std::to_string(gj["record_bytes"].get<uint64_t>()) + " B", gj["storage"].get<std::string>(),
+           pages ? std::to_string(gj["entries_per_block"].get<uint32_t>()) : std::to_string(gj["slots"].get<uint32_t>()) + " slots",
+           pages ? WithThousands(gj["page_bytes"].get<uint64_t>()) : WithThousands(gj["bytes_per_request"].get<uint64_t>()) + "/request",
+           pages ? std::to_string(gj["padding_bytes"].get<uint64_t>()) : "-", gj["reason"].get<std::string>()});
+  }
+  out << "\n" << (md ? t.Markdown() : t.Text());
   return out.str();
 }
 

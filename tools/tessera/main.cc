@@ -53,6 +53,8 @@ struct ModelArgs {
   std::string observed;
   std::string observed_trace;
   std::string observed_scope = "rank";
+  std::string swa_strategy = "recompute";
+  std::string prefill_chunk = "8192";
 
   void Register(CLI::App* app) {
     app->add_option("--model", model, "preset name (see `tessera models`)");
@@ -71,6 +73,8 @@ struct ModelArgs {
     app->add_option("--observed", observed, "bytes an engine really allocated, to reconcile");
     app->add_option("--observed-trace", observed_trace, "allocation trace file: one \"<bytes> [label]\" per line");
     app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
+    app->add_option("--swa-strategy", swa_strategy, "recompute | snapshot | retain (models with windows)");
+    app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
   }
 
   Result<Geometry> LoadGeometry() const {
@@ -102,6 +106,9 @@ struct ModelArgs {
     o.include_mtp = include_mtp;
     TESSERA_ASSIGN_OR_RETURN(o.engine, ParseEngine(engine));
     TESSERA_ASSIGN_OR_RETURN(o.kernel, ParseKernel(kernel));
+    TESSERA_ASSIGN_OR_RETURN(o.swa_strategy, ParseSwaStrategy(swa_strategy));
+    TESSERA_ASSIGN_OR_RETURN(o.prefill_chunk_tokens, ParseTokenCount(prefill_chunk, "prefill-chunk"));
+    if (o.prefill_chunk_tokens == 0) return InvalidArgument("prefill-chunk", "must be positive");
     return o;
   }
 
@@ -277,6 +284,22 @@ int RunSimulate(const SimulateArgs& args, const std::string& format_name, bool p
   return r->verify_failures == 0 && r->cross_tenant_shares == 0 ? 0 : 1;
 }
 
+int RunLayout(const ModelArgs& args, const std::string& format_name) {
+  Result<OutputFormat> format = ParseOutputFormat(format_name);
+  if (!format.ok()) return Fail(format.status());
+  Result<Geometry> g = args.LoadGeometry();
+  if (!g.ok()) return Fail(g.status());
+  ModelArgs one_block = args;
+  one_block.context = "1";
+  Result<LedgerOptions> o = one_block.Options();
+  if (!o.ok()) return Fail(o.status());
+  Result<Ledger> l = ComputeLedger(*g, *o);
+  if (!l.ok()) return Fail(l.status());
+  std::string text = RenderLayout(*l, *format);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  return 0;
+}
+
 int RunModels() {
   for (const std::string& name : PresetNames()) {
     Result<Geometry> g = LoadPreset(name);
@@ -324,6 +347,15 @@ int Main(int argc, char** argv) {
   SimulateArgs stats_args;
   CLI::App* stats = app.add_subcommand("stats", "run a simulation and print the manager's counters as Prometheus text");
   stats_args.Register(stats);
+  ModelArgs layout_args;
+  CLI::App* layout = app.add_subcommand("layout", "block span and page bytes per cache group, with the reasons");
+  layout->add_option("--model", layout_args.model, "preset name");
+  layout->add_option("--config", layout_args.config, "path to a Hugging Face config.json");
+  layout->add_option("--block-tokens", layout_args.block_tokens, "tokens per block (default: derived)");
+  layout->add_option("--kernel", layout_args.kernel, "flashmla | generic (default flashmla)");
+  layout->add_option("--kv-format", layout_args.kv_format, "main record format");
+  layout->add_option("--indexer-format", layout_args.indexer_format, "indexer record format");
+  layout->add_option("--format", format, "table | json | markdown");
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");
 
@@ -344,6 +376,7 @@ int Main(int argc, char** argv) {
   if (report->parsed()) return RunReport(format);
   if (simulate->parsed()) return RunSimulate(sim_args, format, false);
   if (stats->parsed()) return RunSimulate(stats_args, format, true);
+  if (layout->parsed()) return RunLayout(layout_args, format);
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
   return 2;
