@@ -1,0 +1,582 @@
+#include "tessera/hybrid.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "tessera/checked.h"
+
+namespace tessera {
+
+struct HybridManager::LayerState {
+  uint32_t layer = 0;  // model layer index
+  LayerKind kind = LayerKind::kSwa;
+  uint64_t window_offset = 0;  // in the slab (not used under retain)
+  uint32_t ratio = 0;          // 0: window only
+  uint32_t coff = 1;
+  uint64_t state_offset = 0, istate_offset = 0;
+  uint32_t state_slots = 0, istate_slots = 0;  // ring slots (doubled under speculation)
+  uint32_t state_floats = 0, istate_floats = 0;
+  int32_t group = -1, igroup = -1;  // pool groups of the compressed / indexer pages
+  uint32_t group_layer = 0, igroup_layer = 0;
+};
+
+struct HybridManager::Request {
+  bool live = false;
+  uint32_t tenant = 0, domain = 0;
+  uint64_t salt = 0;
+  uint8_t priority = kDefaultRetentionPriority;
+  uint64_t tokens = 0;
+  std::vector<uint32_t> span_tokens;  // tokens of the span not yet sealed
+  std::vector<BlockId> table;
+  std::vector<PrefixRef> chain;
+  uint32_t slab = UINT32_MAX;
+  std::vector<uint32_t> chunks;  // retain: chunk ids from chunk index chunk_base on
+  uint64_t chunk_base = 0;
+};
+
+namespace {
+
+RecordView PageRecord(const BlockPool& pool, BlockId b, uint32_t group, uint32_t layer, uint64_t slot) {
+  RecordView v;
+  const PoolGroup& g = pool.groups()[group];
+  std::span<std::byte> page = pool.Bytes(pool.PageHandle(b, group, layer));
+  if (g.format.packing == Packing::kPerToken) {
+    uint64_t rb = g.format.record_bytes();
+    v.planes[0] = page.subspan(slot * rb, rb);
+    v.plane_count = 1;
+    return v;
+  }
+  uint64_t offset = 0;
+  v.plane_count = std::min<uint32_t>(g.format.plane_count(), static_cast<uint32_t>(v.planes.size()));
+  for (uint32_t p = 0; p < v.plane_count; ++p) {
+    uint64_t pb = g.format.plane_bytes(p);
+    v.planes[p] = page.subspan(offset + slot * pb, pb);
+    offset += uint64_t{g.page.entries_per_block} * pb;
+  }
+  return v;
+}
+
+}  // namespace
+
+void ReferenceCompress(uint32_t, bool, uint64_t, std::span<const float> rows, uint32_t row_floats,
+                       const RecordView& entry) {
+  std::vector<float> mean(row_floats, 0.0f);
+  size_t n = row_floats == 0 ? 0 : rows.size() / row_floats;
+  for (size_t r = 0; r < n; ++r) {
+    for (uint32_t c = 0; c < row_floats; ++c) mean[c] += rows[r * row_floats + c];
+  }
+  for (float& m : mean) m = n > 0 ? m / static_cast<float>(n) : 0.0f;
+  const std::byte* src = reinterpret_cast<const std::byte*>(mean.data());
+  const size_t src_bytes = mean.size() * sizeof(float);
+  for (uint32_t p = 0; p < entry.plane_count; ++p) {
+    std::span<std::byte> out = entry.planes[p];
+    for (size_t i = 0; i < out.size(); ++i) out[i] = src_bytes == 0 ? std::byte{0} : src[i % src_bytes];
+  }
+}
+
+HybridManager::~HybridManager() {
+  if (arena_ != nullptr) ::munmap(arena_, arena_bytes_);
+}
+
+Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, const HybridOptions& o) {
+  if (!g.is_hybrid || g.sliding_window == 0) {
+    return InvalidArgument("model", g.name + " has no sliding-window layers; use the block manager");
+  }
+  if (o.max_requests == 0) return InvalidArgument("max-requests", "must be positive");
+  LedgerOptions lo;
+  lo.context_tokens = 1;
+  lo.kv_format = o.kv_format;
+  lo.indexer_format = o.indexer_format;
+  lo.block_tokens = o.block_tokens;
+  lo.kernel = o.kernel;
+  lo.spec_tokens = o.spec_tokens;
+  lo.include_mtp = o.include_mtp;
+  lo.swa_strategy = o.strategy;
+  TESSERA_ASSIGN_OR_RETURN(Ledger layout, ComputeLedger(g, lo));
+
+  std::unique_ptr<HybridManager> m(new HybridManager());
+  m->options_ = o;
+  m->layout_ = layout;
+  m->block_tokens_ = layout.block_tokens;
+  m->window_ = g.sliding_window;
+  m->ring_slots_ = g.sliding_window + o.spec_tokens;
+
+  // Pool groups: the paged groups of the cache map, in order.
+  std::vector<CacheGroup> map = BuildCacheMap(layout);
+  BlockPoolOptions po;
+  po.capacity_blocks = o.capacity_blocks;
+  po.region_kind = o.page_region;
+  std::vector<int32_t> map_to_pool(map.size(), -1);
+  for (size_t i = 0; i < map.size(); ++i) {
+    if (!map[i].in_pages) continue;
+    map_to_pool[i] = static_cast<int32_t>(po.groups.size());
+    po.groups.push_back({map[i].name, map[i].format, map[i].layers, map[i].page});
+  }
+  TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(po)));
+  TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher, ContentHasher::Create(o.hash, o.hash_bits, o.hash_key_seed));
+  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), o.content_dedup);
+  m->pool_->AddEvictionListener([p = m.get()](BlockId b) { p->OnEvict(b); });
+
+  // Per-layer state: slab offsets and page coordinates.
+  auto find_group = [&](CacheRole role, uint32_t ratio) -> int32_t {
+    for (size_t i = 0; i < map.size(); ++i) {
+      if (map[i].in_pages && map[i].role == role && map[i].compress_ratio == ratio) return map_to_pool[i];
+    }
+    return -1;
+  };
+  std::vector<uint32_t> next_layer(m->pool_->groups().size(), 0);
+  uint64_t offset = 0;
+  const bool retain = o.strategy == SwaStrategy::kRetain;
+  const uint32_t doubling = o.spec_tokens > 0 ? 2 : 1;
+  for (const LayerSpec& spec : g.layers) {
+    if (spec.is_mtp && !o.include_mtp) continue;
+    LayerState ls;
+    ls.layer = spec.index;
+    ls.kind = spec.kind;
+    for (const CacheSpec& c : spec.caches) {
+      switch (c.role) {
+        case CacheRole::kCompressed:
+          ls.ratio = c.compress_ratio;
+          ls.group = find_group(CacheRole::kCompressed, c.compress_ratio);
+          if (ls.group >= 0) ls.group_layer = next_layer[static_cast<size_t>(ls.group)]++;
+          break;
+        case CacheRole::kIndexer:
+          ls.igroup = find_group(CacheRole::kIndexer, c.compress_ratio);
+          if (ls.igroup >= 0) ls.igroup_layer = next_layer[static_cast<size_t>(ls.igroup)]++;
+          break;
+        case CacheRole::kCompressorState:
+          ls.state_slots = c.slots * doubling;
+          ls.state_floats = c.state_floats;
+          break;
+        case CacheRole::kIndexerCompressorState:
+          ls.istate_slots = c.slots * doubling;
+          ls.istate_floats = c.state_floats;
+          break;
+        default: break;
+      }
+    }
+    if (ls.ratio > 0) ls.coff = ls.state_slots / doubling / ls.ratio;
+    m->layers_.push_back(ls);
+  }
+  // The window record is the main format's record.
+  for (const CacheLine& line : layout.lines) {
+    if (line.role == CacheRole::kWindow) m->window_record_bytes_ = line.format.record_bytes();
+  }
+  for (LayerState& ls : m->layers_) {
+    if (!retain) {
+      ls.window_offset = offset;
+      offset += uint64_t{m->ring_slots_} * m->window_record_bytes_;
+    }
+    if (ls.state_slots > 0) {
+      ls.state_offset = offset;
+      offset += uint64_t{ls.state_slots} * ls.state_floats * sizeof(float);
+    }
+    if (ls.istate_slots > 0) {
+      ls.istate_offset = offset;
+      offset += uint64_t{ls.istate_slots} * ls.istate_floats * sizeof(float);
+    }
+  }
+  m->slab_bytes_ = offset;
+  m->chunk_bytes_ = uint64_t{m->window_} * m->window_record_bytes_ * m->layers_.size();
+  Checked arena = Checked(offset) * o.max_requests;
+  if (arena.overflowed()) return OutOfRange("max-requests", "arena bytes overflow");
+  m->arena_bytes_ = std::max<uint64_t>(arena.value(), 1);
+  void* p = ::mmap(nullptr, m->arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return Status(StatusCode::kOutOfBlocks, "max-requests", "cannot map the state arena");
+  m->arena_ = static_cast<std::byte*>(p);
+  for (uint32_t i = o.max_requests; i > 0; --i) m->free_slabs_.push_back(i - 1);
+  return m;
+}
+
+HybridManager::Request* HybridManager::Get(RequestId r) {
+  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
+  return &requests_[r.value];
+}
+
+const HybridManager::Request* HybridManager::GetConst(RequestId r) const {
+  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
+  return &requests_[r.value];
+}
+
+uint64_t HybridManager::BlocksNeeded(uint64_t tokens) const {
+  uint64_t need = 0;
+  for (const PoolGroup& g : pool_->groups()) {
+    need = std::max(need, CeilDiv(tokens / g.page.compress_ratio, g.page.entries_per_block));
+  }
+  return need;
+}
+
+std::span<std::byte> HybridManager::WindowRow(const Request& q, uint32_t layer_pos, uint64_t position) const {
+  const uint64_t rb = window_record_bytes_;
+  if (options_.strategy == SwaStrategy::kRetain) {
+    uint64_t c = position / window_;
+    assert(c >= q.chunk_base && c - q.chunk_base < q.chunks.size());
+    auto& chunk = const_cast<std::vector<std::vector<std::byte>>&>(chunks_)[q.chunks[c - q.chunk_base]];
+    return {chunk.data() + (uint64_t{layer_pos} * window_ + position % window_) * rb, rb};
+  }
+  std::byte* slab = arena_ + uint64_t{q.slab} * slab_bytes_;
+  return {slab + layers_[layer_pos].window_offset + (position % ring_slots_) * rb, rb};
+}
+
+std::span<float> HybridManager::StateRow(const Request& q, uint32_t layer_pos, bool indexer, uint64_t position) const {
+  const LayerState& ls = layers_[layer_pos];
+  std::byte* slab = arena_ + uint64_t{q.slab} * slab_bytes_;
+  uint32_t slots = indexer ? ls.istate_slots : ls.state_slots;
+  uint32_t floats = indexer ? ls.istate_floats : ls.state_floats;
+  uint64_t off = (indexer ? ls.istate_offset : ls.state_offset) + (position % slots) * floats * sizeof(float);
+  return {reinterpret_cast<float*>(slab + off), floats};
+}
+
+Result<HybridAdmit> HybridManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
+  if (free_slabs_.empty()) {
+    return Status(StatusCode::kOutOfBlocks, "requests", "the state arena holds " +
+                                                             std::to_string(options_.max_requests) + " requests");
+  }
+  uint32_t id;
+  if (!free_request_ids_.empty()) {
+    id = free_request_ids_.back();
+    free_request_ids_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(requests_.size());
+    requests_.emplace_back();
+  }
+  Request& q = requests_[id];
+  q = Request{};
+  q.live = true;
+  q.tenant = spec.tenant;
+  auto it = options_.tenant_domain.find(spec.tenant);
+  q.domain = it == options_.tenant_domain.end() ? spec.tenant : it->second;
+  q.salt = spec.cache_salt;
+  q.priority = std::min(spec.priority, kMaxRetentionPriority);
+  q.slab = free_slabs_.back();
+  free_slabs_.pop_back();
+
+  PrefixRef parent;
+  for (size_t i = 0; i < prompt.size() / block_tokens_; ++i) {
+    std::optional<PrefixRef> hit =
+        index_->Lookup(parent, prompt.subspan(i * block_tokens_, block_tokens_), q.domain, q.salt);
+    if (!hit) break;
+    pool_->Ref(hit->block);
+    q.table.push_back(hit->block);
+    q.chain.push_back(*hit);
+    parent = *hit;
+  }
+  HybridAdmit a;
+  a.id = RequestId{id};
+  a.cached_blocks = static_cast<uint32_t>(q.table.size());
+  a.cached_tokens = uint64_t{a.cached_blocks} * block_tokens_;
+  q.tokens = a.cached_tokens;
+  if (a.cached_tokens > 0) {
+    a.state_restored = options_.strategy != SwaStrategy::kRecompute && RestoreBoundary(q, q.table.back());
+    if (!a.state_restored) {
+      a.recompute_tokens = std::min<uint64_t>(a.cached_tokens, window_);
+      a.recompute_from = a.cached_tokens - a.recompute_tokens;
+      if (options_.strategy == SwaStrategy::kRetain) {
+        // The rings are rebuilt by Recompute into fresh chunks.
+        q.chunk_base = a.recompute_from / window_;
+      }
+    }
+  }
+  return a;
+}
+
+Status HybridManager::AllocateSlots(RequestId r, uint64_t n) {
+  Request* q = Get(r);
+  if (q == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  // Room for the draft tokens of speculative decoding too (their slots are committed).
+  Checked total = Checked(q->tokens) + n + options_.spec_tokens;
+  if (total.overflowed()) return OutOfRange("tokens", "token count overflows");
+  uint64_t need = BlocksNeeded(total.value());
+  if (need <= q->table.size()) return Status::Ok();
+  uint64_t more = need - q->table.size();
+  if (more > pool_->Available()) {
+    return Status(StatusCode::kOutOfBlocks, "blocks",
+                  "need " + std::to_string(more) + " blocks, " + std::to_string(pool_->Available()) + " free or evictable");
+  }
+  return pool_->Allocate(static_cast<uint32_t>(more), &q->table);
+}
+
+Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters& w, bool entries) {
+  (void)token;
+  const uint64_t p = q.tokens;
+  const bool retain = options_.strategy == SwaStrategy::kRetain;
+  if (retain) {
+    // Window rows live in chunks of `window` tokens: open the chunk of p, drop those behind.
+    uint64_t c = p / window_;
+    while (q.chunk_base + q.chunks.size() <= c) {
+      uint32_t chunk;
+      if (!free_chunks_.empty()) {
+        chunk = free_chunks_.back();
+        free_chunks_.pop_back();
+      } else {
+        chunk = static_cast<uint32_t>(chunks_.size());
+        chunks_.emplace_back();
+        chunk_refs_.push_back(0);
+      }
+      chunks_[chunk].resize(chunk_bytes_);
+      chunk_refs_[chunk] = 1;
+      ++chunks_live_;
+      q.chunks.push_back(chunk);
+    }
+    uint64_t first_live = p + 1 > window_ ? (p + 1 - window_) / window_ : 0;
+    while (q.chunk_base < first_live && !q.chunks.empty()) {
+      uint32_t chunk = q.chunks.front();
+      q.chunks.erase(q.chunks.begin());
+      ++q.chunk_base;
+      if (--chunk_refs_[chunk] == 0) {
+        free_chunks_.push_back(chunk);
+        chunks_[chunk].clear();
+        chunks_[chunk].shrink_to_fit();
+        --chunks_live_;
+      }
+    }
+  }
+  for (uint32_t i = 0; i < layers_.size(); ++i) {
+    const LayerState& ls = layers_[i];
+    if (w.window) w.window(ls.layer, p, WindowRow(q, i, p));
+    if (ls.ratio == 0) continue;
+    if (w.state) {
+      w.state(ls.layer, false, p, StateRow(q, i, false, p));
+      if (ls.istate_slots > 0) w.state(ls.layer, true, p, StateRow(q, i, true, p));
+    }
+    if (!entries || (p + 1) % ls.ratio != 0) continue;
+    // Group g complete: its entry goes to block g / entries_per_block, slot g % entries.
+    const uint64_t g = (p + 1) / ls.ratio - 1;
+    const uint64_t epb = pool_->groups()[static_cast<size_t>(ls.group)].page.entries_per_block;
+    const uint64_t block = g / epb;
+    if (block >= q.table.size()) {
+      return Status(StatusCode::kFailedPrecondition, "tokens", "no page for entry " + std::to_string(g) +
+                                                                   ": call AllocateSlots first");
+    }
+    if (!pool_->backed() || !w.compress) continue;
+    const uint64_t first = g * ls.ratio >= (ls.coff - 1) * ls.ratio ? g * ls.ratio - (ls.coff - 1) * ls.ratio : 0;
+    for (int which = 0; which < (ls.igroup >= 0 ? 2 : 1); ++which) {
+      const bool indexer = which == 1;
+      const uint32_t floats = indexer ? ls.istate_floats : ls.state_floats;
+      std::vector<float> rows;
+      rows.reserve((p + 1 - first) * floats);
+      for (uint64_t t = first; t <= p; ++t) {
+        std::span<float> row = StateRow(q, i, indexer, t);
+        rows.insert(rows.end(), row.begin(), row.end());
+      }
+      int32_t group = indexer ? ls.igroup : ls.group;
+      uint32_t layer = indexer ? ls.igroup_layer : ls.group_layer;
+      w.compress(ls.layer, indexer, g,
+                 rows, floats, PageRecord(*pool_, q.table[block], static_cast<uint32_t>(group), layer, g % epb));
+    }
+  }
+  ++q.tokens;
+  return Status::Ok();
+}
+
+Status HybridManager::Append(RequestId r, std::span<const uint32_t> tokens, const HybridWriters& writers) {
+  Request* q = Get(r);
+  if (q == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  if (BlocksNeeded(q->tokens + tokens.size()) > q->table.size()) {
+    return Status(StatusCode::kFailedPrecondition, "tokens",
+                  "no pages for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
+  }
+  for (uint32_t t : tokens) {
+    TESSERA_RETURN_IF_ERROR(WriteToken(*q, t, writers, true));
+    q->span_tokens.push_back(t);
+    if (q->tokens % block_tokens_ == 0) SealBoundary(*q);
+  }
+  return Status::Ok();
+}
+
+Status HybridManager::Recompute(RequestId r, std::span<const uint32_t> tokens, const HybridWriters& writers) {
+  Request* q = Get(r);
+  if (q == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  if (tokens.size() > q->tokens || tokens.size() > window_) {
+    return InvalidArgument("tokens", "recompute at most the last window tokens of the cached prefix");
+  }
+  const uint64_t end = q->tokens;
+  q->tokens = end - tokens.size();
+  for (uint32_t t : tokens) TESSERA_RETURN_IF_ERROR(WriteToken(*q, t, writers, false));
+  assert(q->tokens == end);
+  return Status::Ok();
+}
+
+std::vector<std::byte> HybridManager::CompressorBoundaryRows(const Request& q) const {
+  // At a boundary every group is complete: the overlapping compressors keep the previous group.
+  std::vector<std::byte> out;
+  const uint64_t n = q.tokens;
+  for (uint32_t i = 0; i < layers_.size(); ++i) {
+    const LayerState& ls = layers_[i];
+    if (ls.ratio == 0 || ls.coff < 2) continue;
+    for (int which = 0; which < (ls.istate_slots > 0 ? 2 : 1); ++which) {
+      for (uint64_t t = n >= ls.ratio ? n - ls.ratio : 0; t < n; ++t) {
+        std::span<float> row = StateRow(q, i, which == 1, t);
+        const std::byte* b = reinterpret_cast<const std::byte*>(row.data());
+        out.insert(out.end(), b, b + row.size_bytes());
+      }
+    }
+  }
+  return out;
+}
+
+void HybridManager::SealBoundary(Request& q) {
+  const size_t s = q.tokens / block_tokens_ - 1;
+  PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
+  BlockIndex::SealResult sealed = index_->Seal(q.table[s], parent, q.span_tokens, q.domain, q.salt);
+  BlockId kept = sealed.ref.block;
+  pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
+  q.table[s] = kept;
+  q.chain.push_back(sealed.ref);
+  q.span_tokens.clear();
+  if (!boundaries_.count(kept.value)) PersistBoundary(q, kept);
+}
+
+void HybridManager::PersistBoundary(Request& q, BlockId block) {
+  if (options_.strategy == SwaStrategy::kRecompute) return;
+  Boundary b;
+  if (options_.strategy == SwaStrategy::kSnapshot) {
+    const uint64_t n = q.tokens;
+    for (uint32_t i = 0; i < layers_.size(); ++i) {
+      for (uint64_t t = n > window_ ? n - window_ : 0; t < n; ++t) {
+        std::span<std::byte> row = WindowRow(q, i, t);
+        b.rows.insert(b.rows.end(), row.begin(), row.end());
+      }
+    }
+  } else {
+    // Retain: the chunk ending at this boundary stays alive with the block.
+    uint64_t c = (q.tokens - 1) / window_;
+    b.chunk = q.chunks[c - q.chunk_base];
+    ++chunk_refs_[b.chunk];
+  }
+  std::vector<std::byte> comp = CompressorBoundaryRows(q);
+  b.rows.insert(b.rows.end(), comp.begin(), comp.end());
+  boundaries_.emplace(block.value, std::move(b));
+}
+
+bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
+  auto it = boundaries_.find(block.value);
+  if (it == boundaries_.end()) return false;
+  const Boundary& b = it->second;
+  const uint64_t n = q.tokens;
+  size_t off = 0;
+  if (options_.strategy == SwaStrategy::kSnapshot) {
+    for (uint32_t i = 0; i < layers_.size(); ++i) {
+      for (uint64_t t = n > window_ ? n - window_ : 0; t < n; ++t) {
+        std::span<std::byte> row = WindowRow(q, i, t);
+        std::memcpy(row.data(), b.rows.data() + off, row.size());
+        off += row.size();
+      }
+    }
+  } else {
+    q.chunk_base = (n - 1) / window_;
+    q.chunks = {b.chunk};
+    ++chunk_refs_[b.chunk];
+  }
+  for (uint32_t i = 0; i < layers_.size(); ++i) {
+    const LayerState& ls = layers_[i];
+    if (ls.ratio == 0 || ls.coff < 2) continue;
+    for (int which = 0; which < (ls.istate_slots > 0 ? 2 : 1); ++which) {
+      for (uint64_t t = n >= ls.ratio ? n - ls.ratio : 0; t < n; ++t) {
+        std::span<float> row = StateRow(q, i, which == 1, t);
+        std::memcpy(row.data(), b.rows.data() + off, row.size_bytes());
+        off += row.size_bytes();
+      }
+    }
+  }
+  return true;
+}
+
+void HybridManager::OnEvict(BlockId b) {
+  auto it = boundaries_.find(b.value);
+  if (it == boundaries_.end()) return;
+  if (it->second.chunk != UINT32_MAX && --chunk_refs_[it->second.chunk] == 0) {
+    free_chunks_.push_back(it->second.chunk);
+    chunks_[it->second.chunk].clear();
+    chunks_[it->second.chunk].shrink_to_fit();
+    --chunks_live_;
+  }
+  boundaries_.erase(it);
+}
+
+Status HybridManager::Free(RequestId r) {
+  Request* q = Get(r);
+  if (q == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  for (auto it = q->table.rbegin(); it != q->table.rend(); ++it) pool_->Unref(*it);
+  for (uint32_t chunk : q->chunks) {
+    if (--chunk_refs_[chunk] == 0) {
+      free_chunks_.push_back(chunk);
+      chunks_[chunk].clear();
+      chunks_[chunk].shrink_to_fit();
+      --chunks_live_;
+    }
+  }
+  free_slabs_.push_back(q->slab);
+  *q = Request{};
+  free_request_ids_.push_back(r.value);
+  return Status::Ok();
+}
+
+std::vector<std::byte> HybridManager::LiveState(RequestId r) const {
+  std::vector<std::byte> out;
+  const Request* q = GetConst(r);
+  if (q == nullptr) return out;
+  const uint64_t n = q->tokens;
+  for (uint32_t i = 0; i < layers_.size(); ++i) {
+    for (uint64_t t = n > window_ ? n - window_ : 0; t < n; ++t) {
+      std::span<std::byte> row = WindowRow(*q, i, t);
+      out.insert(out.end(), row.begin(), row.end());
+    }
+  }
+  for (uint32_t i = 0; i < layers_.size(); ++i) {
+    const LayerState& ls = layers_[i];
+    if (ls.ratio == 0) continue;
+    uint64_t start = (n / ls.ratio) * ls.ratio;
+    start = start >= (ls.coff - 1) * ls.ratio ? start - (ls.coff - 1) * ls.ratio : 0;
+    for (int which = 0; which < (ls.istate_slots > 0 ? 2 : 1); ++which) {
+      for (uint64_t t = start; t < n; ++t) {
+        std::span<float> row = StateRow(*q, i, which == 1, t);
+        const std::byte* b = reinterpret_cast<const std::byte*>(row.data());
+        out.insert(out.end(), b, b + row.size_bytes());
+      }
+    }
+  }
+  return out;
+}
+
+std::span<const BlockId> HybridManager::BlockTable(RequestId r) const {
+  const Request* q = GetConst(r);
+  return q == nullptr ? std::span<const BlockId>() : std::span<const BlockId>(q->table);
+}
+
+uint64_t HybridManager::Tokens(RequestId r) const {
+  const Request* q = GetConst(r);
+  return q == nullptr ? 0 : q->tokens;
+}
+
+Result<RecordView> HybridManager::Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const {
+  const Request* q = GetConst(r);
+  if (q == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  if (!pool_->backed()) return InvalidArgument("pool", "an unbacked pool has no bytes to read");
+  for (const LayerState& ls : layers_) {
+    if (ls.layer != layer) continue;
+    int32_t group = indexer ? ls.igroup : ls.group;
+    if (group < 0) return InvalidArgument("layer", "layer " + std::to_string(layer) + " has no such cache");
+    uint64_t epb = pool_->groups()[static_cast<size_t>(group)].page.entries_per_block;
+    if (entry >= q->tokens / ls.ratio) return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
+    return PageRecord(*pool_, q->table[entry / epb], static_cast<uint32_t>(group),
+                      indexer ? ls.igroup_layer : ls.group_layer, entry % epb);
+  }
+  return InvalidArgument("layer", "no layer " + std::to_string(layer));
+}
+
+uint64_t HybridManager::boundary_state_bytes() const {
+  uint64_t bytes = 0;
+  for (const auto& [block, b] : boundaries_) bytes += b.rows.size();
+  return bytes;
+}
+
+uint64_t HybridManager::bytes_held() const {
+  uint64_t live_slabs = options_.max_requests - free_slabs_.size();
+  return pool_->bytes_held() + live_slabs * slab_bytes_ + boundary_state_bytes() + chunks_live_ * chunk_bytes_;
+}
+
+}  // namespace tessera
