@@ -220,7 +220,62 @@ TEST(Cli, SimulateBadInput) {
   ExpectInputError(RunTessera("simulate --hash md5"), "hash");
   ExpectInputError(RunTessera("simulate --tenants 0"), "tenants");
   ExpectInputError(RunTessera("simulate --agents lots"), "agents");
-  ExpectInputError(RunTessera("simulate --model deepseek-v4-pro"), "model");
+  ExpectInputError(RunTessera("simulate --swa-strategy keep"), "swa-strategy");
+}
+
+TEST(Cli, SimulateDeepSeekV4Pro) {
+  CommandResult r = RunTessera(
+      "simulate --model deepseek-v4-pro --agents 1 --independent 0 --shared-tokens 512 --unique-tokens 8 "
+      "--swa-strategy snapshot --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["block_tokens"], 256);
+  EXPECT_EQ(j["verify_failures"], 0);
+  ASSERT_EQ(j["swa_strategies"].size(), 1u);
+  EXPECT_EQ(j["swa_strategies"][0]["states_restored"], 1);
+  // 61 windows of 128 x 584 B + 30 x 4 previous-group rows of 8,192 B and 2,048 B.
+  EXPECT_EQ(j["swa_strategies"][0]["bytes_kept_per_boundary"], 5788672);
+}
+
+TEST(Cli, LayoutDeepSeekV4Pro) {
+  CommandResult r = RunTessera("layout --model deepseek-v4-pro --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["block_tokens"], 256);
+  bool c4 = false, c128 = false;
+  for (const auto& g : j["groups"]) {
+    if (g["group"] == "compressed/4") {
+      c4 = true;
+      EXPECT_EQ(g["entries_per_block"], 64);
+      EXPECT_EQ(g["page_bytes"], 37440);
+    }
+    if (g["group"] == "compressed/128") {
+      c128 = true;
+      EXPECT_EQ(g["entries_per_block"], 2);
+      EXPECT_EQ(g["page_bytes"], 1728);
+    }
+  }
+  EXPECT_TRUE(c4 && c128);
+  nlohmann::json v3 = nlohmann::json::parse(RunTessera("layout --model deepseek-v3 --format json").out);
+  EXPECT_EQ(v3["block_tokens"], 64);
+  ExpectInputError(RunTessera("layout --model deepseek-v4-pro --block-tokens 100"), "block-tokens");
+  CommandResult note = RunTessera("layout --model deepseek-v4-pro --block-tokens 128");
+  EXPECT_EQ(note.exit_code, 0);
+  EXPECT_NE(note.out.find("misses a preference"), std::string::npos);
+}
+
+TEST(Cli, LedgerPhasesAndStrategies) {
+  CommandResult r = RunTessera("ledger --model deepseek-v4-pro --context 1m --engine vllm --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["phases"][0]["phase"], "admission");
+  EXPECT_EQ(j["phases"][0]["bytes"], 11041257600ULL);
+  CommandResult t = RunTessera("ledger --model deepseek-v4-pro --context 1m --swa-strategy retain --format json");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  nlohmann::json k = nlohmann::json::parse(t.out);
+  EXPECT_EQ(k["swa_strategies"].size(), 3u);
+  EXPECT_EQ(k["inputs"]["swa_strategy"], "retain");
+  ExpectInputError(RunTessera("ledger --model deepseek-v4-pro --context 1m --swa-strategy keep"), "swa-strategy");
 }
 
 TEST(Cli, HelpExitsZero) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tessera/ledger.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -105,6 +106,48 @@ TEST(Simulate, BadOptionsNameTheField) {
   s = Small();
   s.block_tokens = 0;
   EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "block-tokens");
+}
+
+Geometry TinyV4() {
+  return testing::FromJson(R"({"model_type": "deepseek_v4", "num_hidden_layers": 4, "num_attention_heads": 8,
+      "num_key_value_heads": 1, "head_dim": 128, "qk_rope_head_dim": 64, "sliding_window": 128,
+      "compress_ratios": [0, 4, 128, 4, 0], "num_nextn_predict_layers": 1, "index_head_dim": 32,
+      "index_n_heads": 4, "index_topk": 16, "max_position_embeddings": 1048576})");
+}
+
+TEST(SimulateHybrid, EveryStrategyResumesAndVerifies) {
+  AgentScenario s;
+  s.agents = 3;
+  s.independent = 1;
+  s.shared_tokens = 600;  // two full 256-token spans, then a tail
+  s.unique_tokens = 30;
+  s.preamble_tokens = 20;
+  s.tenants = 2;
+  SimulationResult r = *RunAgentScenario(TinyV4(), s);
+  ASSERT_EQ(r.strategies.size(), 3u);
+  LedgerOptions lo;
+  lo.context_tokens = 512;
+  Ledger l = *ComputeLedger(TinyV4(), lo);
+  for (const StrategyRun& run : r.strategies) {
+    SCOPED_TRACE(std::string(SwaStrategyName(run.strategy)));
+    EXPECT_EQ(run.verify_failures, 0u);
+    EXPECT_GT(run.records_verified, 0u);
+    // Agents of the orchestrator's tenant (0) hit its two sealed spans; tenant 1 hits nothing.
+    EXPECT_EQ(run.prefix_hits, 2u);
+    EXPECT_EQ(run.prefix_hit_tokens, 2u * 512);
+    EXPECT_GT(run.dedup_hits, 0u);  // the identical pair
+    if (run.strategy == SwaStrategy::kRecompute) {
+      EXPECT_EQ(run.tokens_recomputed, 2u * 128);
+      EXPECT_EQ(run.boundaries_kept, 0u);
+    } else {
+      EXPECT_EQ(run.states_restored, 2u);
+      EXPECT_EQ(run.tokens_recomputed, 0u);
+      EXPECT_GT(run.boundaries_kept, 0u);
+      // Measured bytes kept per boundary equal the ledger's figure for the strategy.
+      EXPECT_EQ(run.bytes_kept_per_boundary, l.swa_strategies[static_cast<size_t>(run.strategy)].bytes_kept_per_boundary);
+    }
+  }
+  EXPECT_EQ(r.cross_tenant_shares, 0u);
 }
 
 }  // namespace

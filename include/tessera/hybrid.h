@@ -117,6 +117,10 @@ class HybridManager {
   uint64_t bytes_held() const;
   uint64_t arena_bytes_per_request() const { return slab_bytes_; }
   uint64_t boundary_state_bytes() const;
+  // Boundaries with persisted window state, and the bytes kept for them (copied rows plus, under
+  // retain, the window chunk each keeps alive).
+  uint64_t boundaries_kept() const { return boundaries_.size(); }
+  uint64_t boundary_bytes_kept() const;
   const BlockPool& pool() const { return *pool_; }
   const BlockIndex& index() const { return *index_; }
   BlockIndex& mutable_index() { return *index_; }

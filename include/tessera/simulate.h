@@ -20,6 +20,7 @@
 
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
+#include "tessera/ledger.h"
 #include "tessera/metrics.h"
 #include "tessera/render.h"
 #include "tessera/status.h"
@@ -39,6 +40,23 @@ struct AgentScenario {
   HashAlgorithm hash = HashAlgorithm::kXxh3;
   uint32_t hash_bits = 128;
   uint64_t seed = 1;
+  // DeepSeek-V4 (models with windows): the strategy to run; unset runs all three.
+  std::optional<SwaStrategy> swa_strategy;
+};
+
+// One window-persistence strategy's run of the hybrid scenario.
+struct StrategyRun {
+  SwaStrategy strategy = SwaStrategy::kRecompute;
+  uint64_t prefix_hits = 0;              // admissions that resumed from a cached boundary
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t tokens_recomputed = 0;        // recompute: tokens the engine re-ran after hits
+  uint64_t states_restored = 0;          // snapshot/retain: boundary states restored
+  uint64_t boundaries_kept = 0;          // at the peak
+  uint64_t bytes_kept_per_boundary = 0;  // measured: bytes kept / boundaries kept
+  uint64_t bytes_held_peak = 0;          // pages + arena + boundary state, at the peak
+  uint64_t dedup_hits = 0;
+  uint64_t verify_failures = 0;
+  uint64_t records_verified = 0;
 };
 
 struct SimulationResult {
@@ -67,6 +85,7 @@ struct SimulationResult {
   uint64_t second_wave_hit_tokens = 0;
   std::vector<MetricFamily> metrics;
   std::vector<std::string> security_events;  // the first few, for the operator
+  std::vector<StrategyRun> strategies;       // models with windows
 };
 
 // Errors name the option ("agents", "capacity-blocks", ...) or come from the model and formats.

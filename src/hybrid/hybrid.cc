@@ -574,6 +574,12 @@ uint64_t HybridManager::boundary_state_bytes() const {
   return bytes;
 }
 
+uint64_t HybridManager::boundary_bytes_kept() const {
+  uint64_t bytes = 0;
+  for (const auto& [block, b] : boundaries_) bytes += b.rows.size() + (b.chunk != UINT32_MAX ? chunk_bytes_ : 0);
+  return bytes;
+}
+
 uint64_t HybridManager::bytes_held() const {
   uint64_t live_slabs = options_.max_requests - free_slabs_.size();
   return pool_->bytes_held() + live_slabs * slab_bytes_ + boundary_state_bytes() + chunks_live_ * chunk_bytes_;

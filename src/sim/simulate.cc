@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "tessera/checked.h"
+#include "tessera/hybrid.h"
 #include "tessera/manager.h"
 #include "tessera/units.h"
 
@@ -149,6 +150,262 @@ class Simulation {
 
 }  // namespace
 
+namespace {
+
+// DeepSeek-V4: synthetic rows that depend on the layer, the position and every token up to it.
+uint64_t RowSeed(uint64_t prefix_hash, uint32_t layer, bool indexer) {
+  return Mix(prefix_hash ^ (uint64_t{layer} << 20) ^ (indexer ? 1ULL << 40 : 0));
+}
+// Small integers, exact in float, so that column means are reproducible bit for bit.
+float StateValue(uint64_t row_seed, size_t col) {
+  return static_cast<float>(((row_seed + col * 0x9e3779b1ULL) >> 24) & 0xff);
+}
+
+HybridWriters HybridWritersFor(const Agent& a) {
+  HybridWriters w;
+  w.window = [&a](uint32_t layer, uint64_t pos, std::span<std::byte> rec) {
+    RecordView v;
+    v.planes[0] = rec;
+    FillRecord(a.prefix_hash[pos], 0, layer, v);
+  };
+  w.state = [&a](uint32_t layer, bool indexer, uint64_t pos, std::span<float> row) {
+    const uint64_t seed = RowSeed(a.prefix_hash[pos], layer, indexer);
+    for (size_t c = 0; c < row.size(); ++c) row[c] = StateValue(seed, c);
+  };
+  w.compress = ReferenceCompress;
+  return w;
+}
+
+// Checks the request's live window rows and a sample of its compressed entries (every entry of
+// its last block span, every 8th before) against the functions that wrote them.
+void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, StrategyRun& run) {
+  const uint64_t n = m.Tokens(a.id);
+  std::vector<std::byte> live = m.LiveState(a.id);
+  std::vector<std::byte> expect;
+  uint32_t window_record = 0;
+  for (const CacheLine& l : m.layout().lines) {
+    if (l.role == CacheRole::kWindow) window_record = static_cast<uint32_t>(l.format.record_bytes());
+  }
+  std::vector<std::byte> row(window_record);
+  uint32_t layer_pos = 0;
+  for (const LayerSpec& spec : g.layers) {
+    if (spec.is_mtp) continue;
+    for (uint64_t t = n > g.sliding_window ? n - g.sliding_window : 0; t < n; ++t) {
+      RecordView v;
+      v.planes[0] = row;
+      FillRecord(a.prefix_hash[t], 0, spec.index, v);
+      expect.insert(expect.end(), row.begin(), row.end());
+      ++run.records_verified;
+    }
+    ++layer_pos;
+  }
+  if (live.size() < expect.size() || std::memcmp(live.data(), expect.data(), expect.size()) != 0) ++run.verify_failures;
+  if (!m.pool().backed()) return;
+  const uint64_t last_span = n / m.block_tokens() * m.block_tokens();
+  for (const LayerSpec& spec : g.layers) {
+    if (spec.is_mtp || spec.compress_ratio == 0) continue;
+    const uint32_t r = spec.compress_ratio;
+    const uint32_t coff = spec.kind == LayerKind::kCsa ? 2 : 1;
+    for (bool indexer : {false, true}) {
+      if (indexer && spec.kind != LayerKind::kCsa) continue;
+      uint32_t floats = 0;
+      for (const CacheSpec& c : spec.caches) {
+        if (c.role == (indexer ? CacheRole::kIndexerCompressorState : CacheRole::kCompressorState)) floats = c.state_floats;
+      }
+      for (uint64_t e = 0; e < n / r; ++e) {
+        if (e % 8 != 0 && (e + 1) * r <= last_span) continue;
+        Result<RecordView> got = m.Entry(a.id, spec.index, indexer, e);
+        if (!got.ok()) {
+          ++run.verify_failures;
+          continue;
+        }
+        std::vector<float> rows;
+        for (uint64_t t = e * r >= (coff - 1) * r ? e * r - (coff - 1) * r : 0; t < (e + 1) * r; ++t) {
+          const uint64_t seed = RowSeed(a.prefix_hash[t], spec.index, indexer);
+          for (uint32_t c = 0; c < floats; ++c) rows.push_back(StateValue(seed, c));
+        }
+        std::vector<std::byte> want;
+        RecordView wv;
+        wv.plane_count = got->plane_count;
+        size_t total = 0;
+        for (uint32_t p = 0; p < got->plane_count; ++p) total += got->planes[p].size();
+        want.resize(total);
+        size_t off = 0;
+        for (uint32_t p = 0; p < got->plane_count; ++p) {
+          wv.planes[p] = std::span<std::byte>(want.data() + off, got->planes[p].size());
+          off += got->planes[p].size();
+        }
+        ReferenceCompress(spec.index, indexer, e, rows, floats, wv);
+        off = 0;
+        bool ok = true;
+        for (uint32_t p = 0; p < got->plane_count; ++p) {
+          ok = ok && std::memcmp(got->planes[p].data(), want.data() + off, got->planes[p].size()) == 0;
+          off += got->planes[p].size();
+        }
+        ++run.records_verified;
+        if (!ok) ++run.verify_failures;
+      }
+    }
+  }
+}
+
+Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s, SwaStrategy strategy,
+                                      SimulationResult& out) {
+  StrategyRun run;
+  run.strategy = strategy;
+  HybridOptions o;
+  o.kv_format = s.kv_format;
+  o.block_tokens = s.block_tokens;
+  o.strategy = strategy;
+  o.hash = s.hash;
+  o.hash_bits = s.hash_bits;
+  o.hash_key_seed = s.seed;
+  const uint32_t requests = 1 + s.agents + s.independent + 2;
+  o.max_requests = requests;
+  LedgerOptions probe_options;
+  probe_options.context_tokens = 1;
+  probe_options.kv_format = s.kv_format;
+  probe_options.block_tokens = s.block_tokens;
+  TESSERA_ASSIGN_OR_RETURN(Ledger probe, ComputeLedger(g, probe_options));
+  const uint64_t bt = probe.block_tokens;
+  if (s.capacity_blocks > 0) {
+    o.capacity_blocks = s.capacity_blocks;
+  } else {
+    uint64_t need = uint64_t{requests} * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) + 4;
+    if (need > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
+    o.capacity_blocks = static_cast<uint32_t>(need);
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<HybridManager> m, HybridManager::Create(g, o));
+  out.block_tokens = static_cast<uint32_t>(bt);
+  out.block_bytes = m->pool().block_bytes();
+  out.capacity_blocks = o.capacity_blocks;
+  out.kv_format = probe.kv_format;
+
+  std::mt19937_64 rng(s.seed);
+  std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
+  auto tokens = [&](uint64_t n) {
+    std::vector<uint32_t> t(n);
+    for (uint32_t& x : t) x = d(rng);
+    return t;
+  };
+  std::vector<Agent> agents;
+  agents.reserve(requests);
+  auto admit_and_write = [&](Agent& a, const std::vector<uint32_t>& prompt) -> bool {
+    Simulation::Extend(a, prompt);
+    Result<HybridAdmit> r = m->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
+    if (!r.ok()) return false;
+    a.id = r->id;
+    a.live = true;
+    HybridWriters w = HybridWritersFor(a);
+    if (r->cached_tokens > 0) {
+      ++run.prefix_hits;
+      run.prefix_hit_tokens += r->cached_tokens;
+      if (r->state_restored) ++run.states_restored;
+      if (r->recompute_tokens > 0) {
+        run.tokens_recomputed += r->recompute_tokens;
+        std::span<const uint32_t> again = std::span<const uint32_t>(prompt).subspan(r->recompute_from, r->recompute_tokens);
+        if (!m->Recompute(a.id, again, w).ok()) return false;
+      }
+    }
+    uint64_t from = r->cached_tokens;
+    if (!m->AllocateSlots(a.id, prompt.size() - from).ok()) return false;
+    return m->Append(a.id, std::span<const uint32_t>(prompt).subspan(from), w).ok();
+  };
+
+  // The orchestrator's shared context, then agents that start with it (prefix hits at block
+  // boundaries, resumed per strategy), then agents with their own preamble, then an identical
+  // pair in the same step (content dedup on seal).
+  std::vector<uint32_t> shared = tokens(s.shared_tokens);
+  agents.emplace_back();
+  if (!admit_and_write(agents.back(), shared)) ++out.out_of_blocks;
+  for (uint32_t i = 0; i < s.agents; ++i) {
+    std::vector<uint32_t> prompt = shared;
+    std::vector<uint32_t> task = tokens(s.unique_tokens);
+    prompt.insert(prompt.end(), task.begin(), task.end());
+    agents.emplace_back();
+    agents.back().tenant = i % s.tenants;
+    if (!admit_and_write(agents.back(), prompt)) ++out.out_of_blocks;
+  }
+  for (uint32_t i = 0; i < s.independent; ++i) {
+    std::vector<uint32_t> prompt = tokens(s.preamble_tokens);
+    prompt.insert(prompt.end(), shared.begin(), shared.end());
+    agents.emplace_back();
+    agents.back().tenant = i % s.tenants;
+    if (!admit_and_write(agents.back(), prompt)) ++out.out_of_blocks;
+  }
+  std::vector<uint32_t> pair = tokens(s.preamble_tokens + s.shared_tokens);
+  size_t first = agents.size();
+  for (int k = 0; k < 2; ++k) {
+    agents.emplace_back();
+    Agent& a = agents.back();
+    Simulation::Extend(a, pair);
+    Result<HybridAdmit> r = m->Admit(pair, RequestSpec{});
+    if (!r.ok() || !m->AllocateSlots(r->id, pair.size()).ok()) {
+      ++out.out_of_blocks;
+      continue;
+    }
+    a.id = r->id;
+    a.live = true;
+  }
+  for (uint64_t pos = 0; pos < pair.size(); pos += bt) {
+    uint64_t end = std::min<uint64_t>(pair.size(), pos + bt);
+    for (size_t k = first; k < first + 2; ++k) {
+      Agent& a = agents[k];
+      if (!a.live) continue;
+      if (!m->Append(a.id, std::span<const uint32_t>(pair).subspan(pos, end - pos), HybridWritersFor(a)).ok()) {
+        ++out.out_of_blocks;
+      }
+    }
+  }
+  run.bytes_held_peak = m->bytes_held();
+  run.boundaries_kept = m->boundaries_kept();
+  run.bytes_kept_per_boundary = run.boundaries_kept > 0 ? m->boundary_bytes_kept() / run.boundaries_kept : 0;
+  std::set<uint32_t> physical;
+  uint64_t logical = 0;
+  std::unordered_map<uint32_t, std::set<uint32_t>> domains;
+  for (const Agent& a : agents) {
+    if (!a.live) continue;
+    for (BlockId b : m->BlockTable(a.id)) {
+      physical.insert(b.value);
+      domains[b.value].insert(a.tenant);
+      ++logical;
+    }
+  }
+  for (const auto& [b, ds] : domains) out.cross_tenant_shares += ds.size() > 1 ? 1 : 0;
+  for (Agent& a : agents) {
+    if (!a.live) continue;
+    VerifyHybrid(*m, g, a, run);
+    m->Free(a.id).IgnoreError();
+    a.live = false;
+  }
+  run.dedup_hits = m->index().stats().dedup_hits.load();
+  out.logical_blocks = logical;
+  out.physical_blocks = physical.size();
+  out.bytes_saved = (logical - physical.size()) * out.block_bytes;
+  out.requests = agents.size();
+  out.dedup_hits += run.dedup_hits;
+  out.dedup_collisions += m->index().stats().dedup_collisions.load();
+  out.evictions += m->pool().stats().evictions.load();
+  out.prefix_hit_tokens += run.prefix_hit_tokens;
+  out.records_verified += run.records_verified;
+  out.verify_failures += run.verify_failures;
+  return run;
+}
+
+Result<SimulationResult> RunHybridScenario(const Geometry& g, const AgentScenario& s) {
+  SimulationResult out;
+  out.model = g.name;
+  std::vector<SwaStrategy> strategies = {SwaStrategy::kRecompute, SwaStrategy::kSnapshot, SwaStrategy::kRetain};
+  if (s.swa_strategy) strategies = {*s.swa_strategy};
+  for (SwaStrategy st : strategies) {
+    TESSERA_ASSIGN_OR_RETURN(StrategyRun run, RunHybridStrategy(g, s, st, out));
+    out.strategies.push_back(run);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario& s) {
   if (s.agents == 0 && s.independent == 0) return InvalidArgument("agents", "needs at least one agent");
   if (s.agents > 4096 || s.independent > 4096) return InvalidArgument("agents", "at most 4096 agents of each kind");
@@ -157,6 +414,8 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   if (s.shared_tokens > (1u << 20) || s.unique_tokens > (1u << 20) || s.preamble_tokens > (1u << 20)) {
     return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
   }
+  if (s.hash_bits == 0 || s.hash_bits > 128) return InvalidArgument("hash-bits", "must be in 1..128");
+  if (g.is_hybrid) return RunHybridScenario(g, s);
 
   ManagerOptions mo;
   mo.kv_format = s.kv_format;
@@ -367,12 +626,33 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
   j["cross_tenant_shares"] = r.cross_tenant_shares;
   j["bytes_saved"] = r.bytes_saved;
   j["security_events"] = r.security_events;
+  if (!r.strategies.empty()) {
+    nlohmann::ordered_json st = nlohmann::ordered_json::array();
+    for (const StrategyRun& run : r.strategies) {
+      st.push_back({{"strategy", std::string(SwaStrategyName(run.strategy))},
+                    {"prefix_hits", run.prefix_hits},
+                    {"prefix_hit_tokens", run.prefix_hit_tokens},
+                    {"tokens_recomputed", run.tokens_recomputed},
+                    {"tokens_recomputed_per_hit", run.prefix_hits ? run.tokens_recomputed / run.prefix_hits : 0},
+                    {"states_restored", run.states_restored},
+                    {"boundaries_kept", run.boundaries_kept},
+                    {"bytes_kept_per_boundary", run.bytes_kept_per_boundary},
+                    {"bytes_held_peak", run.bytes_held_peak},
+                    {"dedup_hits", run.dedup_hits},
+                    {"records_verified", run.records_verified},
+                    {"verify_failures", run.verify_failures}});
+    }
+    j["swa_strategies"] = st;
+  }
   if (format == OutputFormat::kJson) return j.dump(2) + "\n";
   std::ostringstream out;
   out << "simulate agents: " << r.model << " (" << r.kv_format << "), " << r.block_tokens << "-token blocks of "
       << FormatBytes(r.block_bytes) << ", capacity " << r.capacity_blocks << " blocks\n";
   for (auto it = j.begin(); it != j.end(); ++it) {
-    if (it.key() == "security_events" || it.key() == "scenario" || it.key() == "model" || it.key() == "kv_format") continue;
+    if (it.key() == "security_events" || it.key() == "scenario" || it.key() == "model" || it.key() == "kv_format" ||
+        it.key() == "swa_strategies") {
+      continue;
+    }
     std::string value = it.value().dump();
     if (it.key() == "bytes_saved" || it.key() == "bytes_verified" || it.key() == "block_bytes") {
       value = FormatBytes(it.value().get<uint64_t>());
@@ -380,6 +660,13 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
     out << (format == OutputFormat::kMarkdown ? "- " : "  ") << it.key() << ": " << value << "\n";
   }
   for (const std::string& e : r.security_events) out << "  security: " << e << "\n";
+  for (const StrategyRun& run : r.strategies) {
+    out << "  window strategy " << SwaStrategyName(run.strategy) << ": " << run.prefix_hits << " hits ("
+        << WithThousands(run.prefix_hit_tokens) << " tokens), " << (run.prefix_hits ? run.tokens_recomputed / run.prefix_hits : 0)
+        << " tokens recomputed per hit, " << run.states_restored << " states restored, " << run.boundaries_kept
+        << " boundaries kept at " << FormatBytes(run.bytes_kept_per_boundary) << " each, peak held "
+        << FormatBytes(run.bytes_held_peak) << ", " << run.verify_failures << " verify failures\n";
+  }
   return out.str();
 }
 

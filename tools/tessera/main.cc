@@ -222,6 +222,7 @@ struct SimulateArgs {
   std::string hash = "xxh3";
   std::string hash_bits = "128";
   std::string seed = "1";
+  std::string swa_strategy;
 
   void Register(CLI::App* app) {
     app->add_option("--scenario", scenario, "agents (the only scenario so far)");
@@ -238,6 +239,7 @@ struct SimulateArgs {
     app->add_option("--hash", hash, "xxh3 | sha256 (content key)");
     app->add_option("--hash-bits", hash_bits, "truncate content keys to B bits (adversarial self-test)");
     app->add_option("--seed", seed, "workload and key seed (default 1)");
+    app->add_option("--swa-strategy", swa_strategy, "recompute | snapshot | retain (models with windows; default: all three)");
   }
 
   Result<std::pair<Geometry, AgentScenario>> Parse() const {
@@ -267,6 +269,10 @@ struct SimulateArgs {
     TESSERA_ASSIGN_OR_RETURN(s.hash, ParseHashAlgorithm(hash));
     TESSERA_ASSIGN_OR_RETURN(s.hash_bits, u32(hash_bits, "hash-bits"));
     TESSERA_ASSIGN_OR_RETURN(s.seed, ParseUnsigned(seed, "seed"));
+    if (!swa_strategy.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(SwaStrategy st, ParseSwaStrategy(swa_strategy));
+      s.swa_strategy = st;
+    }
     return std::make_pair(*g, s);
   }
 };
