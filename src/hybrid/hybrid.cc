@@ -334,6 +334,15 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
       }
     }
   }
+  // Bookkeeping only (no rows or entries to write): one page check per token, not per layer.
+  if (!w.window && !w.state && (!entries || !w.compress || !pool_->backed())) {
+    if (entries && BlocksNeeded(p + 1) > q.table.size()) {
+      return Status(StatusCode::kFailedPrecondition, "tokens", "no page for token " + std::to_string(p) +
+                                                                   ": call AllocateSlots first");
+    }
+    ++q.tokens;
+    return Status::Ok();
+  }
   for (uint32_t i = 0; i < layers_.size(); ++i) {
     const LayerState& ls = layers_[i];
     if (w.window) w.window(ls.layer, p, WindowRow(q, i, p));
