@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
+#include "tessera/codec.h"
+#include "tessera/layout.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -98,6 +102,55 @@ TEST(Format, Fp8DsMlaNeedsWholeScaleGroups) {
   Result<RecordFormat> f = BuildFormat("fp8_ds_mla", Preset("deepseek-v4-pro"));
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find("scale group 128"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+TEST(FormatRegions, TypedViewsOfAV4RecordInARegionMajorPage) {
+  Geometry g = testing::Preset("deepseek-v4-pro");
+  RecordFormat f = *BuildFormat("v4-fp8", g);
+  PageLayout page = *ComputePageLayout(f, 4, 256);
+  std::vector<std::byte> bytes(page.page_bytes);
+  // Entry 5 of the page: its 576-B data row and its 8-B scale row.
+  RecordView v;
+  v.plane_count = 2;
+  v.planes[0] = std::span<std::byte>(bytes).subspan(5 * 576, 576);
+  v.planes[1] = std::span<std::byte>(bytes).subspan(64 * 576 + 5 * 8, 8);
+  std::vector<float> nope(448), rope(64);
+  for (size_t i = 0; i < nope.size(); ++i) nope[i] = static_cast<float>(i % 13) - 6.0f;
+  for (size_t i = 0; i < rope.size(); ++i) rope[i] = 0.5f * static_cast<float>(i);
+  ASSERT_TRUE(QuantizeV4Fp8(nope, rope, v.planes[0], v.planes[1]).ok());
+  RegionView n = *RegionOf(f, v, "nope");
+  RegionView r = *RegionOf(f, v, "rope");
+  RegionView s = *RegionOf(f, v, "scales");
+  EXPECT_EQ(n.count(), 448u);
+  EXPECT_EQ(r.count(), 64u);
+  EXPECT_EQ(s.count(), 7u);
+  EXPECT_EQ(r.Get(10), 5.0f);  // bf16 holds 5.0 exactly
+  // nope = e4m3 code x the tile's power-of-two scale: small integers are exact.
+  for (size_t i = 0; i < 448; ++i) EXPECT_EQ(n.Get(i) * s.Get(i / 64), nope[i]) << i;
+  EXPECT_EQ(RegionOf(f, v, "latent").status().field(), "region");
+}
+
+TEST(FormatRegions, PerTokenRecordsAndFp4) {
+  Geometry g = testing::Preset("deepseek-v4-pro");
+  RecordFormat seed = *BuildFormat("indexer-fp4-seed", g);
+  std::vector<std::byte> rec(seed.record_bytes());
+  std::vector<float> vals(128);
+  for (size_t i = 0; i < vals.size(); ++i) vals[i] = (i % 2 == 0) ? 1.5f : -3.0f;
+  std::vector<uint8_t> packed(64);
+  ASSERT_TRUE(PackE2M1(vals, packed).ok());
+  std::memcpy(rec.data(), packed.data(), packed.size());
+  RecordView v;
+  v.planes[0] = rec;
+  RegionView k = *RegionOf(seed, v, "key");
+  EXPECT_EQ(k.Get(0), 1.5f);
+  EXPECT_EQ(k.Get(1), -3.0f);
+  EXPECT_EQ(k.Get(127), -3.0f);
 }
 
 }  // namespace

@@ -13,7 +13,10 @@
 // Thread-safety: values; const access is safe from any thread.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,5 +81,26 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
 
 // DeepSeek-V4 compressor state: `floats` float32 values per slot.
 RecordFormat CompressorStateFormat(uint32_t floats);
+
+// Where one record lives: a span per plane of its format (one plane for per-token formats; for
+// region-major formats each plane's bytes sit in that plane's row of the page).
+struct RecordView {
+  std::array<std::span<std::byte>, 2> planes;
+  uint32_t plane_count = 1;
+};
+
+// A typed view of one region of one record.
+struct RegionView {
+  const Region* region = nullptr;
+  std::span<std::byte> bytes;
+  uint64_t count() const { return region == nullptr ? 0 : region->count; }
+  // Element i decoded to float (bf16, fp16, fp32, e4m3, ue8m0, e2m1 — packed two per byte, low
+  // nibble first; pad reads 0). REQUIRES: i < count().
+  float Get(uint64_t i) const;
+};
+
+// The region `name` of a record laid out by `format` in `record`. Errors: kNotFound on
+// "region" for an unknown name; kInvalidArgument when the view is smaller than the format.
+Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record, std::string_view name);
 
 }  // namespace tessera

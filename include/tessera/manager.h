@@ -65,12 +65,6 @@ struct AdmitResult {
   uint32_t cached_blocks = 0;
 };
 
-// Where one record of one token goes: a span per plane of its format (one plane for
-// per-token formats).
-struct RecordView {
-  std::array<std::span<std::byte>, 2> planes;
-  uint32_t plane_count = 1;
-};
 // Fills the record of token `position` (absolute) in layer `layer` of group `group`.
 using KvWriter = std::function<void(uint32_t group, uint32_t layer, uint64_t position, const RecordView& record)>;
 

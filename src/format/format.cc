@@ -1,6 +1,11 @@
 #include "tessera/format.h"
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <set>
+
+#include "tessera/codec.h"
 
 namespace tessera {
 
@@ -244,6 +249,69 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
     }
   }
   return f;
+}
+
+namespace {
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float v;
+  if (exp == 0) {
+    v = std::ldexp(static_cast<float>(mant), -24);
+  } else if (exp == 31) {
+    v = mant == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  } else {
+    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  }
+  return sign ? -v : v;
+}
+
+}  // namespace
+
+float RegionView::Get(uint64_t i) const {
+  const std::byte* b = bytes.data();
+  switch (region->type) {
+    case ElementType::kBf16: {
+      uint16_t v;
+      std::memcpy(&v, b + 2 * i, 2);
+      return Bf16ToFloat(v);
+    }
+    case ElementType::kFp16: {
+      uint16_t v;
+      std::memcpy(&v, b + 2 * i, 2);
+      return HalfToFloat(v);
+    }
+    case ElementType::kFp32: {
+      float v;
+      std::memcpy(&v, b + 4 * i, 4);
+      return v;
+    }
+    case ElementType::kFp8E4M3: return DecodeE4M3(static_cast<uint8_t>(b[i]));
+    case ElementType::kUe8m0: return DecodeUE8M0(static_cast<uint8_t>(b[i]));
+    case ElementType::kFp4E2M1: {
+      uint8_t byte = static_cast<uint8_t>(b[i / 2]);
+      return DecodeE2M1(i % 2 == 0 ? byte & 0x0f : byte >> 4);
+    }
+    case ElementType::kPad8: return 0.0f;
+  }
+  return 0.0f;
+}
+
+Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record, std::string_view name) {
+  std::array<uint64_t, 4> bits_in_plane{};
+  for (const Region& r : format.regions) {
+    const uint32_t plane = format.packing == Packing::kPerToken ? 0 : r.plane;
+    if (plane >= record.plane_count) return InvalidArgument("record", "the view has fewer planes than " + format.name);
+    const uint64_t offset_bits = bits_in_plane[plane];
+    bits_in_plane[plane] += r.bits();
+    if (r.name != name) continue;
+    if (offset_bits % 8 != 0) return InvalidArgument("region", "region " + r.name + " does not start on a byte");
+    const uint64_t offset = offset_bits / 8, len = (r.bits() + 7) / 8;
+    std::span<std::byte> plane_bytes = record.planes[plane];
+    if (offset + len > plane_bytes.size()) return InvalidArgument("record", "the view is smaller than " + format.name);
+    return RegionView{&r, plane_bytes.subspan(offset, len)};
+  }
+  return NotFound("region", format.name + " has no region \"" + std::string(name) + "\"");
 }
 
 }  // namespace tessera
