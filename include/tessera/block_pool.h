@@ -110,6 +110,9 @@ class BlockPool {
   // The page of one layer of one group, and the whole block of one group (all its layers).
   BlockHandle PageHandle(BlockId b, uint32_t group, uint32_t layer) const;
   BlockHandle BlockHandleOf(BlockId b, uint32_t group) const;
+  // Entry `slot` of the page of (b, group, layer), one span per plane of the group's format
+  // (region-major formats keep each plane's rows together in the page). REQUIRES: backed().
+  RecordView Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const;
   const RegionTable& regions() const { return regions_; }
   bool backed() const { return kind_ == RegionKind::kHost; }
   // REQUIRES: backed().

@@ -142,6 +142,7 @@ class HybridManager {
   bool RestoreBoundary(Request& q, BlockId block);
   std::vector<std::byte> CompressorBoundaryRows(const Request& q) const;
   void OnEvict(BlockId b);
+  void ReleaseChunk(uint32_t chunk);
 
   HybridOptions options_;
   Ledger layout_;

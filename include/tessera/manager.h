@@ -134,7 +134,7 @@ class BlockManager {
   uint32_t SharedSlots(const Request& req, uint64_t n) const;
   Status UnshareSlots(Request& req, uint64_t n);
   Status OutOfBlocks(uint64_t needed);
-  RecordView View(BlockId b, uint32_t group, uint32_t layer, uint64_t slot_in_block) const;
+  uint32_t NewRequestSlot();
 
   ManagerOptions options_;
   std::unique_ptr<BlockPool> pool_;

@@ -39,26 +39,6 @@ struct HybridManager::Request {
 
 namespace {
 
-RecordView PageRecord(const BlockPool& pool, BlockId b, uint32_t group, uint32_t layer, uint64_t slot) {
-  RecordView v;
-  const PoolGroup& g = pool.groups()[group];
-  std::span<std::byte> page = pool.Bytes(pool.PageHandle(b, group, layer));
-  if (g.format.packing == Packing::kPerToken) {
-    uint64_t rb = g.format.record_bytes();
-    v.planes[0] = page.subspan(slot * rb, rb);
-    v.plane_count = 1;
-    return v;
-  }
-  uint64_t offset = 0;
-  v.plane_count = std::min<uint32_t>(g.format.plane_count(), static_cast<uint32_t>(v.planes.size()));
-  for (uint32_t p = 0; p < v.plane_count; ++p) {
-    uint64_t pb = g.format.plane_bytes(p);
-    v.planes[p] = page.subspan(offset + slot * pb, pb);
-    offset += uint64_t{g.page.entries_per_block} * pb;
-  }
-  return v;
-}
-
 }  // namespace
 
 void ReferenceCompress(uint32_t, bool, uint64_t, std::span<const float> rows, uint32_t row_floats,
@@ -323,15 +303,9 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
     }
     uint64_t first_live = p + 1 > window_ ? (p + 1 - window_) / window_ : 0;
     while (q.chunk_base < first_live && !q.chunks.empty()) {
-      uint32_t chunk = q.chunks.front();
+      ReleaseChunk(q.chunks.front());
       q.chunks.erase(q.chunks.begin());
       ++q.chunk_base;
-      if (--chunk_refs_[chunk] == 0) {
-        free_chunks_.push_back(chunk);
-        chunks_[chunk].clear();
-        chunks_[chunk].shrink_to_fit();
-        --chunks_live_;
-      }
     }
   }
   // Bookkeeping only (no rows or entries to write): one page check per token, not per layer.
@@ -374,7 +348,7 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
       int32_t group = indexer ? ls.igroup : ls.group;
       uint32_t layer = indexer ? ls.igroup_layer : ls.group_layer;
       w.compress(ls.layer, indexer, g,
-                 rows, floats, PageRecord(*pool_, q.table[block], static_cast<uint32_t>(group), layer, g % epb));
+                 rows, floats, pool_->Record(q.table[block], static_cast<uint32_t>(group), layer, g % epb));
     }
   }
   ++q.tokens;
@@ -494,15 +468,17 @@ bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
   return true;
 }
 
+void HybridManager::ReleaseChunk(uint32_t chunk) {
+  if (--chunk_refs_[chunk] > 0) return;
+  free_chunks_.push_back(chunk);
+  chunks_[chunk] = std::vector<std::byte>();
+  --chunks_live_;
+}
+
 void HybridManager::OnEvict(BlockId b) {
   auto it = boundaries_.find(b.value);
   if (it == boundaries_.end()) return;
-  if (it->second.chunk != UINT32_MAX && --chunk_refs_[it->second.chunk] == 0) {
-    free_chunks_.push_back(it->second.chunk);
-    chunks_[it->second.chunk].clear();
-    chunks_[it->second.chunk].shrink_to_fit();
-    --chunks_live_;
-  }
+  if (it->second.chunk != UINT32_MAX) ReleaseChunk(it->second.chunk);
   boundaries_.erase(it);
 }
 
@@ -510,14 +486,7 @@ Status HybridManager::Free(RequestId r) {
   Request* q = Get(r);
   if (q == nullptr) return InvalidArgument("request", "no live request " + std::to_string(r.value));
   for (auto it = q->table.rbegin(); it != q->table.rend(); ++it) pool_->Unref(*it);
-  for (uint32_t chunk : q->chunks) {
-    if (--chunk_refs_[chunk] == 0) {
-      free_chunks_.push_back(chunk);
-      chunks_[chunk].clear();
-      chunks_[chunk].shrink_to_fit();
-      --chunks_live_;
-    }
-  }
+  for (uint32_t chunk : q->chunks) ReleaseChunk(chunk);
   free_slabs_.push_back(q->slab);
   *q = Request{};
   free_request_ids_.push_back(r.value);
@@ -571,8 +540,8 @@ Result<RecordView> HybridManager::Entry(RequestId r, uint32_t layer, bool indexe
     if (group < 0) return InvalidArgument("layer", "layer " + std::to_string(layer) + " has no such cache");
     uint64_t epb = pool_->groups()[static_cast<size_t>(group)].page.entries_per_block;
     if (entry >= q->tokens / ls.ratio) return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
-    return PageRecord(*pool_, q->table[entry / epb], static_cast<uint32_t>(group),
-                      indexer ? ls.igroup_layer : ls.group_layer, entry % epb);
+    return pool_->Record(q->table[entry / epb], static_cast<uint32_t>(group), indexer ? ls.igroup_layer : ls.group_layer,
+                         entry % epb);
   }
   return InvalidArgument("layer", "no layer " + std::to_string(layer));
 }

@@ -66,15 +66,18 @@ const BlockManager::Request* BlockManager::GetConst(RequestId r) const {
   return &requests_[r.value];
 }
 
-Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
-  uint32_t id;
+uint32_t BlockManager::NewRequestSlot() {
   if (!free_request_ids_.empty()) {
-    id = free_request_ids_.back();
+    uint32_t id = free_request_ids_.back();
     free_request_ids_.pop_back();
-  } else {
-    id = static_cast<uint32_t>(requests_.size());
-    requests_.emplace_back();
+    return id;
   }
+  requests_.emplace_back();
+  return static_cast<uint32_t>(requests_.size() - 1);
+}
+
+Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
+  const uint32_t id = NewRequestSlot();
   Request& req = requests_[id];
   req = Request{};
   req.live = true;
@@ -154,26 +157,6 @@ Status BlockManager::AllocateSlots(RequestId r, uint64_t n) {
   return pool_->Allocate(static_cast<uint32_t>(more), &req->table);
 }
 
-RecordView BlockManager::View(BlockId b, uint32_t group, uint32_t layer, uint64_t slot_in_block) const {
-  RecordView v;
-  const PoolGroup& g = pool_->groups()[group];
-  std::span<std::byte> page = pool_->Bytes(pool_->PageHandle(b, group, layer));
-  if (g.format.packing == Packing::kPerToken) {
-    uint64_t rb = g.format.record_bytes();
-    v.planes[0] = page.subspan(slot_in_block * rb, rb);
-    v.plane_count = 1;
-    return v;
-  }
-  uint64_t offset = 0;
-  v.plane_count = std::min<uint32_t>(g.format.plane_count(), static_cast<uint32_t>(v.planes.size()));
-  for (uint32_t p = 0; p < v.plane_count; ++p) {
-    uint64_t pb = g.format.plane_bytes(p);
-    v.planes[p] = page.subspan(offset + slot_in_block * pb, pb);
-    offset += uint64_t{g.page.entries_per_block} * pb;
-  }
-  return v;
-}
-
 Status BlockManager::CopyOnWrite(Request& req, size_t slot) {
   BlockId old = req.table[slot];
   std::vector<BlockId> fresh;
@@ -213,7 +196,7 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
     assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 && "writing into a shared or sealed block");
     if (pool_->backed() && writer) {
       for (uint32_t g = 0; g < groups; ++g) {
-        for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) writer(g, l, pos, View(b, g, l, in_block));
+        for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) writer(g, l, pos, pool_->Record(b, g, l, in_block));
       }
     }
     req->token_ids.push_back(token);
@@ -235,15 +218,8 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
 Result<RequestId> BlockManager::Fork(RequestId parent) {
   Request* p = Get(parent);
   if (p == nullptr) return NoRequest(parent);
-  Request copy = *p;  // before emplace_back may move requests_
-  uint32_t id;
-  if (!free_request_ids_.empty()) {
-    id = free_request_ids_.back();
-    free_request_ids_.pop_back();
-  } else {
-    id = static_cast<uint32_t>(requests_.size());
-    requests_.emplace_back();
-  }
+  Request copy = *p;  // before NewRequestSlot may move requests_
+  const uint32_t id = NewRequestSlot();
   for (BlockId b : copy.table) pool_->Ref(b);
   requests_[id] = std::move(copy);
   ++live_;
@@ -282,7 +258,7 @@ Result<RecordView> BlockManager::Record(RequestId r, uint32_t group, uint32_t la
   if (group >= pool_->groups().size() || layer >= pool_->groups()[group].layers) {
     return InvalidArgument("layer", "no such group/layer");
   }
-  return View(req->table[position / block_tokens_], group, layer, position % block_tokens_);
+  return pool_->Record(req->table[position / block_tokens_], group, layer, position % block_tokens_);
 }
 
 std::vector<MetricFamily> BlockManager::CollectMetrics() const {

@@ -204,6 +204,25 @@ BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {
   return {group_region_[group], b.value * group_block_bytes_[group], group_block_bytes_[group]};
 }
 
+RecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
+  RecordView v;
+  const PoolGroup& g = groups_[group];
+  std::span<std::byte> page = Bytes(PageHandle(b, group, layer));
+  if (g.format.packing == Packing::kPerToken) {
+    const uint64_t rb = g.format.record_bytes();
+    v.planes[0] = page.subspan(slot * rb, rb);
+    return v;
+  }
+  uint64_t offset = 0;
+  v.plane_count = std::min<uint32_t>(g.format.plane_count(), static_cast<uint32_t>(v.planes.size()));
+  for (uint32_t p = 0; p < v.plane_count; ++p) {
+    const uint64_t pb = g.format.plane_bytes(p);
+    v.planes[p] = page.subspan(offset + slot * pb, pb);
+    offset += uint64_t{g.page.entries_per_block} * pb;
+  }
+  return v;
+}
+
 uint64_t BlockPool::bytes_held() const {
   uint64_t held = capacity_ - free_count_;
   return held * (block_bytes_ + metadata_bytes_per_block());
