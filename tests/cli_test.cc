@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tessera/disk_tier.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -276,6 +277,39 @@ TEST(Cli, LedgerPhasesAndStrategies) {
   EXPECT_EQ(k["swa_strategies"].size(), 3u);
   EXPECT_EQ(k["inputs"]["swa_strategy"], "retain");
   ExpectInputError(RunTessera("ledger --model deepseek-v4-pro --context 1m --swa-strategy keep"), "swa-strategy");
+}
+
+TEST(Cli, TierFsckAndStats) {
+  TempDir dir;
+  std::string tier = dir.path() + "/tier";
+  {
+    DiskTierOptions o;
+    o.dir = tier;
+    auto t = std::move(DiskTier::Open(o)).value();
+    std::vector<DiskRecord> batch;
+    for (uint64_t i = 0; i < 5; ++i) batch.push_back(DiskRecord{Hash128{i + 1, i}, 0, std::vector<std::byte>(5000, std::byte{7})});
+    ASSERT_TRUE(t->PutBatch(batch).ok());
+  }
+  CommandResult clean = RunTessera("tier fsck " + tier + " --format json");
+  EXPECT_EQ(clean.exit_code, 0) << clean.err;
+  nlohmann::json j = nlohmann::json::parse(clean.out);
+  EXPECT_EQ(j["records"], 5);
+  EXPECT_EQ(j["quarantined"], 0);
+  // Damage the second record's payload: fsck quarantines it and exits 1; stats then shows 4.
+  std::string seg = tier + "/seg-000001.tsr";
+  {
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 8192 + 4096 + 100);
+    f.put('\x55');
+  }
+  CommandResult bad = RunTessera("tier fsck " + tier);
+  EXPECT_EQ(bad.exit_code, 1) << bad.out << bad.err;
+  EXPECT_NE(bad.out.find("payload checksum mismatch"), std::string::npos) << bad.out;
+  nlohmann::json st = nlohmann::json::parse(RunTessera("tier stats " + tier + " --format json").out);
+  EXPECT_EQ(st["records"], 4);
+  EXPECT_EQ(st["quarantined"], 0);
+  EXPECT_GT(st["dead_bytes"].get<uint64_t>(), 0u);
+  ExpectInputError(RunTessera("tier stats " + dir.path() + "/missing"), "dir");
 }
 
 TEST(Cli, HelpExitsZero) {

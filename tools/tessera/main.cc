@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tessera/claims.h"
+#include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
@@ -306,6 +307,37 @@ int RunLayout(const ModelArgs& args, const std::string& format_name) {
   return 0;
 }
 
+// `tessera tier fsck DIR`: verify every record, quarantine what fails; exit 0 when all verified,
+// 1 when anything was quarantined. `tessera tier stats DIR`: counts, read-only.
+int RunTier(const std::string& action, const std::string& dir, const std::string& format_name) {
+  Result<OutputFormat> format = ParseOutputFormat(format_name);
+  if (!format.ok()) return Fail(format.status());
+  DiskTierOptions o;
+  o.dir = dir;
+  o.read_only = action == "stats";
+  Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
+  if (!t.ok()) return Fail(t.status());
+  DiskTierStats s = (*t)->stats();
+  if (*format == OutputFormat::kJson) {
+    std::printf("{\"dir\": \"%s\", \"segments\": %llu, \"records\": %llu, \"verified\": %llu, \"bytes\": %llu, "
+                "\"live_bytes\": %llu, \"dead_bytes\": %llu, \"quarantined\": %llu}\n",
+                dir.c_str(), static_cast<unsigned long long>(s.segments), static_cast<unsigned long long>(s.records),
+                static_cast<unsigned long long>(s.verified), static_cast<unsigned long long>(s.bytes),
+                static_cast<unsigned long long>(s.live_bytes), static_cast<unsigned long long>(s.dead_bytes),
+                static_cast<unsigned long long>(s.quarantined));
+  } else {
+    std::printf("%s: %s\n  segments     %llu\n  records      %llu (verified %llu)\n  bytes        %s\n  live bytes   %s\n"
+                "  dead bytes   %s\n  quarantined  %llu\n",
+                action.c_str(), dir.c_str(), static_cast<unsigned long long>(s.segments),
+                static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.verified),
+                FormatBytes(s.bytes).c_str(), FormatBytes(s.live_bytes).c_str(), FormatBytes(s.dead_bytes).c_str(),
+                static_cast<unsigned long long>(s.quarantined));
+    for (const std::string& q : (*t)->quarantine_log()) std::printf("  quarantined: %s\n", q.c_str());
+  }
+  if (action == "fsck") return s.quarantined == 0 ? 0 : 1;
+  return 0;
+}
+
 int RunModels() {
   for (const std::string& name : PresetNames()) {
     Result<Geometry> g = LoadPreset(name);
@@ -362,6 +394,15 @@ int Main(int argc, char** argv) {
   layout->add_option("--kv-format", layout_args.kv_format, "main record format");
   layout->add_option("--indexer-format", layout_args.indexer_format, "indexer record format");
   layout->add_option("--format", format, "table | json | markdown");
+  std::string tier_dir;
+  CLI::App* tier = app.add_subcommand("tier", "the disk tier: fsck DIR | stats DIR");
+  CLI::App* fsck = tier->add_subcommand("fsck", "verify every record; exit 1 if anything was quarantined");
+  fsck->add_option("dir", tier_dir, "disk tier directory")->required();
+  fsck->add_option("--format", format, "table | json");
+  CLI::App* tier_stats = tier->add_subcommand("stats", "records, bytes, dead bytes, quarantined (read-only)");
+  tier_stats->add_option("dir", tier_dir, "disk tier directory")->required();
+  tier_stats->add_option("--format", format, "table | json");
+  tier->require_subcommand(1);
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");
 
@@ -383,6 +424,8 @@ int Main(int argc, char** argv) {
   if (simulate->parsed()) return RunSimulate(sim_args, format, false);
   if (stats->parsed()) return RunSimulate(stats_args, format, true);
   if (layout->parsed()) return RunLayout(layout_args, format);
+  if (fsck->parsed()) return RunTier("fsck", tier_dir, format);
+  if (tier_stats->parsed()) return RunTier("stats", tier_dir, format);
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
   return 2;
