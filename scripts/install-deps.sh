@@ -7,6 +7,8 @@ packages=(
   cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libxxhash-dev
+  libhiredis-dev redis-server
+  clang libclang-rt-14-dev
 )
 
 missing=()

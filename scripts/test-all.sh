@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the dev build, then the same suite under ASan+UBSan and TSan.
-# Usage: scripts/test-all.sh [preset...]   (default: dev asan tsan)
+# Builds and runs every test: the dev build, a bounded libFuzzer run of the segment parser
+# (clang), then the whole suite under ASan+UBSan and under TSan.
+# Usage: scripts/test-all.sh [preset...]   (default: dev fuzz asan tsan)
+#        TESSERA_FUZZ_SECONDS=N sets the fuzzing time (default 15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 presets=("$@")
-if [ "${#presets[@]}" -eq 0 ]; then presets=(dev asan tsan); fi
+if [ "${#presets[@]}" -eq 0 ]; then presets=(dev fuzz asan tsan); fi
 jobs=$(nproc)
 
 for p in "${presets[@]}"; do
   echo "=== preset ${p}: configure and build"
   cmake --preset "$p" >/dev/null
+  if [ "$p" = fuzz ]; then
+    cmake --build "build/$p" -j "$jobs" --target segment_fuzz
+    corpus=$(mktemp -d)
+    cp fuzz/corpus/* "$corpus"/
+    echo "=== preset ${p}: segment_fuzz for ${TESSERA_FUZZ_SECONDS:-15} s"
+    "build/$p/fuzz/segment_fuzz" -max_total_time="${TESSERA_FUZZ_SECONDS:-15}" -rss_limit_mb=4096 \
+      -print_final_stats=1 "$corpus" 2>&1 | tail -n 4
+    rm -rf "$corpus"
+    continue
+  fi
   cmake --build "build/$p" -j "$jobs"
   echo "=== preset ${p}: tests"
   # TSan needs a fixed address-space layout on kernels with high mmap randomisation.

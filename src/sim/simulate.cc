@@ -76,7 +76,7 @@ struct Agent {
 
 class Simulation {
  public:
-  Simulation(const AgentScenario& s, BlockManager* m) : s_(s), m_(m), rng_(s.seed) {}
+  Simulation(const AgentScenario& s, BlockManager* m) : m_(m), rng_(s.seed) {}
 
   std::vector<uint32_t> Tokens(uint64_t n) {
     std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
@@ -143,7 +143,6 @@ class Simulation {
   }
 
  private:
-  const AgentScenario& s_;
   BlockManager* m_;
   std::mt19937_64 rng_;
 };
