@@ -35,8 +35,8 @@ Hash128 KeyOf(uint64_t i) { return Hash128{i + 1, 0xabcdef ^ i}; }
 
 std::string FreshDir() {
   static int n = 0;
-  std::string dir = std::filesystem::temp_directory_path() / ("tessera-fuzz-" + std::to_string(::getpid()) + "-" +
-                                                               std::to_string(n++));
+  std::string dir = std::filesystem::temp_directory_path() /
+                    ("tessera-fuzz-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -50,7 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string seg = dir + "/seg-000001.tsr";
   const bool damage = (data[0] & 1) != 0;
   if (!damage) {
-    std::ofstream(seg, std::ios::binary).write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
+    std::ofstream(seg, std::ios::binary)
+        .write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
   } else {
     {
       DiskTierOptions o;

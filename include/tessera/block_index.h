@@ -53,11 +53,11 @@ struct SecurityEvent {
 };
 
 struct IndexStats {
-  std::atomic<uint64_t> prefix_hits{0};             // blocks
-  std::atomic<uint64_t> prefix_misses{0};           // lookups that ended a prefix walk
-  std::atomic<uint64_t> prefix_key_mismatches{0};   // key matched, identity did not (hash collision)
+  std::atomic<uint64_t> prefix_hits{0};            // blocks
+  std::atomic<uint64_t> prefix_misses{0};          // lookups that ended a prefix walk
+  std::atomic<uint64_t> prefix_key_mismatches{0};  // key matched, identity did not (hash collision)
   std::atomic<uint64_t> dedup_hits{0};
-  std::atomic<uint64_t> dedup_collisions{0};        // content key matched, bytes differed
+  std::atomic<uint64_t> dedup_collisions{0};           // content key matched, bytes differed
   std::atomic<uint64_t> dedup_identity_mismatches{0};  // bytes equal, token identity differed: not shared
   std::atomic<uint64_t> bytes_compared{0};
 };
@@ -71,8 +71,12 @@ class BlockIndex {
   std::optional<PrefixRef> Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                                   uint64_t salt);
 
+  // The longest verified prefix of `prompt` in whole blocks, as a chain of references (no
+  // reference counts are taken: the caller refs the blocks it keeps).
+  std::vector<PrefixRef> LongestPrefix(std::span<const uint32_t> prompt, uint32_t domain, uint64_t salt);
+
   struct SealResult {
-    PrefixRef ref;           // the block the caller now holds in its table
+    PrefixRef ref;              // the block the caller now holds in its table
     bool deduplicated = false;  // the candidate was released in favour of an equal block
   };
   // Seals `candidate` (kFilling, refcount 1, full) as the child of `parent`. May return an

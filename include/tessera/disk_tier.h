@@ -54,12 +54,12 @@ struct DiskRecord {
 
 struct DiskTierStats {
   uint64_t segments = 0;
-  uint64_t records = 0;       // live records in the index
-  uint64_t bytes = 0;         // bytes of all segment files
-  uint64_t live_bytes = 0;    // bytes of live records (header slot + padded payload)
-  uint64_t dead_bytes = 0;    // superseded, erased, quarantined records and tombstones
-  uint64_t quarantined = 0;   // records quarantined since open (scan or read)
-  uint64_t verified = 0;      // records verified by the opening scan
+  uint64_t records = 0;      // live records in the index
+  uint64_t bytes = 0;        // bytes of all segment files
+  uint64_t live_bytes = 0;   // bytes of live records (header slot + padded payload)
+  uint64_t dead_bytes = 0;   // superseded, erased, quarantined records and tombstones
+  uint64_t quarantined = 0;  // records quarantined since open (scan or read)
+  uint64_t verified = 0;     // records verified by the opening scan
   uint64_t reads = 0, read_failures = 0, writes = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "base/slots.h"
 #include "tessera/checked.h"
 
 namespace tessera {
@@ -37,9 +38,7 @@ struct HybridManager::Request {
   uint64_t chunk_base = 0;
 };
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 void ReferenceCompress(uint32_t, bool, uint64_t, std::span<const float> rows, uint32_t row_floats,
                        const RecordView& entry) {
@@ -135,7 +134,8 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
           ls.istate_slots = c.slots * doubling;
           ls.istate_floats = c.state_floats;
           break;
-        default: break;
+        default:
+          break;
       }
     }
     if (ls.ratio > 0) ls.coff = ls.state_slots / doubling / ls.ratio;
@@ -164,7 +164,8 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
   Checked arena = Checked(offset) * o.max_requests;
   if (arena.overflowed()) return OutOfRange("max-requests", "arena bytes overflow");
   m->arena_bytes_ = std::max<uint64_t>(arena.value(), 1);
-  void* p = ::mmap(nullptr, m->arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p =
+      ::mmap(nullptr, m->arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return Status(StatusCode::kOutOfBlocks, "max-requests", "cannot map the state arena");
   m->arena_ = static_cast<std::byte*>(p);
   for (uint32_t i = o.max_requests; i > 0; --i) m->free_slabs_.push_back(i - 1);
@@ -212,17 +213,10 @@ std::span<float> HybridManager::StateRow(const Request& q, uint32_t layer_pos, b
 
 Result<HybridAdmit> HybridManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
   if (free_slabs_.empty()) {
-    return Status(StatusCode::kOutOfBlocks, "requests", "the state arena holds " +
-                                                             std::to_string(options_.max_requests) + " requests");
+    return Status(StatusCode::kOutOfBlocks, "requests",
+                  "the state arena holds " + std::to_string(options_.max_requests) + " requests");
   }
-  uint32_t id;
-  if (!free_request_ids_.empty()) {
-    id = free_request_ids_.back();
-    free_request_ids_.pop_back();
-  } else {
-    id = static_cast<uint32_t>(requests_.size());
-    requests_.emplace_back();
-  }
+  const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
   Request& q = requests_[id];
   q = Request{};
   q.live = true;
@@ -234,15 +228,10 @@ Result<HybridAdmit> HybridManager::Admit(std::span<const uint32_t> prompt, const
   q.slab = free_slabs_.back();
   free_slabs_.pop_back();
 
-  PrefixRef parent;
-  for (size_t i = 0; i < prompt.size() / block_tokens_; ++i) {
-    std::optional<PrefixRef> hit =
-        index_->Lookup(parent, prompt.subspan(i * block_tokens_, block_tokens_), q.domain, q.salt);
-    if (!hit) break;
-    pool_->Ref(hit->block);
-    q.table.push_back(hit->block);
-    q.chain.push_back(*hit);
-    parent = *hit;
+  q.chain = index_->LongestPrefix(prompt, q.domain, q.salt);
+  for (const PrefixRef& hit : q.chain) {
+    pool_->Ref(hit.block);
+    q.table.push_back(hit.block);
   }
   HybridAdmit a;
   a.id = RequestId{id};
@@ -273,8 +262,9 @@ Status HybridManager::AllocateSlots(RequestId r, uint64_t n) {
   if (need <= q->table.size()) return Status::Ok();
   uint64_t more = need - q->table.size();
   if (more > pool_->Available()) {
-    return Status(StatusCode::kOutOfBlocks, "blocks",
-                  "need " + std::to_string(more) + " blocks, " + std::to_string(pool_->Available()) + " free or evictable");
+    return Status(
+        StatusCode::kOutOfBlocks, "blocks",
+        "need " + std::to_string(more) + " blocks, " + std::to_string(pool_->Available()) + " free or evictable");
   }
   return pool_->Allocate(static_cast<uint32_t>(more), &q->table);
 }
@@ -287,15 +277,8 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
     // Window rows live in chunks of `window` tokens: open the chunk of p, drop those behind.
     uint64_t c = p / window_;
     while (q.chunk_base + q.chunks.size() <= c) {
-      uint32_t chunk;
-      if (!free_chunks_.empty()) {
-        chunk = free_chunks_.back();
-        free_chunks_.pop_back();
-      } else {
-        chunk = static_cast<uint32_t>(chunks_.size());
-        chunks_.emplace_back();
-        chunk_refs_.push_back(0);
-      }
+      const uint32_t chunk = detail::TakeSlot(free_chunks_, chunks_);
+      chunk_refs_.resize(chunks_.size(), 0);
       chunks_[chunk].resize(chunk_bytes_);
       chunk_refs_[chunk] = 1;
       ++chunks_live_;
@@ -311,8 +294,8 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
   // Bookkeeping only (no rows or entries to write): one page check per token, not per layer.
   if (!w.window && !w.state && (!entries || !w.compress || !pool_->backed())) {
     if (entries && BlocksNeeded(p + 1) > q.table.size()) {
-      return Status(StatusCode::kFailedPrecondition, "tokens", "no page for token " + std::to_string(p) +
-                                                                   ": call AllocateSlots first");
+      return Status(StatusCode::kFailedPrecondition, "tokens",
+                    "no page for token " + std::to_string(p) + ": call AllocateSlots first");
     }
     ++q.tokens;
     return Status::Ok();
@@ -331,8 +314,8 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
     const uint64_t epb = pool_->groups()[static_cast<size_t>(ls.group)].page.entries_per_block;
     const uint64_t block = g / epb;
     if (block >= q.table.size()) {
-      return Status(StatusCode::kFailedPrecondition, "tokens", "no page for entry " + std::to_string(g) +
-                                                                   ": call AllocateSlots first");
+      return Status(StatusCode::kFailedPrecondition, "tokens",
+                    "no page for entry " + std::to_string(g) + ": call AllocateSlots first");
     }
     if (!pool_->backed() || !w.compress) continue;
     const uint64_t first = g * ls.ratio >= (ls.coff - 1) * ls.ratio ? g * ls.ratio - (ls.coff - 1) * ls.ratio : 0;
@@ -347,8 +330,8 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
       }
       int32_t group = indexer ? ls.igroup : ls.group;
       uint32_t layer = indexer ? ls.igroup_layer : ls.group_layer;
-      w.compress(ls.layer, indexer, g,
-                 rows, floats, pool_->Record(q.table[block], static_cast<uint32_t>(group), layer, g % epb));
+      w.compress(ls.layer, indexer, g, rows, floats,
+                 pool_->Record(q.table[block], static_cast<uint32_t>(group), layer, g % epb));
     }
   }
   ++q.tokens;
@@ -539,9 +522,10 @@ Result<RecordView> HybridManager::Entry(RequestId r, uint32_t layer, bool indexe
     int32_t group = indexer ? ls.igroup : ls.group;
     if (group < 0) return InvalidArgument("layer", "layer " + std::to_string(layer) + " has no such cache");
     uint64_t epb = pool_->groups()[static_cast<size_t>(group)].page.entries_per_block;
-    if (entry >= q->tokens / ls.ratio) return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
-    return pool_->Record(q->table[entry / epb], static_cast<uint32_t>(group), indexer ? ls.igroup_layer : ls.group_layer,
-                         entry % epb);
+    if (entry >= q->tokens / ls.ratio)
+      return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
+    return pool_->Record(q->table[entry / epb], static_cast<uint32_t>(group),
+                         indexer ? ls.igroup_layer : ls.group_layer, entry % epb);
   }
   return InvalidArgument("layer", "no layer " + std::to_string(layer));
 }

@@ -49,6 +49,18 @@ std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<c
   return PrefixRef{e, pool_->generation(e), key};
 }
 
+std::vector<PrefixRef> BlockIndex::LongestPrefix(std::span<const uint32_t> prompt, uint32_t domain, uint64_t salt) {
+  std::vector<PrefixRef> chain;
+  PrefixRef parent;
+  for (size_t i = 0; i + block_tokens_ <= prompt.size(); i += block_tokens_) {
+    std::optional<PrefixRef> hit = Lookup(parent, prompt.subspan(i, block_tokens_), domain, salt);
+    if (!hit) break;
+    chain.push_back(*hit);
+    parent = *hit;
+  }
+  return chain;
+}
+
 Hash128 BlockIndex::ContentKey(BlockId b, uint32_t domain) const {
   ContentHasher::Stream s = hasher_.Begin();
   s.Update(&domain, sizeof domain);

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "base/slots.h"
 #include "tessera/checked.h"
 
 namespace tessera {
@@ -66,15 +67,7 @@ const BlockManager::Request* BlockManager::GetConst(RequestId r) const {
   return &requests_[r.value];
 }
 
-uint32_t BlockManager::NewRequestSlot() {
-  if (!free_request_ids_.empty()) {
-    uint32_t id = free_request_ids_.back();
-    free_request_ids_.pop_back();
-    return id;
-  }
-  requests_.emplace_back();
-  return static_cast<uint32_t>(requests_.size() - 1);
-}
+uint32_t BlockManager::NewRequestSlot() { return detail::TakeSlot(free_request_ids_, requests_); }
 
 Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
   const uint32_t id = NewRequestSlot();
@@ -88,15 +81,11 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
   ++live_;
   metrics_.requests_admitted.fetch_add(1, std::memory_order_relaxed);
 
-  PrefixRef parent;
   const size_t full_blocks = prompt.size() / block_tokens_;
-  for (size_t i = 0; i < full_blocks; ++i) {
-    std::optional<PrefixRef> hit = index_->Lookup(parent, prompt.subspan(i * block_tokens_, block_tokens_), req.domain, req.salt);
-    if (!hit) break;
-    pool_->Ref(hit->block);
-    req.table.push_back(hit->block);
-    req.chain.push_back(*hit);
-    parent = *hit;
+  req.chain = index_->LongestPrefix(prompt, req.domain, req.salt);
+  for (const PrefixRef& hit : req.chain) {
+    pool_->Ref(hit.block);
+    req.table.push_back(hit.block);
   }
   AdmitResult result;
   result.id = RequestId{id};
@@ -193,7 +182,8 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
     const size_t slot = pos / block_tokens_;
     const uint64_t in_block = pos % block_tokens_;
     BlockId b = req->table[slot];
-    assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 && "writing into a shared or sealed block");
+    assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 &&
+           "writing into a shared or sealed block");
     if (pool_->backed() && writer) {
       for (uint32_t g = 0; g < groups; ++g) {
         for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) writer(g, l, pos, pool_->Record(b, g, l, in_block));
@@ -270,23 +260,44 @@ std::vector<MetricFamily> BlockManager::CollectMetrics() const {
       {"tessera_block_frees_total", "Unsealed blocks returned to the free list.", "counter", {{"", v(ps.frees)}}},
       {"tessera_block_seals_total", "Blocks sealed (bytes final, keys computed).", "counter", {{"", v(ps.seals)}}},
       {"tessera_block_evictions_total", "Cached blocks evicted to make room.", "counter", {{"", v(ps.evictions)}}},
-      {"tessera_prefix_hits_total", "Prompt blocks and tokens served from the prefix index (tokens verified).",
-       "counter", {{"unit=\"blocks\"", v(metrics_.prefix_hit_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_hit_tokens)}}},
-      {"tessera_prefix_misses_total", "Prompt blocks and tokens not found in the prefix index.", "counter",
+      {"tessera_prefix_hits_total",
+       "Prompt blocks and tokens served from the prefix index (tokens verified).",
+       "counter",
+       {{"unit=\"blocks\"", v(metrics_.prefix_hit_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_hit_tokens)}}},
+      {"tessera_prefix_misses_total",
+       "Prompt blocks and tokens not found in the prefix index.",
+       "counter",
        {{"unit=\"blocks\"", v(metrics_.prefix_miss_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_miss_tokens)}}},
-      {"tessera_prefix_key_mismatches_total", "Prefix keys that matched while tokens or parent did not.", "counter",
+      {"tessera_prefix_key_mismatches_total",
+       "Prefix keys that matched while tokens or parent did not.",
+       "counter",
        {{"", v(is.prefix_key_mismatches)}}},
-      {"tessera_dedup_hits_total", "Sealed blocks shared with a byte-identical block.", "counter", {{"", v(is.dedup_hits)}}},
-      {"tessera_dedup_collisions_total", "Content-key matches whose bytes differed (security events; never shared).",
-       "counter", {{"", v(is.dedup_collisions)}}},
-      {"tessera_dedup_identity_mismatches_total", "Byte-identical blocks not shared because their tokens differed.",
-       "counter", {{"", v(is.dedup_identity_mismatches)}}},
-      {"tessera_dedup_bytes_compared_total", "Bytes compared to verify content-key matches.", "counter",
+      {"tessera_dedup_hits_total",
+       "Sealed blocks shared with a byte-identical block.",
+       "counter",
+       {{"", v(is.dedup_hits)}}},
+      {"tessera_dedup_collisions_total",
+       "Content-key matches whose bytes differed (security events; never shared).",
+       "counter",
+       {{"", v(is.dedup_collisions)}}},
+      {"tessera_dedup_identity_mismatches_total",
+       "Byte-identical blocks not shared because their tokens differed.",
+       "counter",
+       {{"", v(is.dedup_identity_mismatches)}}},
+      {"tessera_dedup_bytes_compared_total",
+       "Bytes compared to verify content-key matches.",
+       "counter",
        {{"", v(is.bytes_compared)}}},
-      {"tessera_cow_copies_total", "Shared unsealed blocks copied before a write.", "counter", {{"", v(metrics_.cow_copies)}}},
+      {"tessera_cow_copies_total",
+       "Shared unsealed blocks copied before a write.",
+       "counter",
+       {{"", v(metrics_.cow_copies)}}},
       {"tessera_forks_total", "Requests forked.", "counter", {{"", v(metrics_.forks)}}},
       {"tessera_requests_admitted_total", "Requests admitted.", "counter", {{"", v(metrics_.requests_admitted)}}},
-      {"tessera_out_of_blocks_total", "Allocations refused for lack of blocks.", "counter", {{"", v(metrics_.out_of_blocks)}}},
+      {"tessera_out_of_blocks_total",
+       "Allocations refused for lack of blocks.",
+       "counter",
+       {{"", v(metrics_.out_of_blocks)}}},
   };
   MetricFamily blocks{"tessera_blocks", "Blocks per state.", "gauge", {}};
   MetricFamily bytes{"tessera_block_bytes", "Bytes (pages and metadata) per block state.", "gauge", {}};

@@ -209,7 +209,8 @@ void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, Str
       if (indexer && spec.kind != LayerKind::kCsa) continue;
       uint32_t floats = 0;
       for (const CacheSpec& c : spec.caches) {
-        if (c.role == (indexer ? CacheRole::kIndexerCompressorState : CacheRole::kCompressorState)) floats = c.state_floats;
+        if (c.role == (indexer ? CacheRole::kIndexerCompressorState : CacheRole::kCompressorState))
+          floats = c.state_floats;
       }
       for (uint64_t e = 0; e < n / r; ++e) {
         if (e % 8 != 0 && (e + 1) * r <= last_span) continue;
@@ -302,7 +303,8 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
       if (r->state_restored) ++run.states_restored;
       if (r->recompute_tokens > 0) {
         run.tokens_recomputed += r->recompute_tokens;
-        std::span<const uint32_t> again = std::span<const uint32_t>(prompt).subspan(r->recompute_from, r->recompute_tokens);
+        std::span<const uint32_t> again =
+            std::span<const uint32_t>(prompt).subspan(r->recompute_from, r->recompute_tokens);
         if (!m->Recompute(a.id, again, w).ok()) return false;
       }
     }
@@ -435,11 +437,12 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
     mo.capacity_blocks = s.capacity_blocks;
   } else {
     uint64_t pairs = std::min<uint32_t>(s.tenants, 2);
-    Checked need = Checked(CeilDiv(s.shared_tokens, bt)) +
-                   Checked(s.agents) * CeilDiv(s.shared_tokens + s.unique_tokens, bt) +
-                   Checked(s.independent + 2 * pairs) * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) +
-                   Checked(s.agents) + 8;
-    if (need.overflowed() || need.value() > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
+    Checked need =
+        Checked(CeilDiv(s.shared_tokens, bt)) + Checked(s.agents) * CeilDiv(s.shared_tokens + s.unique_tokens, bt) +
+        Checked(s.independent + 2 * pairs) * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) +
+        Checked(s.agents) + 8;
+    if (need.overflowed() || need.value() > (1u << 24))
+      return OutOfRange("agents", "the workload needs too many blocks");
     mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> m, BlockManager::Create(g, mo));
@@ -460,7 +463,8 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   });
 
   Simulation sim(s, m.get());
-  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs), tool_tokens = sim.Tokens(tools);
+  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs),
+                        tool_tokens = sim.Tokens(tools);
   std::vector<std::vector<uint32_t>> preambles = {sim.Tokens(s.preamble_tokens), sim.Tokens(s.preamble_tokens),
                                                   sim.Tokens(s.preamble_tokens)};
   auto concat = [](std::initializer_list<const std::vector<uint32_t>*> parts) {
@@ -661,10 +665,11 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
   for (const std::string& e : r.security_events) out << "  security: " << e << "\n";
   for (const StrategyRun& run : r.strategies) {
     out << "  window strategy " << SwaStrategyName(run.strategy) << ": " << run.prefix_hits << " hits ("
-        << WithThousands(run.prefix_hit_tokens) << " tokens), " << (run.prefix_hits ? run.tokens_recomputed / run.prefix_hits : 0)
-        << " tokens recomputed per hit, " << run.states_restored << " states restored, " << run.boundaries_kept
-        << " boundaries kept at " << FormatBytes(run.bytes_kept_per_boundary) << " each, peak held "
-        << FormatBytes(run.bytes_held_peak) << ", " << run.verify_failures << " verify failures\n";
+        << WithThousands(run.prefix_hit_tokens) << " tokens), "
+        << (run.prefix_hits ? run.tokens_recomputed / run.prefix_hits : 0) << " tokens recomputed per hit, "
+        << run.states_restored << " states restored, " << run.boundaries_kept << " boundaries kept at "
+        << FormatBytes(run.bytes_kept_per_boundary) << " each, peak held " << FormatBytes(run.bytes_held_peak) << ", "
+        << run.verify_failures << " verify failures\n";
   }
   return out.str();
 }

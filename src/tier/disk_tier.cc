@@ -41,7 +41,9 @@ struct Header {
 static_assert(sizeof(Header) == 64);
 
 uint64_t HeaderChecksum(const Header& h) { return XXH3_64bits(&h, offsetof(Header, header_checksum)); }
-uint64_t PayloadChecksum(std::span<const std::byte> p, uint64_t seq) { return XXH3_64bits_withSeed(p.data(), p.size(), seq); }
+uint64_t PayloadChecksum(std::span<const std::byte> p, uint64_t seq) {
+  return XXH3_64bits_withSeed(p.data(), p.size(), seq);
+}
 uint64_t Padded(uint64_t len) { return CeilDiv(len, kSlot) * kSlot; }
 uint64_t RecordBytes(uint64_t len) { return kSlot + Padded(len); }
 
@@ -206,8 +208,8 @@ Status DiskTier::Scan(Segment& seg) {
         end += kSlot;
       }
       end = std::min(end, seg.size);
-      TESSERA_RETURN_IF_ERROR(Quarantine(seg, off, end - off,
-                                         h.magic == kMagic ? "header checksum mismatch" : "no record header"));
+      TESSERA_RETURN_IF_ERROR(
+          Quarantine(seg, off, end - off, h.magic == kMagic ? "header checksum mismatch" : "no record header"));
       dead_bytes_ += end - off;
       off = end;
       continue;
@@ -313,7 +315,8 @@ Status DiskTier::PutBatch(std::span<const DiskRecord> records) {
   }
   if (options_.fsync == FsyncPolicy::kEveryBatch && ::fdatasync(seg.fd) != 0) return Errno("disk", "fdatasync failed");
   unsynced_ += off - start;
-  if (options_.fsync == FsyncPolicy::kPeriodic && unsynced_ >= options_.fsync_every_bytes) TESSERA_RETURN_IF_ERROR(Sync());
+  if (options_.fsync == FsyncPolicy::kPeriodic && unsynced_ >= options_.fsync_every_bytes)
+    TESSERA_RETURN_IF_ERROR(Sync());
   seg.size = off;
   for (size_t i = 0; i < records.size(); ++i) {
     auto it = index_.find(records[i].key);
@@ -343,7 +346,9 @@ Result<DiskRecord> DiskTier::Get(const Hash128& key) {
     ++read_failures_;
     index_.erase(it);
     dead_bytes_ += RecordBytes(loc.payload_len);
-    if (seg != nullptr) TESSERA_RETURN_IF_ERROR(Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), "failed verification on read"));
+    if (seg != nullptr)
+      TESSERA_RETURN_IF_ERROR(
+          Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), "failed verification on read"));
     return Status(StatusCode::kDataLoss, "key", "record failed verification and was quarantined");
   }
   return r;

@@ -53,7 +53,8 @@ bool RedisTier::EnsureConnected() {
     if (now - last_attempt_ < std::chrono::milliseconds(options_.reconnect_interval_ms)) return false;
   }
   last_attempt_ = now;
-  timeval tv{static_cast<time_t>(options_.timeout_ms / 1000), static_cast<suseconds_t>((options_.timeout_ms % 1000) * 1000)};
+  timeval tv{static_cast<time_t>(options_.timeout_ms / 1000),
+             static_cast<suseconds_t>((options_.timeout_ms % 1000) * 1000)};
   redisContext* c = redisConnectWithTimeout(options_.host.c_str(), options_.port, tv);
   if (c == nullptr || c->err != 0) {
     if (c != nullptr) redisFree(c);
@@ -71,12 +72,19 @@ bool RedisTier::EnsureConnected() {
 std::string RedisTier::KeyOf(const Hash128& key) const { return options_.key_namespace + ":" + key.Hex(); }
 
 Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
-  if (!EnsureConnected()) return IoError("redis", "server " + options_.host + ":" + std::to_string(options_.port) + " unreachable");
+  if (!EnsureConnected())
+    return IoError("redis", "server " + options_.host + ":" + std::to_string(options_.port) + " unreachable");
   std::vector<std::string> keys;
   std::vector<std::string> values;
   for (const DiskRecord& r : records) {
-    ValueHeader h{kValueMagic, kValueVersion, r.format_id, r.key.lo, r.key.hi, r.payload.size(),
-                  Checksum(r.key, r.payload.data(), r.payload.size()), 0};
+    ValueHeader h{kValueMagic,
+                  kValueVersion,
+                  r.format_id,
+                  r.key.lo,
+                  r.key.hi,
+                  r.payload.size(),
+                  Checksum(r.key, r.payload.data(), r.payload.size()),
+                  0};
     std::string v(sizeof h + r.payload.size(), '\0');
     std::memcpy(v.data(), &h, sizeof h);
     if (!r.payload.empty()) std::memcpy(v.data() + sizeof h, r.payload.data(), r.payload.size());

@@ -240,11 +240,13 @@ struct SimulateArgs {
     app->add_option("--hash", hash, "xxh3 | sha256 (content key)");
     app->add_option("--hash-bits", hash_bits, "truncate content keys to B bits (adversarial self-test)");
     app->add_option("--seed", seed, "workload and key seed (default 1)");
-    app->add_option("--swa-strategy", swa_strategy, "recompute | snapshot | retain (models with windows; default: all three)");
+    app->add_option("--swa-strategy", swa_strategy,
+                    "recompute | snapshot | retain (models with windows; default: all three)");
   }
 
   Result<std::pair<Geometry, AgentScenario>> Parse() const {
-    if (scenario != "agents") return InvalidArgument("scenario", "unknown scenario \"" + scenario + "\" (known: agents)");
+    if (scenario != "agents")
+      return InvalidArgument("scenario", "unknown scenario \"" + scenario + "\" (known: agents)");
     Result<Geometry> g = config.empty() ? LoadPreset(model) : LoadConfigFile(config);
     if (!g.ok()) return g.status();
     AgentScenario s;
@@ -319,19 +321,21 @@ int RunTier(const std::string& action, const std::string& dir, const std::string
   if (!t.ok()) return Fail(t.status());
   DiskTierStats s = (*t)->stats();
   if (*format == OutputFormat::kJson) {
-    std::printf("{\"dir\": \"%s\", \"segments\": %llu, \"records\": %llu, \"verified\": %llu, \"bytes\": %llu, "
-                "\"live_bytes\": %llu, \"dead_bytes\": %llu, \"quarantined\": %llu}\n",
-                dir.c_str(), static_cast<unsigned long long>(s.segments), static_cast<unsigned long long>(s.records),
-                static_cast<unsigned long long>(s.verified), static_cast<unsigned long long>(s.bytes),
-                static_cast<unsigned long long>(s.live_bytes), static_cast<unsigned long long>(s.dead_bytes),
-                static_cast<unsigned long long>(s.quarantined));
+    std::printf(
+        "{\"dir\": \"%s\", \"segments\": %llu, \"records\": %llu, \"verified\": %llu, \"bytes\": %llu, "
+        "\"live_bytes\": %llu, \"dead_bytes\": %llu, \"quarantined\": %llu}\n",
+        dir.c_str(), static_cast<unsigned long long>(s.segments), static_cast<unsigned long long>(s.records),
+        static_cast<unsigned long long>(s.verified), static_cast<unsigned long long>(s.bytes),
+        static_cast<unsigned long long>(s.live_bytes), static_cast<unsigned long long>(s.dead_bytes),
+        static_cast<unsigned long long>(s.quarantined));
   } else {
-    std::printf("%s: %s\n  segments     %llu\n  records      %llu (verified %llu)\n  bytes        %s\n  live bytes   %s\n"
-                "  dead bytes   %s\n  quarantined  %llu\n",
-                action.c_str(), dir.c_str(), static_cast<unsigned long long>(s.segments),
-                static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.verified),
-                FormatBytes(s.bytes).c_str(), FormatBytes(s.live_bytes).c_str(), FormatBytes(s.dead_bytes).c_str(),
-                static_cast<unsigned long long>(s.quarantined));
+    std::printf(
+        "%s: %s\n  segments     %llu\n  records      %llu (verified %llu)\n  bytes        %s\n  live bytes   %s\n"
+        "  dead bytes   %s\n  quarantined  %llu\n",
+        action.c_str(), dir.c_str(), static_cast<unsigned long long>(s.segments),
+        static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.verified),
+        FormatBytes(s.bytes).c_str(), FormatBytes(s.live_bytes).c_str(), FormatBytes(s.dead_bytes).c_str(),
+        static_cast<unsigned long long>(s.quarantined));
     for (const std::string& q : (*t)->quarantine_log()) std::printf("  quarantined: %s\n", q.c_str());
   }
   if (action == "fsck") return s.quarantined == 0 ? 0 : 1;
