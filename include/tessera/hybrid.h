@@ -167,7 +167,8 @@ class HybridManager {
   };
   std::unordered_map<uint32_t, Boundary> boundaries_;
   // Retain: window chunks of `window` tokens x every layer's record, refcounted.
-  std::vector<std::vector<std::byte>> chunks_;
+  // Window rows are handed out as writable spans from const accessors, like the arena's.
+  mutable std::vector<std::vector<std::byte>> chunks_;
   std::vector<uint32_t> chunk_refs_;
   std::vector<uint32_t> free_chunks_;
   uint64_t chunk_bytes_ = 0;

@@ -195,7 +195,7 @@ std::span<std::byte> HybridManager::WindowRow(const Request& q, uint32_t layer_p
   if (options_.strategy == SwaStrategy::kRetain) {
     uint64_t c = position / window_;
     assert(c >= q.chunk_base && c - q.chunk_base < q.chunks.size());
-    auto& chunk = const_cast<std::vector<std::vector<std::byte>>&>(chunks_)[q.chunks[c - q.chunk_base]];
+    std::vector<std::byte>& chunk = chunks_[q.chunks[c - q.chunk_base]];
     return {chunk.data() + (uint64_t{layer_pos} * window_ + position % window_) * rb, rb};
   }
   std::byte* slab = arena_ + uint64_t{q.slab} * slab_bytes_;
