@@ -5,9 +5,18 @@
 //
 //   cmake --preset release && cmake --build build/release --target tier_bench
 //   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tier_bench   (default: build dir)
+#include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +26,7 @@
 
 #include "tessera/disk_tier.h"
 #include "tessera/host_tier.h"
+#include "tessera/redis_tier.h"
 
 namespace {
 
@@ -165,6 +175,112 @@ void BM_HostTierPutGet(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBlock));
 }
 BENCHMARK(BM_HostTierPutGet);
+
+// A local redis-server on a free loopback port for the Redis benchmarks, stopped at exit.
+class LocalRedis {
+ public:
+  static LocalRedis& Get() {
+    static LocalRedis r;
+    return r;
+  }
+  int port() const { return up_ ? port_ : -1; }
+  ~LocalRedis() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+ private:
+  LocalRedis() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    port_ = ntohs(a.sin_port);
+    std::string port = std::to_string(port_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--loglevel", "warning", nullptr);
+      ::_exit(127);
+    }
+    for (int i = 0; i < 300 && !up_; ++i) {
+      redisContext* c = redisConnect("127.0.0.1", port_);
+      up_ = c != nullptr && c->err == 0;
+      if (c != nullptr) redisFree(c);
+      if (!up_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  int port_ = 0;
+  pid_t pid_ = -1;
+  bool up_ = false;
+};
+
+// Baseline: the same bytes SET and GET with hiredis, pipelined, without Tessera's header and checks.
+void BM_RawRedisPipeline(benchmark::State& state) {
+  int port = LocalRedis::Get().port();
+  if (port < 0) {
+    state.SkipWithError("redis-server did not start");
+    return;
+  }
+  redisContext* c = redisConnect("127.0.0.1", port);
+  std::vector<std::byte> block = Block(5);
+  for (auto _ : state) {
+    for (int k = 0; k < kBlocksPerBatch; ++k) {
+      std::string key = "raw:" + std::to_string(k);
+      redisAppendCommand(c, "SET %b %b", key.data(), key.size(), block.data(), block.size());
+    }
+    for (int k = 0; k < kBlocksPerBatch; ++k) {
+      void* r = nullptr;
+      redisGetReply(c, &r);
+      freeReplyObject(r);
+    }
+    for (int k = 0; k < kBlocksPerBatch; ++k) {
+      std::string key = "raw:" + std::to_string(k);
+      redisAppendCommand(c, "GET %b", key.data(), key.size());
+    }
+    for (int k = 0; k < kBlocksPerBatch; ++k) {
+      void* r = nullptr;
+      redisGetReply(c, &r);
+      benchmark::DoNotOptimize(r);
+      freeReplyObject(r);
+    }
+  }
+  redisFree(c);
+  state.SetBytesProcessed(state.iterations() * 2 * kBlocksPerBatch * static_cast<int64_t>(kBlock));
+}
+BENCHMARK(BM_RawRedisPipeline)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_RedisTierBatch(benchmark::State& state) {
+  int port = LocalRedis::Get().port();
+  if (port < 0) {
+    state.SkipWithError("redis-server did not start");
+    return;
+  }
+  RedisTierOptions o;
+  o.port = port;
+  o.timeout_ms = 5000;
+  RedisTier t(o);
+  std::vector<DiskRecord> batch;
+  std::vector<Hash128> keys;
+  for (int k = 0; k < kBlocksPerBatch; ++k) {
+    batch.push_back(DiskRecord{Hash128{static_cast<uint64_t>(k) + 1, 9}, 1, Block(5)});
+    keys.push_back(batch.back().key);
+  }
+  for (auto _ : state) {
+    if (!t.PutBatch(batch).ok()) state.SkipWithError("put");
+    auto got = t.GetBatch(keys);
+    if (!got.back().has_value()) state.SkipWithError("get");
+    benchmark::DoNotOptimize(got);
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * kBlocksPerBatch * static_cast<int64_t>(kBlock));
+}
+BENCHMARK(BM_RedisTierBatch)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
