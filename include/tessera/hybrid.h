@@ -83,8 +83,8 @@ struct HybridAdmit {
   RequestId id;
   uint64_t cached_tokens = 0;
   uint32_t cached_blocks = 0;
-  bool state_restored = false;   // snapshot/retain: the boundary state was restored
-  uint64_t recompute_from = 0;   // recompute: the engine must recompute [recompute_from, cached_tokens)
+  bool state_restored = false;  // snapshot/retain: the boundary state was restored
+  uint64_t recompute_from = 0;  // recompute: the engine must recompute [recompute_from, cached_tokens)
   uint64_t recompute_tokens = 0;
 };
 
@@ -140,7 +140,11 @@ class HybridManager {
   void SealBoundary(Request& q);
   void PersistBoundary(Request& q, BlockId block);
   bool RestoreBoundary(Request& q, BlockId block);
-  std::vector<std::byte> CompressorBoundaryRows(const Request& q) const;
+  // Visits, in a fixed order, the rows resuming at q.tokens (a block boundary) needs: the window
+  // rows of the last `window` tokens when `window_rows`, then the overlapping compressors'
+  // previous-group rows. Persist and restore walk the same order.
+  void VisitBoundaryRows(const Request& q, bool window_rows,
+                         const std::function<void(std::span<std::byte>)>& visit) const;
   void OnEvict(BlockId b);
   void ReleaseChunk(uint32_t chunk);
 

@@ -366,22 +366,24 @@ Status HybridManager::Recompute(RequestId r, std::span<const uint32_t> tokens, c
   return Status::Ok();
 }
 
-std::vector<std::byte> HybridManager::CompressorBoundaryRows(const Request& q) const {
-  // At a boundary every group is complete: the overlapping compressors keep the previous group.
-  std::vector<std::byte> out;
+void HybridManager::VisitBoundaryRows(const Request& q, bool window_rows,
+                                      const std::function<void(std::span<std::byte>)>& visit) const {
   const uint64_t n = q.tokens;
+  if (window_rows) {
+    for (uint32_t i = 0; i < layers_.size(); ++i) {
+      for (uint64_t t = n > window_ ? n - window_ : 0; t < n; ++t) visit(WindowRow(q, i, t));
+    }
+  }
+  // At a boundary every group is complete: the overlapping compressors keep the previous group.
   for (uint32_t i = 0; i < layers_.size(); ++i) {
     const LayerState& ls = layers_[i];
     if (ls.ratio == 0 || ls.coff < 2) continue;
     for (int which = 0; which < (ls.istate_slots > 0 ? 2 : 1); ++which) {
       for (uint64_t t = n >= ls.ratio ? n - ls.ratio : 0; t < n; ++t) {
-        std::span<float> row = StateRow(q, i, which == 1, t);
-        const std::byte* b = reinterpret_cast<const std::byte*>(row.data());
-        out.insert(out.end(), b, b + row.size_bytes());
+        visit(std::as_writable_bytes(StateRow(q, i, which == 1, t)));
       }
     }
   }
-  return out;
 }
 
 void HybridManager::SealBoundary(Request& q) {
@@ -399,22 +401,14 @@ void HybridManager::SealBoundary(Request& q) {
 void HybridManager::PersistBoundary(Request& q, BlockId block) {
   if (options_.strategy == SwaStrategy::kRecompute) return;
   Boundary b;
-  if (options_.strategy == SwaStrategy::kSnapshot) {
-    const uint64_t n = q.tokens;
-    for (uint32_t i = 0; i < layers_.size(); ++i) {
-      for (uint64_t t = n > window_ ? n - window_ : 0; t < n; ++t) {
-        std::span<std::byte> row = WindowRow(q, i, t);
-        b.rows.insert(b.rows.end(), row.begin(), row.end());
-      }
-    }
-  } else {
+  const bool snapshot = options_.strategy == SwaStrategy::kSnapshot;
+  if (!snapshot) {
     // Retain: the chunk ending at this boundary stays alive with the block.
-    uint64_t c = (q.tokens - 1) / window_;
-    b.chunk = q.chunks[c - q.chunk_base];
+    b.chunk = q.chunks[(q.tokens - 1) / window_ - q.chunk_base];
     ++chunk_refs_[b.chunk];
   }
-  std::vector<std::byte> comp = CompressorBoundaryRows(q);
-  b.rows.insert(b.rows.end(), comp.begin(), comp.end());
+  VisitBoundaryRows(q, snapshot,
+                    [&b](std::span<std::byte> row) { b.rows.insert(b.rows.end(), row.begin(), row.end()); });
   boundaries_.emplace(block.value, std::move(b));
 }
 
@@ -422,32 +416,17 @@ bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
   auto it = boundaries_.find(block.value);
   if (it == boundaries_.end()) return false;
   const Boundary& b = it->second;
-  const uint64_t n = q.tokens;
-  size_t off = 0;
-  if (options_.strategy == SwaStrategy::kSnapshot) {
-    for (uint32_t i = 0; i < layers_.size(); ++i) {
-      for (uint64_t t = n > window_ ? n - window_ : 0; t < n; ++t) {
-        std::span<std::byte> row = WindowRow(q, i, t);
-        std::memcpy(row.data(), b.rows.data() + off, row.size());
-        off += row.size();
-      }
-    }
-  } else {
-    q.chunk_base = (n - 1) / window_;
+  const bool snapshot = options_.strategy == SwaStrategy::kSnapshot;
+  if (!snapshot) {
+    q.chunk_base = (q.tokens - 1) / window_;
     q.chunks = {b.chunk};
     ++chunk_refs_[b.chunk];
   }
-  for (uint32_t i = 0; i < layers_.size(); ++i) {
-    const LayerState& ls = layers_[i];
-    if (ls.ratio == 0 || ls.coff < 2) continue;
-    for (int which = 0; which < (ls.istate_slots > 0 ? 2 : 1); ++which) {
-      for (uint64_t t = n >= ls.ratio ? n - ls.ratio : 0; t < n; ++t) {
-        std::span<float> row = StateRow(q, i, which == 1, t);
-        std::memcpy(row.data(), b.rows.data() + off, row.size_bytes());
-        off += row.size_bytes();
-      }
-    }
-  }
+  size_t off = 0;
+  VisitBoundaryRows(q, snapshot, [&](std::span<std::byte> row) {
+    std::memcpy(row.data(), b.rows.data() + off, row.size());
+    off += row.size();
+  });
   return true;
 }
 
