@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libssl-dev libxxhash-dev
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server liburing-dev
   clang libclang-rt-14-dev
 )
 

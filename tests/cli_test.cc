@@ -222,6 +222,50 @@ TEST(Cli, SimulateBadInput) {
   ExpectInputError(RunTessera("simulate --tenants 0"), "tenants");
   ExpectInputError(RunTessera("simulate --agents lots"), "agents");
   ExpectInputError(RunTessera("simulate --swa-strategy keep"), "swa-strategy");
+  ExpectInputError(RunTessera("simulate --tier-write sometimes --disk /tmp/x"), "write-policy");
+  ExpectInputError(RunTessera("simulate --host-tier-bytes 64MiB"), "host-tier-bytes");
+  ExpectInputError(RunTessera("simulate --host-tier-bytes lots --disk /tmp/x"), "host-tier-bytes");
+}
+
+// A first run writes through a disk tier; a second run over the same directory starts with a cold
+// pool and takes its prefix hits from disk, every byte verified; a damaged record is quarantined
+// and recomputed, never served.
+TEST(Cli, SimulateDiskSecondRunHitsFromDisk) {
+  TempDir dir;
+  const std::string args = "simulate --model deepseek-v2-lite --agents 2 --independent 2 --shared-tokens 300 "
+                           "--unique-tokens 40 --block-tokens 16 --format json --disk " + dir.path() + "/tier";
+  CommandResult first = RunTessera(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  nlohmann::json a = nlohmann::json::parse(first.out);
+  EXPECT_EQ(a["tier_hits"], 0);
+  EXPECT_GT(a["disk_records"].get<uint64_t>(), 0u);
+  EXPECT_EQ(a["tier_written"], a["disk_records"]);
+
+  CommandResult second = RunTessera(args);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  nlohmann::json b = nlohmann::json::parse(second.out);
+  EXPECT_GT(b["tier_hits"].get<uint64_t>(), 0u);
+  EXPECT_EQ(b["tier_hit_tokens"].get<uint64_t>(), b["tier_hits"].get<uint64_t>() * 16);
+  EXPECT_EQ(b["verify_failures"], 0);
+  EXPECT_EQ(b["tier_verify_failures"], 0);
+  EXPECT_EQ(b["tier_written"], 0);  // everything sealed was on disk already
+  EXPECT_GT(b["prefix_hit_tokens"].get<uint64_t>(), a["prefix_hit_tokens"].get<uint64_t>());
+
+  // Flip a byte in the payload of the first record of the first segment.
+  std::string seg = dir.path() + "/tier/seg-000001.tsr";
+  {
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good());
+    f.seekp(4096 + 200);
+    f.put('\x77');
+  }
+  CommandResult third = RunTessera(args);
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  nlohmann::json c = nlohmann::json::parse(third.out);
+  EXPECT_EQ(c["disk_quarantined"], 1);
+  EXPECT_EQ(c["verify_failures"], 0);
+  EXPECT_LT(c["tier_hits"].get<uint64_t>(), b["tier_hits"].get<uint64_t>());
+  EXPECT_EQ(RunTessera("tier fsck " + dir.path() + "/tier").exit_code, 0);  // quarantined and rewritten
 }
 
 TEST(Cli, SimulateDeepSeekV4Pro) {
@@ -236,6 +280,40 @@ TEST(Cli, SimulateDeepSeekV4Pro) {
   EXPECT_EQ(j["swa_strategies"][0]["states_restored"], 1);
   // 61 windows of 128 x 584 B + 30 x 4 previous-group rows of 8,192 B and 2,048 B.
   EXPECT_EQ(j["swa_strategies"][0]["bytes_kept_per_boundary"], 5788672);
+}
+
+// Window state of a hybrid model through a disk tier, under each strategy: the second run over the
+// same directory starts cold, promotes every block from disk and (snapshot, retain) restores the
+// window and compressor rows that came with them; every row and entry is verified.
+TEST(Cli, SimulateHybridDiskUnderEachStrategy) {
+  TempDir dir;
+  std::string config = dir.Write("tiny-v4.json", R"({"model_type": "deepseek_v4", "num_hidden_layers": 4,
+      "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 128, "qk_rope_head_dim": 64,
+      "sliding_window": 128, "compress_ratios": [0, 4, 128, 4, 0], "num_nextn_predict_layers": 1,
+      "index_head_dim": 32, "index_n_heads": 4, "index_topk": 16, "max_position_embeddings": 1048576})");
+  const std::string args = "simulate --config " + config +
+                           " --agents 1 --independent 1 --shared-tokens 768 --unique-tokens 40 --format json --disk " +
+                           dir.path() + "/tier";
+  ASSERT_EQ(RunTessera(args).exit_code, 0);
+  CommandResult r = RunTessera(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["swa_strategies"].size(), 3u);
+  for (const auto& st : j["swa_strategies"]) {
+    SCOPED_TRACE(st["strategy"].get<std::string>());
+    EXPECT_GT(st["tier_hits"].get<uint64_t>(), 0u);
+    EXPECT_EQ(st["verify_failures"], 0);
+    EXPECT_EQ(st["tier_verify_failures"], 0);
+    EXPECT_EQ(st["tier_written"], 0);
+    if (st["strategy"] == "recompute") {
+      EXPECT_EQ(st["states_restored"], 0);
+      EXPECT_GT(st["tokens_recomputed"].get<uint64_t>(), 0u);
+    } else {
+      EXPECT_EQ(st["states_restored"], st["prefix_hits"]);
+      EXPECT_EQ(st["tokens_recomputed"], 0);
+    }
+  }
+  EXPECT_EQ(RunTessera("tier fsck " + dir.path() + "/tier/snapshot").exit_code, 0);
 }
 
 TEST(Cli, LayoutDeepSeekV4Pro) {

@@ -1,4 +1,5 @@
 #include "tessera/hybrid.h"
+#include "tessera/tiered_store.h"
 
 #include <gtest/gtest.h>
 
@@ -200,6 +201,80 @@ TEST_P(HybridResume, ResumedStateIsIdenticalToAnUninterruptedRun) {
   ASSERT_TRUE(m->AllocateSlots(second.id, rest.size()).ok());
   ASSERT_TRUE(m->Append(second.id, rest, w).ok());
   EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, toks));
+}
+
+// The same resumption from a disk tier by a cold manager (another process): the pages come back
+// verified, and under snapshot and retain the window and compressor rows come back with them.
+TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
+  const SwaStrategy s = GetParam();
+  Geometry g = Tiny();
+  std::vector<uint32_t> toks = Tokens(512 + 40);
+  std::vector<uint32_t> prefix(toks.begin(), toks.begin() + 512);
+  std::vector<uint32_t> rest(toks.begin() + 512, toks.end());
+  testing::TempDir dir;
+  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key.ok());
+  HybridOptions o;
+  o.strategy = s;
+  o.capacity_blocks = 16;
+  o.hash_key = *key;
+  HybridWriters w = Writers();
+  auto store_for = [&](const HybridManager& m) {
+    DiskTierOptions d;
+    d.dir = dir.path();
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(std::move(*MakeDiskTier(d, 0)));
+    TieredStoreOptions so;
+    so.write = WritePolicy::kWriteThrough;
+    return std::move(*TieredStore::Create(m.pool(), so, std::move(tiers)));
+  };
+  {
+    std::unique_ptr<HybridManager> m = Make(g, o);
+    auto store = store_for(*m);
+    m->SetBlockSource(store.get());
+    HybridAdmit first = *m->Admit({}, RequestSpec{});
+    ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
+    ASSERT_TRUE(m->Append(first.id, prefix, w).ok());
+    ASSERT_TRUE(m->Free(first.id).ok());
+    store->Flush();
+    EXPECT_EQ(store->tier_counters(0).records, 2u);
+    m->SetBlockSource(nullptr);
+  }
+  std::unique_ptr<HybridManager> m = Make(g, o);
+  auto store = store_for(*m);
+  m->SetBlockSource(store.get());
+  HybridAdmit second = *m->Admit(toks, RequestSpec{});
+  EXPECT_EQ(second.cached_tokens, 512u);
+  EXPECT_EQ(second.tier_blocks, 2u);
+  EXPECT_EQ(store->stats().verify_failures, 0u);
+  if (s == SwaStrategy::kRecompute) {
+    EXPECT_FALSE(second.state_restored);
+    EXPECT_EQ(second.recompute_tokens, 128u);
+    ASSERT_TRUE(m->Recompute(second.id, std::span<const uint32_t>(prefix).subspan(second.recompute_from), w).ok());
+  } else {
+    EXPECT_TRUE(second.state_restored);
+    EXPECT_EQ(second.recompute_tokens, 0u);
+  }
+  EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, prefix));
+  ASSERT_TRUE(m->AllocateSlots(second.id, rest.size()).ok());
+  ASSERT_TRUE(m->Append(second.id, rest, w).ok());
+  EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, toks));
+  // Every compressed entry of every layer (pages promoted from disk and pages written after).
+  const uint32_t ratios[] = {0, 4, 128, 4};
+  for (uint32_t layer = 0; layer < 4; ++layer) {
+    const uint32_t r = ratios[layer];
+    if (r == 0) continue;
+    for (bool indexer : {false, true}) {
+      if (indexer && r != 4) continue;
+      for (uint64_t e = 0; e < toks.size() / r; ++e) {
+        Result<RecordView> got = m->Entry(second.id, layer, indexer, e);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        uint32_t floats = indexer ? 2 * 2 * 32 : 2 * (r == 4 ? 2 : 1) * 128;
+        EXPECT_EQ(Flatten(*got), ExpectedEntry(layer, indexer, r, e, floats, *got)) << "layer " << layer << " entry " << e;
+      }
+    }
+  }
+  m->SetBlockSource(nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, HybridResume,

@@ -1,16 +1,9 @@
 #include "tessera/redis_tier.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <thread>
 
 #include "test_support.h"
@@ -18,65 +11,9 @@
 namespace tessera {
 namespace {
 
-// A real redis-server on 127.0.0.1 and a free port, started and stopped by the test.
-class RedisServer {
- public:
-  RedisServer() : port_(FreePort()) {}
-  ~RedisServer() { Stop(); }
+using testing::RedisServer;
 
-  static int FreePort() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-  }
-
-  bool Start() {
-    std::string port = std::to_string(port_);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", dir_.path().c_str(), "--loglevel", "warning", nullptr);
-      ::_exit(127);
-    }
-    for (int i = 0; i < 200; ++i) {  // up to 2 s
-      redisContext* c = redisConnect("127.0.0.1", port_);
-      if (c != nullptr && c->err == 0) {
-        redisReply* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-        bool up = r != nullptr && r->type == REDIS_REPLY_STATUS;
-        if (r != nullptr) freeReplyObject(r);
-        redisFree(c);
-        if (up) return true;
-      } else if (c != nullptr) {
-        redisFree(c);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
-  }
-
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  int port() const { return port_; }
-
- private:
-  int port_;
-  pid_t pid_ = -1;
-  testing::TempDir dir_;
-};
-
-bool HaveRedis() { return std::system("command -v redis-server >/dev/null 2>&1") == 0; }
+bool HaveRedis() { return testing::HaveRedisServer(); }
 
 DiskRecord Rec(uint64_t i, size_t n = 3000) {
   std::vector<std::byte> p(n);

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <string>
+#include <sys/types.h>
+#include <vector>
 
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
@@ -39,5 +41,35 @@ struct CommandResult {
 };
 // Runs the tessera binary with `args` (a shell-quoted string).
 CommandResult RunTessera(const std::string& args);
+
+// Whether redis-server is on PATH.
+bool HaveRedisServer();
+// `n` distinct TCP ports on 127.0.0.1 that were free when asked.
+std::vector<int> FreePorts(size_t n);
+
+// A real redis-server on 127.0.0.1 and a free port (or `port`), with no persistence and its
+// --dir in a fresh temporary directory; started and stopped (SIGKILL) by the test.
+class RedisServer {
+ public:
+  explicit RedisServer(int port = 0);
+  ~RedisServer();
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+  static int FreePort() { return FreePorts(1)[0]; }
+
+  // Extra command-line arguments for the next Start().
+  void AddArgs(const std::vector<std::string>& args);
+  // Starts the server and waits (up to 2 s) until it answers PING.
+  bool Start();
+  void Stop();
+  int port() const { return port_; }
+  const std::string& dir() const { return dir_.path(); }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+  TempDir dir_;
+  std::vector<std::string> args_;
+};
 
 }  // namespace tessera::testing

@@ -56,4 +56,19 @@ TEST(Units, Thousands) {
 }
 
 }  // namespace
+
+TEST(ParseByteSize, UnitsAndErrors) {
+  EXPECT_EQ(*ParseByteSize("4096", "x"), 4096u);
+  EXPECT_EQ(*ParseByteSize("64MiB", "x"), 64ULL << 20);
+  EXPECT_EQ(*ParseByteSize("2GB", "x"), 2000000000ULL);
+  EXPECT_EQ(*ParseByteSize("3KiB", "x"), 3072u);
+  EXPECT_EQ(*ParseByteSize("7B", "x"), 7u);
+  Result<uint64_t> bad = ParseByteSize("1.5GiB", "host-tier-bytes");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().field(), "host-tier-bytes");
+  EXPECT_FALSE(ParseByteSize("MiB", "x").ok());
+  EXPECT_FALSE(ParseByteSize("", "x").ok());
+  EXPECT_FALSE(ParseByteSize("99999999999TiB", "x").ok());  // overflows 64 bits
+}
+
 }  // namespace tessera

@@ -44,6 +44,19 @@ struct PrefixRef {
   bool is_root() const { return !block.valid(); }
 };
 
+// What the index knows of a sealed block: enough to store it in a tier and to verify it when it
+// comes back (recompute key = H(parent_key, tokens, domain, salt)).
+struct SealedIdentity {
+  Hash128 key;
+  Hash128 parent_key;  // zero for the first block of a prompt
+  uint32_t domain = 0;
+  uint64_t salt = 0;
+  std::span<const uint32_t> tokens;
+  // State that travels with the block beyond the pool (a hybrid model's window and compressor
+  // rows at this boundary); empty when none. Filled by the owner, not by the index.
+  std::span<const std::byte> state;
+};
+
 struct SecurityEvent {
   std::string kind;  // "dedup_collision"
   Hash128 content_key;
@@ -84,6 +97,17 @@ class BlockIndex {
   SealResult Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                   uint64_t salt);
 
+  // The prefix key of the block holding `tokens` after the block keyed `parent_key`.
+  Hash128 PrefixKey(const Hash128& parent_key, std::span<const uint32_t> tokens, uint32_t domain,
+                    uint64_t salt) const {
+    return hasher_.PrefixKey(parent_key, tokens, Extra(domain, salt));
+  }
+  // REQUIRES: b is sealed or cached and was indexed by Seal.
+  SealedIdentity IdentityOf(BlockId b) const;
+  // Called with each indexed block about to be evicted, before its identity is dropped (the
+  // tier layer demotes it there; its bytes are still readable).
+  void SetEvictionHook(std::function<void(BlockId, const SealedIdentity&)> hook) { evict_hook_ = std::move(hook); }
+
   // The tokens a sealed block holds (for tests and tiers).
   std::span<const uint32_t> Tokens(BlockId b) const;
   uint32_t Domain(BlockId b) const { return identity_[b.value].domain; }
@@ -96,6 +120,7 @@ class BlockIndex {
   struct Identity {
     Hash128 prefix_key;
     Hash128 content_key;
+    Hash128 parent_key;
     BlockId parent;
     uint32_t parent_generation = 0;
     uint32_t domain = 0;
@@ -120,6 +145,7 @@ class BlockIndex {
   std::unordered_map<Hash128, BlockId, Hash128Hasher> prefix_;
   std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> content_;
   std::function<void(const SecurityEvent&)> security_;
+  std::function<void(BlockId, const SealedIdentity&)> evict_hook_;
   IndexStats stats_;
 };
 

@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tessera/hash.h"
@@ -73,11 +74,17 @@ class DiskTier {
   // Appends the records (all or nothing visible: on failure none of the batch is indexed).
   // Errors: kIoError on "disk" (including a full disk or the max_bytes cap).
   Status PutBatch(std::span<const DiskRecord> records);
+  Status PutBatch(std::span<const DiskRecord* const> records);
   // The verified record, or kNotFound; a record that fails verification is quarantined and
   // reported as kDataLoss (never returned).
   Result<DiskRecord> Get(const Hash128& key);
   bool Contains(const Hash128& key) const { return index_.count(key) > 0; }
   Status Erase(const Hash128& key);
+  // Moves a record that verified here but failed a check above (e.g. its stored tokens did not
+  // match the prefix key asked for) to quarantine, with the reason logged. OK when absent.
+  Status QuarantineKey(const Hash128& key, const std::string& why);
+  // Live records as (key, payload length), oldest write first (seeds an LRU on open).
+  std::vector<std::pair<Hash128, uint64_t>> Keys() const;
   // Rewrites live records into fresh segments and removes the old ones; crash-safe (a crash
   // leaves the old segments, the new ones, or both — duplicates resolve by sequence number).
   Status Compact();

@@ -46,6 +46,9 @@ class ContentHasher {
   // `key_seed` 0 draws the secret from std::random_device; any other value makes the keys
   // reproducible (tests, benchmarks). `bits` in [1, 128].
   static Result<ContentHasher> Create(HashAlgorithm algorithm, uint32_t bits = 128, uint64_t key_seed = 0);
+  // Keys from a caller's secret (at least 16 bytes), e.g. one persisted beside a tier so that a
+  // later process computes the same prefix keys. kInvalidArgument on "hash-key" when too short.
+  static Result<ContentHasher> CreateWithKey(HashAlgorithm algorithm, uint32_t bits, std::span<const std::byte> key);
 
   class Stream {
    public:

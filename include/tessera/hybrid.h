@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tessera/block_index.h"
+#include "tessera/block_source.h"
 #include "tessera/block_pool.h"
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
@@ -54,6 +55,7 @@ struct HybridOptions {
   HashAlgorithm hash = HashAlgorithm::kXxh3;
   uint32_t hash_bits = 128;
   uint64_t hash_key_seed = 0;
+  std::vector<std::byte> hash_key;  // non-empty: the keys' secret (a tier's prefix.key)
   bool content_dedup = true;
   bool include_mtp = false;
   std::unordered_map<uint32_t, uint32_t> tenant_domain;
@@ -84,6 +86,7 @@ struct HybridAdmit {
   uint64_t cached_tokens = 0;
   uint32_t cached_blocks = 0;
   bool state_restored = false;  // snapshot/retain: the boundary state was restored
+  uint32_t tier_blocks = 0;     // of cached_blocks, promoted from the block source
   uint64_t recompute_from = 0;  // recompute: the engine must recompute [recompute_from, cached_tokens)
   uint64_t recompute_tokens = 0;
 };
@@ -94,7 +97,14 @@ class HybridManager {
   static Result<std::unique_ptr<HybridManager>> Create(const Geometry& g, const HybridOptions& options);
   ~HybridManager();
 
+  // The longest verified cached prefix, from the pool and then (with a block source) from the
+  // tiers; the boundary state comes back with a promoted block under snapshot and retain.
   Result<HybridAdmit> Admit(std::span<const uint32_t> prompt, const RequestSpec& spec);
+  // Attaches a second level (not owned; nullptr detaches). Sealed and evicted blocks carry their
+  // boundary state: snapshot and retain both send the window rows and the overlapping
+  // compressors' rows (retain's kept chunk is copied out — a chunk cannot stay alive off the
+  // pool); recompute sends none, and a block promoted under it is resumed by recomputing.
+  void SetBlockSource(BlockSource* source) { source_ = source; }
   // Pages for the entries the next n tokens (and spec_tokens draft tokens) complete;
   // all-or-nothing.
   Status AllocateSlots(RequestId r, uint64_t n);
@@ -147,11 +157,18 @@ class HybridManager {
                          const std::function<void(std::span<std::byte>)>& visit) const;
   void OnEvict(BlockId b);
   void ReleaseChunk(uint32_t chunk);
+  uint32_t NewChunk();
+  // The boundary state of a sealed block as it travels to a tier (empty under recompute).
+  std::vector<std::byte> TierState(BlockId block) const;
+  // Installs a promoted block's boundary from its tier state; false when the state is absent or
+  // not of this manager's shape.
+  bool InstallBoundary(BlockId block, std::span<const std::byte> state);
 
   HybridOptions options_;
   Ledger layout_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<BlockIndex> index_;
+  BlockSource* source_ = nullptr;
   std::vector<LayerState> layers_;
   uint32_t block_tokens_ = 0;
   uint32_t window_ = 0;

@@ -25,6 +25,7 @@
 
 #include "tessera/block_index.h"
 #include "tessera/block_pool.h"
+#include "tessera/block_source.h"
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
@@ -48,6 +49,9 @@ struct ManagerOptions {
   HashAlgorithm hash = HashAlgorithm::kXxh3;
   uint32_t hash_bits = 128;
   uint64_t hash_key_seed = 0;  // 0: a random per-store key
+  // Non-empty: the secret the keys are derived from (>= 16 bytes; overrides hash_key_seed). A
+  // persistent tier keeps one so that a later process computes the same prefix keys.
+  std::vector<std::byte> hash_key;
   bool content_dedup = true;
   // Tenants mapped to one shared domain; a tenant not listed is its own domain.
   std::unordered_map<uint32_t, uint32_t> tenant_domain;
@@ -77,6 +81,8 @@ struct ManagerMetrics {
   std::atomic<uint64_t> prefix_hit_blocks{0};
   std::atomic<uint64_t> prefix_miss_blocks{0};  // full prompt blocks not served from cache
   std::atomic<uint64_t> out_of_blocks{0};
+  std::atomic<uint64_t> tier_hit_blocks{0};  // prompt blocks promoted from the block source
+  std::atomic<uint64_t> tier_hit_tokens{0};
 };
 
 class BlockManager {
@@ -85,6 +91,8 @@ class BlockManager {
   // whose paged caches are compressed (DeepSeek-V4: the hybrid layer manages those).
   static Result<std::unique_ptr<BlockManager>> Create(const Geometry& g, const ManagerOptions& options);
 
+  // The prompt's longest verified cached prefix: from the pool, then (when a block source is
+  // set) promoted from the source into fresh blocks as far as it verifies.
   Result<AdmitResult> Admit(std::span<const uint32_t> prompt, const RequestSpec& spec);
   // Makes the request able to hold `n` more tokens, copying any slot it shares with a fork and
   // has not sealed (so that Append cannot run out of blocks). kOutOfBlocks changes nothing.
@@ -112,6 +120,9 @@ class BlockManager {
   // safe to call from any thread (reads atomics only).
   std::vector<MetricFamily> CollectMetrics() const;
   uint32_t domain_of(uint32_t tenant) const;
+  // Attaches a second level of blocks (not owned; nullptr detaches). It is told of seals and
+  // evictions and asked for prefix blocks on Admit.
+  void SetBlockSource(BlockSource* source) { source_ = source; }
 
  private:
   struct Request {
@@ -125,6 +136,7 @@ class BlockManager {
     std::vector<BlockId> table;         // block per block_tokens tokens (allocated slots)
     std::vector<PrefixRef> chain;       // one per sealed block
   };
+
   BlockManager() = default;
   Request* Get(RequestId r);  // nullptr when not live
   static Status NoRequest(RequestId r);
@@ -143,6 +155,7 @@ class BlockManager {
   std::vector<uint32_t> free_request_ids_;
   size_t live_ = 0;
   uint32_t block_tokens_ = 0;
+  BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
 };
 

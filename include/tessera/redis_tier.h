@@ -61,6 +61,8 @@ class RedisTier {
   // One entry per key: the verified record, or nullopt (a miss, an unreachable server, or a
   // value that failed verification).
   std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys);
+  // Deletes the keys (pipelined). kIoError on "redis" when the server is unreachable.
+  Status EraseBatch(std::span<const Hash128> keys);
   RedisTierStats stats() const;
 
  private:

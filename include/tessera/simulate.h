@@ -24,6 +24,7 @@
 #include "tessera/metrics.h"
 #include "tessera/render.h"
 #include "tessera/status.h"
+#include "tessera/tiered_store.h"
 
 namespace tessera {
 
@@ -42,6 +43,24 @@ struct AgentScenario {
   uint64_t seed = 1;
   // DeepSeek-V4 (models with windows): the strategy to run; unset runs all three.
   std::optional<SwaStrategy> swa_strategy;
+  // Non-empty: a disk tier in this directory behind the pool (its prefix.key keys the prefix
+  // hashes, so a second run over the same directory with a cold pool hits from disk).
+  std::string disk_dir;
+  WritePolicy tier_write = WritePolicy::kWriteThrough;
+  uint64_t host_tier_bytes = 0;  // > 0: a host tier of this many bytes above the disk
+};
+
+
+// What the tiers did in a run with a disk directory.
+struct TierRun {
+  uint64_t tier_hits = 0;        // blocks promoted from the tiers (every byte verified after)
+  uint64_t tier_hit_tokens = 0;
+  uint64_t tier_verify_failures = 0;  // records refused by the store's checks (quarantined)
+  uint64_t disk_quarantined = 0;      // records the disk tier quarantined (checksums)
+  uint64_t written = 0;               // blocks written through or demoted
+  uint64_t write_errors = 0;
+  uint64_t disk_records = 0;          // live records in the directory after the run
+  std::string last_error;
 };
 
 // One window-persistence strategy's run of the hybrid scenario.
@@ -57,6 +76,7 @@ struct StrategyRun {
   uint64_t dedup_hits = 0;
   uint64_t verify_failures = 0;
   uint64_t records_verified = 0;
+  std::optional<TierRun> tiers;  // with a disk directory (DIR/<strategy>)
 };
 
 struct SimulationResult {
@@ -86,6 +106,7 @@ struct SimulationResult {
   std::vector<MetricFamily> metrics;
   std::vector<std::string> security_events;  // the first few, for the operator
   std::vector<StrategyRun> strategies;       // models with windows
+  std::optional<TierRun> tiers;              // runs with a disk directory
 };
 
 // Errors name the option ("agents", "capacity-blocks", ...) or come from the model and formats.

@@ -22,6 +22,9 @@ std::string WithThousands(uint64_t v);
 // Token counts as model cards write them: "8192", "128k" (= 131072), "1m" (= 1048576), "1M".
 // `field` names the option in the error.
 Result<uint64_t> ParseTokenCount(std::string_view text, std::string_view field);
+// A byte size: a plain integer, or with a unit B, KiB, MiB, GiB, TiB (binary) or kB, MB, GB, TB
+// (decimal): "64MiB", "1.5"-style fractions are refused. `field` names the option in the error.
+Result<uint64_t> ParseByteSize(std::string_view text, std::string_view field);
 // A plain non-negative integer (no suffix); `field` names the option in the error.
 Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view field);
 

@@ -86,6 +86,28 @@ Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view field) {
   return v.value();
 }
 
+Result<uint64_t> ParseByteSize(std::string_view text, std::string_view field) {
+  std::string f(field);
+  static constexpr std::pair<std::string_view, uint64_t> kUnits[] = {
+      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20}, {"GiB", 1ULL << 30}, {"TiB", 1ULL << 40}, {"kB", 1000ULL},
+      {"MB", 1000000ULL},  {"GB", 1000000000ULL}, {"TB", 1000000000000ULL}, {"B", 1ULL}};
+  uint64_t multiplier = 1;
+  for (const auto& [unit, m] : kUnits) {
+    if (text.size() > unit.size() && text.ends_with(unit)) {
+      multiplier = m;
+      text.remove_suffix(unit.size());
+      break;
+    }
+  }
+  Result<uint64_t> base = ParseUnsigned(text, field);
+  if (!base.ok()) {
+    return InvalidArgument(f, "expected a byte size like 4096, 64MiB or 2GB, got \"" + std::string(text) + "\"");
+  }
+  Checked v = Checked(*base) * multiplier;
+  if (v.overflowed()) return OutOfRange(f, "byte size does not fit in 64 bits");
+  return v.value();
+}
+
 Result<uint64_t> ParseTokenCount(std::string_view text, std::string_view field) {
   std::string f(field);
   if (text.empty()) return InvalidArgument(f, "expected a token count like 8192, 128k or 1m, got an empty value");

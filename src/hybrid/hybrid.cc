@@ -95,8 +95,18 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
     po.groups.push_back({map[i].name, map[i].format, map[i].layers, map[i].page});
   }
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(po)));
-  TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher, ContentHasher::Create(o.hash, o.hash_bits, o.hash_key_seed));
+  TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher, o.hash_key.empty()
+                                                     ? ContentHasher::Create(o.hash, o.hash_bits, o.hash_key_seed)
+                                                     : ContentHasher::CreateWithKey(o.hash, o.hash_bits, o.hash_key));
   m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), o.content_dedup);
+  // The index's hook runs before OnEvict drops the boundary, so the state travels with the block.
+  m->index_->SetEvictionHook([p = m.get()](BlockId b, const SealedIdentity& id) {
+    if (p->source_ == nullptr || !p->pool_->backed()) return;
+    std::vector<std::byte> state = p->TierState(b);
+    SealedIdentity with_state = id;
+    with_state.state = state;
+    p->source_->OnEvicted(*p->pool_, b, with_state);
+  });
   m->pool_->AddEvictionListener([p = m.get()](BlockId b) { p->OnEvict(b); });
 
   // Per-layer state: slab offsets and page coordinates.
@@ -234,6 +244,13 @@ Result<HybridAdmit> HybridManager::Admit(std::span<const uint32_t> prompt, const
     q.table.push_back(hit.block);
   }
   HybridAdmit a;
+  if (source_ != nullptr) {
+    const size_t before = q.table.size();
+    std::vector<std::vector<std::byte>> states;
+    a.tier_blocks = PromoteFromSource(*pool_, *index_, *source_, prompt, q.domain, q.salt, q.priority, q.chain,
+                                      q.table, &states);
+    for (size_t i = 0; i < a.tier_blocks; ++i) InstallBoundary(q.table[before + i], states[i]);
+  }
   a.id = RequestId{id};
   a.cached_blocks = static_cast<uint32_t>(q.table.size());
   a.cached_tokens = uint64_t{a.cached_blocks} * block_tokens_;
@@ -276,14 +293,7 @@ Status HybridManager::WriteToken(Request& q, uint32_t token, const HybridWriters
   if (retain) {
     // Window rows live in chunks of `window` tokens: open the chunk of p, drop those behind.
     uint64_t c = p / window_;
-    while (q.chunk_base + q.chunks.size() <= c) {
-      const uint32_t chunk = detail::TakeSlot(free_chunks_, chunks_);
-      chunk_refs_.resize(chunks_.size(), 0);
-      chunks_[chunk].resize(chunk_bytes_);
-      chunk_refs_[chunk] = 1;
-      ++chunks_live_;
-      q.chunks.push_back(chunk);
-    }
+    while (q.chunk_base + q.chunks.size() <= c) q.chunks.push_back(NewChunk());
     uint64_t first_live = p + 1 > window_ ? (p + 1 - window_) / window_ : 0;
     while (q.chunk_base < first_live && !q.chunks.empty()) {
       ReleaseChunk(q.chunks.front());
@@ -396,6 +406,12 @@ void HybridManager::SealBoundary(Request& q) {
   q.chain.push_back(sealed.ref);
   q.span_tokens.clear();
   if (!boundaries_.count(kept.value)) PersistBoundary(q, kept);
+  if (source_ != nullptr && !sealed.deduplicated && pool_->backed()) {
+    std::vector<std::byte> state = TierState(kept);
+    SealedIdentity id = index_->IdentityOf(kept);
+    id.state = state;
+    source_->OnSealed(*pool_, kept, id);
+  }
 }
 
 void HybridManager::PersistBoundary(Request& q, BlockId block) {
@@ -427,6 +443,51 @@ bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
     std::memcpy(row.data(), b.rows.data() + off, row.size());
     off += row.size();
   });
+  return true;
+}
+
+uint32_t HybridManager::NewChunk() {
+  const uint32_t chunk = detail::TakeSlot(free_chunks_, chunks_);
+  chunk_refs_.resize(chunks_.size(), 0);
+  chunks_[chunk].resize(chunk_bytes_);
+  chunk_refs_[chunk] = 1;
+  ++chunks_live_;
+  return chunk;
+}
+
+std::vector<std::byte> HybridManager::TierState(BlockId block) const {
+  auto it = boundaries_.find(block.value);
+  if (it == boundaries_.end() || options_.strategy == SwaStrategy::kRecompute) return {};
+  const Boundary& b = it->second;
+  if (options_.strategy == SwaStrategy::kSnapshot) return b.rows;
+  // Retain: the kept chunk holds exactly the window rows of the boundary in the snapshot's order
+  // ([layer][position]) when boundaries fall on chunk edges.
+  if (b.chunk == UINT32_MAX || block_tokens_ % window_ != 0) return {};
+  std::vector<std::byte> state(chunks_[b.chunk]);
+  state.insert(state.end(), b.rows.begin(), b.rows.end());
+  return state;
+}
+
+bool HybridManager::InstallBoundary(BlockId block, std::span<const std::byte> state) {
+  if (options_.strategy == SwaStrategy::kRecompute || boundaries_.count(block.value) > 0) return false;
+  if (block_tokens_ % window_ != 0) return false;
+  // Window rows of every layer, then the overlapping compressors' previous-group rows.
+  uint64_t compressor = 0;
+  for (const LayerState& ls : layers_) {
+    if (ls.ratio == 0 || ls.coff < 2) continue;
+    compressor += uint64_t{ls.ratio} * ls.state_floats * sizeof(float);
+    if (ls.istate_slots > 0) compressor += uint64_t{ls.ratio} * ls.istate_floats * sizeof(float);
+  }
+  if (state.size() != chunk_bytes_ + compressor) return false;
+  Boundary b;
+  if (options_.strategy == SwaStrategy::kSnapshot) {
+    b.rows.assign(state.begin(), state.end());
+  } else {
+    b.chunk = NewChunk();
+    std::memcpy(chunks_[b.chunk].data(), state.data(), chunk_bytes_);
+    b.rows.assign(state.begin() + static_cast<ptrdiff_t>(chunk_bytes_), state.end());
+  }
+  boundaries_.emplace(block.value, std::move(b));
   return true;
 }
 

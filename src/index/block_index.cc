@@ -118,7 +118,7 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
   }
   pool_->MarkSealed(candidate);
   Identity& id = identity_[candidate.value];
-  id = Identity{key, content, parent.block, parent.generation, domain, salt, true, false};
+  id = Identity{key, content, parent.key, parent.block, parent.generation, domain, salt, true, false};
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<ptrdiff_t>(candidate.value) * block_tokens_);
   if (content_dedup_) {
     std::vector<BlockId>& bucket = content_[content];
@@ -139,9 +139,15 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
   return {PrefixRef{candidate, pool_->generation(candidate), key}, false};
 }
 
+SealedIdentity BlockIndex::IdentityOf(BlockId b) const {
+  const Identity& id = identity_[b.value];
+  return {id.prefix_key, id.parent_key, id.domain, id.salt, Tokens(b), {}};
+}
+
 void BlockIndex::OnEvict(BlockId b) {
   Identity& id = identity_[b.value];
   if (!id.indexed) return;
+  if (evict_hook_) evict_hook_(b, IdentityOf(b));
   auto p = prefix_.find(id.prefix_key);
   if (p != prefix_.end() && p->second == b) prefix_.erase(p);
   if (id.in_content) {

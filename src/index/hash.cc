@@ -31,10 +31,6 @@ Result<HashAlgorithm> ParseHashAlgorithm(std::string_view name) {
 std::string_view HashAlgorithmName(HashAlgorithm a) { return a == HashAlgorithm::kXxh3 ? "xxh3" : "sha256"; }
 
 Result<ContentHasher> ContentHasher::Create(HashAlgorithm algorithm, uint32_t bits, uint64_t key_seed) {
-  if (bits == 0 || bits > 128) return InvalidArgument("hash-bits", "must be in 1..128 (got " + std::to_string(bits) + ")");
-  ContentHasher h;
-  h.algorithm_ = algorithm;
-  h.bits_ = bits;
   std::array<uint64_t, 4> seed{};
   if (key_seed == 0) {
     std::random_device rd;
@@ -43,10 +39,30 @@ Result<ContentHasher> ContentHasher::Create(HashAlgorithm algorithm, uint32_t bi
     std::mt19937_64 gen(key_seed);
     for (uint64_t& s : seed) s = gen();
   }
-  if (XXH3_generateSecret(h.secret_.data(), h.secret_.size(), seed.data(), sizeof seed) != XXH_OK) {
+  return CreateWithKey(algorithm, bits, std::as_bytes(std::span(seed)));
+}
+
+Result<ContentHasher> ContentHasher::CreateWithKey(HashAlgorithm algorithm, uint32_t bits,
+                                                   std::span<const std::byte> key) {
+  if (bits == 0 || bits > 128) return InvalidArgument("hash-bits", "must be in 1..128 (got " + std::to_string(bits) + ")");
+  if (key.size() < 16) {
+    return InvalidArgument("hash-key", "needs at least 16 bytes (got " + std::to_string(key.size()) + ")");
+  }
+  ContentHasher h;
+  h.algorithm_ = algorithm;
+  h.bits_ = bits;
+  if (XXH3_generateSecret(h.secret_.data(), h.secret_.size(), key.data(), key.size()) != XXH_OK) {
     return Status(StatusCode::kInternal, "hash", "cannot derive the xxh3 secret");
   }
-  std::memcpy(h.sha_key_.data(), seed.data(), sizeof seed);
+  // The SHA-256 key: the caller's key, or its SHA-256 when longer than 32 bytes.
+  if (key.size() <= h.sha_key_.size()) {
+    std::memcpy(h.sha_key_.data(), key.data(), key.size());
+  } else {
+    unsigned int len = 0;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    EVP_Digest(key.data(), key.size(), md, &len, EVP_sha256(), nullptr);
+    std::memcpy(h.sha_key_.data(), md, h.sha_key_.size());
+  }
   return h;
 }
 

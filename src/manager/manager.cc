@@ -39,12 +39,18 @@ Result<std::unique_ptr<BlockManager>> BlockManager::Create(const Geometry& g, co
     return InvalidArgument("model", g.name + " has no paged cache under the tessera engine");
   }
   TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher,
-                           ContentHasher::Create(options.hash, options.hash_bits, options.hash_key_seed));
+                           options.hash_key.empty()
+                               ? ContentHasher::Create(options.hash, options.hash_bits, options.hash_key_seed)
+                               : ContentHasher::CreateWithKey(options.hash, options.hash_bits, options.hash_key));
   std::unique_ptr<BlockManager> m(new BlockManager());
   m->options_ = options;
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(pool_options)));
   m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), options.content_dedup);
   m->block_tokens_ = m->pool_->block_tokens();
+  BlockManager* self = m.get();
+  m->index_->SetEvictionHook([self](BlockId b, const SealedIdentity& id) {
+    if (self->source_ != nullptr) self->source_->OnEvicted(*self->pool_, b, id);
+  });
   return m;
 }
 
@@ -87,6 +93,10 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
     pool_->Ref(hit.block);
     req.table.push_back(hit.block);
   }
+  const uint32_t promoted =
+      req.chain.size() < full_blocks && source_ != nullptr && pool_->backed()
+          ? PromoteFromSource(*pool_, *index_, *source_, prompt, req.domain, req.salt, req.priority, req.chain, req.table)
+          : 0;
   AdmitResult result;
   result.id = RequestId{id};
   result.cached_blocks = static_cast<uint32_t>(req.table.size());
@@ -96,6 +106,8 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
   metrics_.prefix_hit_blocks.fetch_add(result.cached_blocks, std::memory_order_relaxed);
   metrics_.prefix_miss_blocks.fetch_add(full_blocks - result.cached_blocks, std::memory_order_relaxed);
   metrics_.prefix_miss_tokens.fetch_add(prompt.size() - result.cached_tokens, std::memory_order_relaxed);
+  metrics_.tier_hit_blocks.fetch_add(promoted, std::memory_order_relaxed);
+  metrics_.tier_hit_tokens.fetch_add(uint64_t{promoted} * block_tokens_, std::memory_order_relaxed);
   return result;
 }
 
@@ -200,6 +212,9 @@ Status BlockManager::Append(RequestId r, std::span<const uint32_t> tokens, const
       req->table[slot] = kept;
       req->chain.push_back(sealed.ref);
       req->token_ids.clear();
+      if (source_ != nullptr && !sealed.deduplicated && pool_->backed()) {
+        source_->OnSealed(*pool_, kept, index_->IdentityOf(kept));
+      }
     }
   }
   return Status::Ok();
@@ -268,6 +283,10 @@ std::vector<MetricFamily> BlockManager::CollectMetrics() const {
        "Prompt blocks and tokens not found in the prefix index.",
        "counter",
        {{"unit=\"blocks\"", v(metrics_.prefix_miss_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_miss_tokens)}}},
+      {"tessera_tier_hits_total",
+       "Prompt blocks and tokens promoted from the tiers (verified; counted in prefix hits too).",
+       "counter",
+       {{"unit=\"blocks\"", v(metrics_.tier_hit_blocks)}, {"unit=\"tokens\"", v(metrics_.tier_hit_tokens)}}},
       {"tessera_prefix_key_mismatches_total",
        "Prefix keys that matched while tokens or parent did not.",
        "counter",

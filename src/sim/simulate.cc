@@ -177,6 +177,36 @@ HybridWriters HybridWritersFor(const Agent& a) {
 
 // Checks the request's live window rows and a sample of its compressed entries (every entry of
 // its last block span, every 8th before) against the functions that wrote them.
+// A host tier (when asked) above a disk tier in `dir`.
+Result<std::unique_ptr<TieredStore>> OpenSimulationStore(const BlockPool& pool, const AgentScenario& s,
+                                                         const std::string& dir) {
+  std::vector<std::unique_ptr<Tier>> tiers;
+  if (s.host_tier_bytes > 0) tiers.push_back(MakeHostTier(s.host_tier_bytes));
+  DiskTierOptions disk;
+  disk.dir = dir;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> d, MakeDiskTier(disk, 0));
+  tiers.push_back(std::move(d));
+  TieredStoreOptions so;
+  so.write = s.tier_write;
+  return TieredStore::Create(pool, so, std::move(tiers));
+}
+
+TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
+  store.Flush();
+  TieredStoreStats ts = store.stats();
+  TierRun t;
+  t.tier_hits = ts.tier_hits;
+  t.tier_hit_tokens = hit_tokens;
+  t.tier_verify_failures = ts.verify_failures;
+  t.written = ts.written_through + ts.demoted;
+  t.write_errors = ts.write_errors;
+  t.last_error = ts.last_error;
+  TierCounters disk = store.tier_counters(store.tiers() - 1);
+  t.disk_records = disk.records;
+  t.disk_quarantined = disk.quarantined;
+  return t;
+}
+
 void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, StrategyRun& run) {
   const uint64_t n = m.Tokens(a.id);
   std::vector<std::byte> live = m.LiveState(a.id);
@@ -275,7 +305,17 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
     if (need > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
     o.capacity_blocks = static_cast<uint32_t>(need);
   }
+  // With a disk directory: one tier per strategy (their records carry different state).
+  const std::string dir = s.disk_dir.empty() ? "" : s.disk_dir + "/" + std::string(SwaStrategyName(strategy));
+  if (!dir.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(o.hash_key, LoadOrCreateTierKey(dir));
+  }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<HybridManager> m, HybridManager::Create(g, o));
+  std::unique_ptr<TieredStore> store;
+  if (!dir.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(m->pool(), s, dir));
+    m->SetBlockSource(store.get());
+  }
   out.block_tokens = static_cast<uint32_t>(bt);
   out.block_bytes = m->pool().block_bytes();
   out.capacity_blocks = o.capacity_blocks;
@@ -290,13 +330,16 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
   };
   std::vector<Agent> agents;
   agents.reserve(requests);
-  auto admit_and_write = [&](Agent& a, const std::vector<uint32_t>& prompt) -> bool {
+  uint64_t tier_hit_blocks = 0;
+  // Admits `prompt`, resumes a cached prefix (restored or recomputed per strategy) and makes room
+  // for the rest; the caller writes from m->Tokens(a.id).
+  auto admit = [&](Agent& a, const std::vector<uint32_t>& prompt) -> bool {
     Simulation::Extend(a, prompt);
     Result<HybridAdmit> r = m->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
     if (!r.ok()) return false;
     a.id = r->id;
     a.live = true;
-    HybridWriters w = HybridWritersFor(a);
+    tier_hit_blocks += r->tier_blocks;
     if (r->cached_tokens > 0) {
       ++run.prefix_hits;
       run.prefix_hit_tokens += r->cached_tokens;
@@ -305,12 +348,14 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
         run.tokens_recomputed += r->recompute_tokens;
         std::span<const uint32_t> again =
             std::span<const uint32_t>(prompt).subspan(r->recompute_from, r->recompute_tokens);
-        if (!m->Recompute(a.id, again, w).ok()) return false;
+        if (!m->Recompute(a.id, again, HybridWritersFor(a)).ok()) return false;
       }
     }
-    uint64_t from = r->cached_tokens;
-    if (!m->AllocateSlots(a.id, prompt.size() - from).ok()) return false;
-    return m->Append(a.id, std::span<const uint32_t>(prompt).subspan(from), w).ok();
+    return m->AllocateSlots(a.id, prompt.size() - r->cached_tokens).ok();
+  };
+  auto admit_and_write = [&](Agent& a, const std::vector<uint32_t>& prompt) -> bool {
+    if (!admit(a, prompt)) return false;
+    return m->Append(a.id, std::span<const uint32_t>(prompt).subspan(m->Tokens(a.id)), HybridWritersFor(a)).ok();
   };
 
   // The orchestrator's shared context, then agents that start with it (prefix hits at block
@@ -338,21 +383,14 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
   size_t first = agents.size();
   for (int k = 0; k < 2; ++k) {
     agents.emplace_back();
-    Agent& a = agents.back();
-    Simulation::Extend(a, pair);
-    Result<HybridAdmit> r = m->Admit(pair, RequestSpec{});
-    if (!r.ok() || !m->AllocateSlots(r->id, pair.size()).ok()) {
-      ++out.out_of_blocks;
-      continue;
-    }
-    a.id = r->id;
-    a.live = true;
+    if (!admit(agents.back(), pair)) ++out.out_of_blocks;
   }
+  // Lockstep, one block at a time, each from where its admission left it (a cached prefix).
   for (uint64_t pos = 0; pos < pair.size(); pos += bt) {
     uint64_t end = std::min<uint64_t>(pair.size(), pos + bt);
     for (size_t k = first; k < first + 2; ++k) {
       Agent& a = agents[k];
-      if (!a.live) continue;
+      if (!a.live || m->Tokens(a.id) > pos) continue;
       if (!m->Append(a.id, std::span<const uint32_t>(pair).subspan(pos, end - pos), HybridWritersFor(a)).ok()) {
         ++out.out_of_blocks;
       }
@@ -380,6 +418,10 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
     a.live = false;
   }
   run.dedup_hits = m->index().stats().dedup_hits.load();
+  if (store) {
+    m->SetBlockSource(nullptr);
+    run.tiers = CollectTierRun(*store, tier_hit_blocks * bt);
+  }
   out.logical_blocks = logical;
   out.physical_blocks = physical.size();
   out.bytes_saved = (logical - physical.size()) * out.block_bytes;
@@ -416,6 +458,9 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
     return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
   }
   if (s.hash_bits == 0 || s.hash_bits > 128) return InvalidArgument("hash-bits", "must be in 1..128");
+  if (s.host_tier_bytes > 0 && s.disk_dir.empty()) {
+    return InvalidArgument("host-tier-bytes", "needs a disk directory (the host tier sits above it)");
+  }
   if (g.is_hybrid) return RunHybridScenario(g, s);
 
   ManagerOptions mo;
@@ -445,7 +490,15 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
       return OutOfRange("agents", "the workload needs too many blocks");
     mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
+  if (!s.disk_dir.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(mo.hash_key, LoadOrCreateTierKey(s.disk_dir));
+  }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> m, BlockManager::Create(g, mo));
+  std::unique_ptr<TieredStore> store;
+  if (!s.disk_dir.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(m->pool(), s, s.disk_dir));
+    m->SetBlockSource(store.get());
+  }
 
   SimulationResult out;
   out.model = g.name;
@@ -601,6 +654,24 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   out.evictions = m->pool().stats().evictions.load();
   out.cow_copies = m->metrics().cow_copies.load();
   out.metrics = m->CollectMetrics();
+  if (store) {
+    m->SetBlockSource(nullptr);
+    TierRun t = CollectTierRun(*store, m->metrics().tier_hit_tokens.load());
+    out.metrics.push_back({"tessera_tier_verify_failures_total",
+                           "Tier records refused by the store's identity checks (quarantined, never served).",
+                           "counter",
+                           {{"", t.tier_verify_failures}}});
+    out.metrics.push_back({"tessera_tier_write_errors_total",
+                           "Batch writes a tier refused (e.g. a full disk).",
+                           "counter",
+                           {{"", t.write_errors}}});
+    out.metrics.push_back({"tessera_tier_records", "Records held per tier.", "gauge", {}});
+    for (size_t i = 0; i < store->tiers(); ++i) {
+      out.metrics.back().samples.emplace_back("tier=\"" + std::string(store->tier_name(i)) + "\"",
+                                              store->tier_counters(i).records);
+    }
+    out.tiers = t;
+  }
   return out;
 }
 
@@ -628,6 +699,16 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
   j["verify_failures"] = r.verify_failures;
   j["cross_tenant_shares"] = r.cross_tenant_shares;
   j["bytes_saved"] = r.bytes_saved;
+  if (r.tiers) {
+    j["tier_hits"] = r.tiers->tier_hits;
+    j["tier_hit_tokens"] = r.tiers->tier_hit_tokens;
+    j["tier_verify_failures"] = r.tiers->tier_verify_failures;
+    j["disk_quarantined"] = r.tiers->disk_quarantined;
+    j["tier_written"] = r.tiers->written;
+    j["tier_write_errors"] = r.tiers->write_errors;
+    j["disk_records"] = r.tiers->disk_records;
+    if (!r.tiers->last_error.empty()) j["tier_last_error"] = r.tiers->last_error;
+  }
   j["security_events"] = r.security_events;
   if (!r.strategies.empty()) {
     nlohmann::ordered_json st = nlohmann::ordered_json::array();
@@ -644,6 +725,14 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
                     {"dedup_hits", run.dedup_hits},
                     {"records_verified", run.records_verified},
                     {"verify_failures", run.verify_failures}});
+      if (run.tiers) {
+        st.back()["tier_hits"] = run.tiers->tier_hits;
+        st.back()["tier_hit_tokens"] = run.tiers->tier_hit_tokens;
+        st.back()["tier_verify_failures"] = run.tiers->tier_verify_failures;
+        st.back()["disk_quarantined"] = run.tiers->disk_quarantined;
+        st.back()["tier_written"] = run.tiers->written;
+        st.back()["disk_records"] = run.tiers->disk_records;
+      }
     }
     j["swa_strategies"] = st;
   }
@@ -669,7 +758,12 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
         << (run.prefix_hits ? run.tokens_recomputed / run.prefix_hits : 0) << " tokens recomputed per hit, "
         << run.states_restored << " states restored, " << run.boundaries_kept << " boundaries kept at "
         << FormatBytes(run.bytes_kept_per_boundary) << " each, peak held " << FormatBytes(run.bytes_held_peak) << ", "
-        << run.verify_failures << " verify failures\n";
+        << run.verify_failures << " verify failures";
+    if (run.tiers) {
+      out << "; tiers: " << run.tiers->tier_hits << " hits from disk, " << run.tiers->tier_verify_failures
+          << " refused, " << run.tiers->disk_quarantined << " quarantined, " << run.tiers->written << " written";
+    }
+    out << "\n";
   }
   return out.str();
 }

@@ -262,9 +262,16 @@ Status DiskTier::RollIfNeeded(uint64_t incoming) {
 }
 
 Status DiskTier::PutBatch(std::span<const DiskRecord> records) {
+  std::vector<const DiskRecord*> ptrs;
+  ptrs.reserve(records.size());
+  for (const DiskRecord& r : records) ptrs.push_back(&r);
+  return PutBatch(std::span<const DiskRecord* const>(ptrs));
+}
+
+Status DiskTier::PutBatch(std::span<const DiskRecord* const> records) {
   if (options_.read_only) return IoError("disk", "the tier is open read-only");
   uint64_t incoming = 0;
-  for (const DiskRecord& r : records) incoming += RecordBytes(r.payload.size());
+  for (const DiskRecord* r : records) incoming += RecordBytes(r->payload.size());
   if (options_.max_bytes > 0) {
     uint64_t used = 0;
     for (const Segment& s : segments_) used += s.size;
@@ -279,7 +286,8 @@ Status DiskTier::PutBatch(std::span<const DiskRecord> records) {
   std::vector<Header> headers;
   std::vector<Location> locations;
   uint64_t off = start;
-  for (const DiskRecord& r : records) {
+  for (const DiskRecord* rp : records) {
+    const DiskRecord& r = *rp;
     Header h{};
     h.magic = kMagic;
     h.version = kVersion;
@@ -319,9 +327,9 @@ Status DiskTier::PutBatch(std::span<const DiskRecord> records) {
     TESSERA_RETURN_IF_ERROR(Sync());
   seg.size = off;
   for (size_t i = 0; i < records.size(); ++i) {
-    auto it = index_.find(records[i].key);
+    auto it = index_.find(records[i]->key);
     if (it != index_.end()) dead_bytes_ += RecordBytes(it->second.payload_len);
-    index_[records[i].key] = locations[i];
+    index_[records[i]->key] = locations[i];
   }
   writes_ += records.size();
   return Status::Ok();
@@ -352,6 +360,28 @@ Result<DiskRecord> DiskTier::Get(const Hash128& key) {
     return Status(StatusCode::kDataLoss, "key", "record failed verification and was quarantined");
   }
   return r;
+}
+
+Status DiskTier::QuarantineKey(const Hash128& key, const std::string& why) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return Status::Ok();
+  const Location loc = it->second;
+  index_.erase(it);
+  dead_bytes_ += RecordBytes(loc.payload_len);
+  Segment* seg = SegmentById(loc.segment);
+  if (seg == nullptr) return Status::Ok();
+  return Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), why);
+}
+
+std::vector<std::pair<Hash128, uint64_t>> DiskTier::Keys() const {
+  std::vector<std::pair<uint64_t, std::pair<Hash128, uint64_t>>> by_seq;
+  by_seq.reserve(index_.size());
+  for (const auto& [key, loc] : index_) by_seq.push_back({loc.seq, {key, loc.payload_len}});
+  std::sort(by_seq.begin(), by_seq.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<Hash128, uint64_t>> out;
+  out.reserve(by_seq.size());
+  for (auto& e : by_seq) out.push_back(e.second);
+  return out;
 }
 
 Status DiskTier::Erase(const Hash128& key) {

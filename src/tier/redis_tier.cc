@@ -2,35 +2,9 @@
 
 #include <hiredis/hiredis.h>
 
-#include <cstring>
-
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include "tier/redis_value.h"
 
 namespace tessera {
-
-namespace {
-
-constexpr uint32_t kValueMagic = 0x44525354;  // "TSRD"
-constexpr uint16_t kValueVersion = 1;
-
-struct ValueHeader {
-  uint32_t magic;
-  uint16_t version;
-  uint16_t format_id;
-  uint64_t key_lo;
-  uint64_t key_hi;
-  uint64_t payload_len;
-  uint64_t checksum;
-  uint64_t reserved;
-};
-static_assert(sizeof(ValueHeader) == 48);
-
-uint64_t Checksum(const Hash128& key, const std::byte* data, size_t len) {
-  return XXH3_64bits_withSeed(data, len, key.lo ^ key.hi);
-}
-
-}  // namespace
 
 std::string RedisNamespace(std::string_view model, std::string_view format, uint32_t tenant_domain) {
   return "tessera:" + std::string(model) + ":" + std::string(format) + ":" + std::to_string(tenant_domain);
@@ -77,19 +51,8 @@ Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
   std::vector<std::string> keys;
   std::vector<std::string> values;
   for (const DiskRecord& r : records) {
-    ValueHeader h{kValueMagic,
-                  kValueVersion,
-                  r.format_id,
-                  r.key.lo,
-                  r.key.hi,
-                  r.payload.size(),
-                  Checksum(r.key, r.payload.data(), r.payload.size()),
-                  0};
-    std::string v(sizeof h + r.payload.size(), '\0');
-    std::memcpy(v.data(), &h, sizeof h);
-    if (!r.payload.empty()) std::memcpy(v.data() + sizeof h, r.payload.data(), r.payload.size());
     keys.push_back(KeyOf(r.key));
-    values.push_back(std::move(v));
+    values.push_back(redis_value::Encode(r));
   }
   for (size_t i = 0; i < records.size(); ++i) {
     redisAppendCommand(ctx_, "SET %b %b", keys[i].data(), keys[i].size(), values[i].data(), values[i].size());
@@ -129,29 +92,43 @@ std::vector<std::optional<DiskRecord>> RedisTier::GetBatch(std::span<const Hash1
       return out;
     }
     redisReply* reply = static_cast<redisReply*>(raw);
-    if (reply->type == REDIS_REPLY_STRING && reply->len >= static_cast<long long>(sizeof(ValueHeader))) {
-      ValueHeader h;
-      std::memcpy(&h, reply->str, sizeof h);
-      const std::byte* payload = reinterpret_cast<const std::byte*>(reply->str) + sizeof h;
-      size_t len = static_cast<size_t>(reply->len) - sizeof h;
-      bool ok = h.magic == kValueMagic && h.version == kValueVersion && h.key_lo == keys[i].lo &&
-                h.key_hi == keys[i].hi && h.payload_len == len && h.checksum == Checksum(keys[i], payload, len);
-      if (ok) {
-        out[i] = DiskRecord{keys[i], h.format_id, std::vector<std::byte>(payload, payload + len)};
+    if (reply->type == REDIS_REPLY_STRING) {
+      std::optional<DiskRecord> r = redis_value::Decode(keys[i], reply->str, reply->len);
+      if (r.has_value()) {
+        out[i] = std::move(r);
         ++stats_.hits;
       } else {
         ++stats_.verify_failures;
         ++stats_.misses;
       }
-    } else if (reply->type == REDIS_REPLY_STRING) {
-      ++stats_.verify_failures;
-      ++stats_.misses;
     } else {
       ++stats_.misses;
     }
     freeReplyObject(reply);
   }
   return out;
+}
+
+Status RedisTier::EraseBatch(std::span<const Hash128> keys) {
+  if (keys.empty()) return Status::Ok();
+  if (!EnsureConnected()) {
+    ++stats_.errors;
+    return IoError("redis", "not connected to " + options_.host + ":" + std::to_string(options_.port));
+  }
+  for (const Hash128& k : keys) {
+    std::string n = KeyOf(k);
+    redisAppendCommand(ctx_, "DEL %b", n.data(), n.size());
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
+      ++stats_.errors;
+      Drop();
+      return IoError("redis", "DEL failed: connection lost");
+    }
+    freeReplyObject(raw);
+  }
+  return Status::Ok();
 }
 
 RedisTierStats RedisTier::stats() const { return stats_; }

@@ -224,6 +224,9 @@ struct SimulateArgs {
   std::string hash_bits = "128";
   std::string seed = "1";
   std::string swa_strategy;
+  std::string disk;
+  std::string tier_write = "write-through";
+  std::string host_tier_bytes = "0";
 
   void Register(CLI::App* app) {
     app->add_option("--scenario", scenario, "agents (the only scenario so far)");
@@ -242,6 +245,10 @@ struct SimulateArgs {
     app->add_option("--seed", seed, "workload and key seed (default 1)");
     app->add_option("--swa-strategy", swa_strategy,
                     "recompute | snapshot | retain (models with windows; default: all three)");
+    app->add_option("--disk", disk,
+                    "a disk tier in DIR behind the pool; a second run over DIR starts cold and hits from disk");
+    app->add_option("--tier-write", tier_write, "write-through (default) | write-back");
+    app->add_option("--host-tier-bytes", host_tier_bytes, "a host tier of this size above the disk (e.g. 64MiB)");
   }
 
   Result<std::pair<Geometry, AgentScenario>> Parse() const {
@@ -275,6 +282,12 @@ struct SimulateArgs {
     if (!swa_strategy.empty()) {
       TESSERA_ASSIGN_OR_RETURN(SwaStrategy st, ParseSwaStrategy(swa_strategy));
       s.swa_strategy = st;
+    }
+    s.disk_dir = disk;
+    TESSERA_ASSIGN_OR_RETURN(s.tier_write, ParseWritePolicy(tier_write));
+    TESSERA_ASSIGN_OR_RETURN(s.host_tier_bytes, ParseByteSize(host_tier_bytes, "host-tier-bytes"));
+    if (s.host_tier_bytes > 0 && disk.empty()) {
+      return InvalidArgument("host-tier-bytes", "needs --disk (the host tier sits above a disk tier)");
     }
     return std::make_pair(*g, s);
   }

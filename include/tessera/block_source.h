@@ -1,0 +1,55 @@
+// BlockSource: a second level of sealed blocks behind a block store's pool (the tiered store).
+//
+// The manager tells the source of every block it seals (write-through) and of every indexed
+// block the pool evicts (demotion), and asks it, where a prompt's in-pool prefix ends, for the
+// next blocks of the chain (promotion). The source must verify what it returns: the stored
+// tokens, parent key, tenant domain and salt must be the ones asked for and must hash to the key.
+//
+// Thread-safety: called from the manager's single owner thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tessera/block_index.h"
+#include "tessera/block_pool.h"
+
+namespace tessera {
+
+// One link of a prompt's prefix chain that the pool does not hold.
+struct ChainLink {
+  Hash128 key;
+  Hash128 parent_key;
+  uint32_t domain = 0;
+  uint64_t salt = 0;
+  std::span<const uint32_t> tokens;
+};
+
+class BlockSource {
+ public:
+  virtual ~BlockSource() = default;
+  // A block was sealed and indexed (not deduplicated); its bytes are final and readable.
+  virtual void OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) = 0;
+  // An indexed block is about to be evicted from the pool; its bytes are still readable.
+  virtual void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) = 0;
+  // How many leading links of `links` the source can probably supply (no bytes moved).
+  virtual size_t Probe(std::span<const ChainLink> links) = 0;
+  // Copies link i into blocks[i] (kFilling, refcount 1) for a leading run of verified links and
+  // returns its length; a link that fails verification ends the run (and is counted by the
+  // source), so nothing unverified ever reaches a caller. When `states` is given it receives
+  // each fetched block's state (SealedIdentity::state when it was stored).
+  virtual size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+                       std::vector<std::vector<std::byte>>* states = nullptr) = 0;
+};
+
+// Promotes the whole blocks of `prompt` past `chain` from `source` into fresh pool blocks,
+// sealing each into `index` as the child of the one before and appending it to `chain` and
+// `table`; takes no more blocks than the pool has available. Returns how many it promoted;
+// `states` (optional) receives their states.
+uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
+                           uint32_t domain, uint64_t salt, uint8_t priority, std::vector<PrefixRef>& chain,
+                           std::vector<BlockId>& table, std::vector<std::vector<std::byte>>* states = nullptr);
+
+}  // namespace tessera

@@ -1,0 +1,40 @@
+#include <algorithm>
+
+#include "tessera/block_source.h"
+
+namespace tessera {
+
+uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
+                           uint32_t domain, uint64_t salt, uint8_t priority, std::vector<PrefixRef>& chain,
+                           std::vector<BlockId>& table, std::vector<std::vector<std::byte>>* states) {
+  const uint32_t bt = pool.block_tokens();
+  const size_t full_blocks = prompt.size() / bt;
+  if (!pool.backed() || chain.size() >= full_blocks) return 0;
+  std::vector<ChainLink> links;
+  links.reserve(full_blocks - chain.size());
+  Hash128 parent = chain.empty() ? Hash128{} : chain.back().key;
+  for (size_t i = chain.size(); i < full_blocks; ++i) {
+    std::span<const uint32_t> tokens = prompt.subspan(i * bt, bt);
+    Hash128 key = index.PrefixKey(parent, tokens, domain, salt);
+    links.push_back({key, parent, domain, salt, tokens});
+    parent = key;
+  }
+  const size_t want = std::min<size_t>(source.Probe(links), pool.Available());
+  if (want == 0) return 0;
+  std::vector<BlockId> blocks;
+  if (!pool.Allocate(static_cast<uint32_t>(want), &blocks).ok()) return 0;
+  const size_t got = source.Fetch(pool, std::span(links).first(want), blocks, states);
+  for (size_t i = 0; i < got; ++i) {
+    PrefixRef parent_ref = chain.empty() ? PrefixRef{} : chain.back();
+    BlockIndex::SealResult sealed = index.Seal(blocks[i], parent_ref, links[i].tokens, domain, salt);
+    BlockId kept = sealed.ref.block;
+    pool.SetPriority(kept, sealed.deduplicated ? std::max(pool.priority(kept), priority) : priority);
+    table.push_back(kept);
+    chain.push_back(sealed.ref);
+  }
+  for (size_t i = got; i < blocks.size(); ++i) pool.Unref(blocks[i]);  // filling -> free
+  if (states != nullptr) states->resize(got);
+  return static_cast<uint32_t>(got);
+}
+
+}  // namespace tessera

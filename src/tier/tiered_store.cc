@@ -1,0 +1,687 @@
+#include "tessera/tiered_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <random>
+
+#include <xxhash.h>
+
+namespace tessera {
+
+namespace {
+
+constexpr uint32_t kRecordMagic = 0x52425354;  // "TSBR"
+constexpr uint16_t kRecordVersion = 1;
+constexpr size_t kFixedHeader = 88;
+constexpr size_t kDataAlign = 64;
+
+size_t DataOffset(uint32_t block_tokens) {
+  size_t end = kFixedHeader + size_t{block_tokens} * sizeof(uint32_t);
+  return (end + kDataAlign - 1) / kDataAlign * kDataAlign;
+}
+
+template <typename T>
+void Put(std::vector<std::byte>& out, size_t off, T v) {
+  std::memcpy(out.data() + off, &v, sizeof v);
+}
+template <typename T>
+T Read(std::span<const std::byte> in, size_t off) {
+  T v;
+  std::memcpy(&v, in.data() + off, sizeof v);
+  return v;
+}
+
+// ---- Host ------------------------------------------------------------------------------------
+
+class HostTierAdapter final : public Tier {
+ public:
+  explicit HostTierAdapter(uint64_t capacity) : host_(capacity), capacity_(capacity) {
+    host_.SetEvictionListener([this](const Hash128& key, uint16_t format_id, std::span<const std::byte> payload) {
+      if (!on_evict_) return;
+      DiskRecord r{key, format_id, {payload.begin(), payload.end()}};
+      on_evict_(r);
+    });
+  }
+  std::string_view name() const override { return "host"; }
+  bool in_memory() const override { return true; }
+  bool persistent() const override { return false; }
+  Status PutBatch(std::span<const DiskRecord* const> records) override {
+    for (const DiskRecord* r : records) TESSERA_RETURN_IF_ERROR(host_.Put(r->key, r->format_id, r->payload));
+    return Status::Ok();
+  }
+  std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys) override {
+    std::vector<std::optional<DiskRecord>> out(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!host_.Contains(keys[i])) continue;
+      uint16_t format_id = 0;
+      Result<std::vector<std::byte>> got = host_.Get(keys[i], &format_id);
+      if (got.ok()) out[i] = DiskRecord{keys[i], format_id, std::move(got).value()};
+    }
+    return out;
+  }
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override {
+    std::vector<bool> out(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = host_.Contains(keys[i]);
+    return out;
+  }
+  Status EraseBatch(std::span<const Hash128> keys) override {
+    for (const Hash128& k : keys) host_.Erase(k);
+    return Status::Ok();
+  }
+  void Quarantine(const Hash128& key, const std::string&) override { host_.Erase(key); }
+  TierCounters counters() const override {
+    HostTierStats s = host_.stats();
+    return {s.records, s.bytes, capacity_, s.evictions, s.quarantined};
+  }
+
+ private:
+  HostTier host_;
+  uint64_t capacity_;
+};
+
+// ---- Disk ------------------------------------------------------------------------------------
+
+class DiskTierAdapter final : public Tier {
+ public:
+  DiskTierAdapter(std::unique_ptr<DiskTier> disk, uint64_t capacity) : disk_(std::move(disk)), capacity_(capacity) {
+    for (const auto& [key, len] : disk_->Keys()) Touch(key, len);  // oldest first: ends least recent
+  }
+  std::string_view name() const override { return "disk"; }
+  bool in_memory() const override { return false; }
+  bool persistent() const override { return true; }
+
+  Status PutBatch(std::span<const DiskRecord* const> records) override {
+    std::vector<const DiskRecord*> admit;
+    uint64_t incoming = 0;
+    for (const DiskRecord* r : records) {
+      if (capacity_ > 0 && r->payload.size() > capacity_) continue;  // larger than the tier: refused
+      admit.push_back(r);
+      incoming += r->payload.size();
+    }
+    if (capacity_ > 0) {
+      while (!lru_.empty() && bytes_ + incoming > capacity_) EvictOne();
+    }
+    TESSERA_RETURN_IF_ERROR(disk_->PutBatch(std::span<const DiskRecord* const>(admit)));
+    for (const DiskRecord* r : admit) Touch(r->key, r->payload.size());
+    return Status::Ok();
+  }
+  std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys) override {
+    std::vector<std::optional<DiskRecord>> out(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!disk_->Contains(keys[i])) continue;
+      Result<DiskRecord> r = disk_->Get(keys[i]);
+      if (r.ok()) {
+        Touch(keys[i], r.value().payload.size());
+        out[i] = std::move(r).value();
+      } else {
+        Forget(keys[i]);  // quarantined by the disk tier (kDataLoss)
+      }
+    }
+    return out;
+  }
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override {
+    std::vector<bool> out(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) out[i] = disk_->Contains(keys[i]);
+    return out;
+  }
+  Status EraseBatch(std::span<const Hash128> keys) override {
+    for (const Hash128& k : keys) {
+      TESSERA_RETURN_IF_ERROR(disk_->Erase(k));
+      Forget(k);
+    }
+    return Status::Ok();
+  }
+  void Quarantine(const Hash128& key, const std::string& why) override {
+    (void)disk_->QuarantineKey(key, why);
+    Forget(key);
+  }
+  TierCounters counters() const override {
+    return {map_.size(), bytes_, capacity_, evictions_, disk_->stats().quarantined};
+  }
+
+ private:
+  void Touch(const Hash128& key, uint64_t len) {
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      bytes_ -= it->second.second;
+      lru_.erase(it->second.first);
+    }
+    lru_.push_front(key);
+    map_[key] = {lru_.begin(), len};
+    bytes_ += len;
+  }
+  void Forget(const Hash128& key) {
+    auto it = map_.find(key);
+    if (it == map_.end()) return;
+    bytes_ -= it->second.second;
+    lru_.erase(it->second.first);
+    map_.erase(it);
+  }
+  void EvictOne() {
+    Hash128 victim = lru_.back();
+    if (on_evict_) {
+      Result<DiskRecord> r = disk_->Get(victim);
+      if (r.ok()) on_evict_(r.value());
+    }
+    (void)disk_->Erase(victim);
+    Forget(victim);
+    ++evictions_;
+  }
+
+  std::unique_ptr<DiskTier> disk_;
+  uint64_t capacity_;
+  uint64_t bytes_ = 0;
+  uint64_t evictions_ = 0;
+  std::list<Hash128> lru_;  // front: most recent
+  std::unordered_map<Hash128, std::pair<std::list<Hash128>::iterator, uint64_t>, Hash128Hasher> map_;
+};
+
+// ---- Redis -----------------------------------------------------------------------------------
+
+class RedisTierAdapter final : public Tier {
+ public:
+  explicit RedisTierAdapter(const RedisTierOptions& options) : redis_(options) {}
+  std::string_view name() const override { return "redis"; }
+  bool in_memory() const override { return false; }
+  bool persistent() const override { return true; }
+  Status PutBatch(std::span<const DiskRecord* const> records) override {
+    std::vector<DiskRecord> copy;
+    copy.reserve(records.size());
+    for (const DiskRecord* r : records) copy.push_back(*r);
+    TESSERA_RETURN_IF_ERROR(redis_.PutBatch(copy));
+    written_ += records.size();
+    return Status::Ok();
+  }
+  std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys) override {
+    std::vector<std::optional<DiskRecord>> out(keys.size());
+    std::vector<Hash128> ask;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = prefetched_.find(keys[i]);
+      if (it != prefetched_.end()) {
+        out[i] = std::move(it->second);
+        prefetched_.erase(it);
+      } else {
+        ask.push_back(keys[i]);
+        where.push_back(i);
+      }
+    }
+    if (!ask.empty()) {
+      std::vector<std::optional<DiskRecord>> got = redis_.GetBatch(ask);
+      for (size_t j = 0; j < got.size(); ++j) out[where[j]] = std::move(got[j]);
+    }
+    return out;
+  }
+  // One pipelined round trip that keeps the values for the GetBatch that follows a hit.
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override {
+    prefetched_.clear();
+    std::vector<std::optional<DiskRecord>> got = redis_.GetBatch(keys);
+    std::vector<bool> out(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out[i] = got[i].has_value();
+      if (got[i]) prefetched_[keys[i]] = std::move(*got[i]);
+    }
+    return out;
+  }
+  Status EraseBatch(std::span<const Hash128> keys) override { return redis_.EraseBatch(keys); }
+  void Quarantine(const Hash128& key, const std::string&) override {
+    prefetched_.erase(key);
+    (void)redis_.EraseBatch(std::span<const Hash128>(&key, 1));
+  }
+  TierCounters counters() const override { return {written_, 0, 0, 0, redis_.stats().verify_failures}; }
+
+ private:
+  RedisTier redis_;
+  uint64_t written_ = 0;
+  std::unordered_map<Hash128, DiskRecord, Hash128Hasher> prefetched_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes) { return std::make_unique<HostTierAdapter>(capacity_bytes); }
+
+Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint64_t capacity_bytes) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> disk, DiskTier::Open(options));
+  return std::unique_ptr<Tier>(std::make_unique<DiskTierAdapter>(std::move(disk), capacity_bytes));
+}
+
+std::unique_ptr<Tier> MakeRedisTier(const RedisTierOptions& options) {
+  return std::make_unique<RedisTierAdapter>(options);
+}
+
+Result<WritePolicy> ParseWritePolicy(std::string_view name) {
+  if (name == "write-back") return WritePolicy::kWriteBack;
+  if (name == "write-through") return WritePolicy::kWriteThrough;
+  return InvalidArgument("write-policy", "unknown policy \"" + std::string(name) + "\" (known: write-back, write-through)");
+}
+
+// ---- Block records ---------------------------------------------------------------------------
+
+BlockRecordInfo BlockRecordInfoOf(const BlockPool& pool) {
+  BlockRecordInfo info;
+  info.block_tokens = pool.block_tokens();
+  info.groups = static_cast<uint32_t>(pool.groups().size());
+  info.page_bytes = pool.block_bytes();
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  auto add = [&](const void* p, size_t n) { XXH3_64bits_update(st, p, n); };
+  add(&info.block_tokens, sizeof info.block_tokens);
+  for (const PoolGroup& g : pool.groups()) {
+    add(g.name.data(), g.name.size() + 1);
+    add(g.format.name.data(), g.format.name.size() + 1);
+    add(&g.layers, sizeof g.layers);
+    add(&g.page.page_bytes, sizeof g.page.page_bytes);
+    add(&g.page.record_bytes, sizeof g.page.record_bytes);
+    add(&g.page.entries_per_block, sizeof g.page.entries_per_block);
+  }
+  info.fingerprint = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return info;
+}
+
+std::vector<std::byte> EncodeBlockRecord(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
+  const BlockRecordInfo info = BlockRecordInfoOf(pool);
+  const size_t data = DataOffset(info.block_tokens);
+  std::vector<std::byte> out(data + info.page_bytes + id.state.size());
+  Put(out, 0, kRecordMagic);
+  Put(out, 4, kRecordVersion);
+  Put(out, 8, info.block_tokens);
+  Put(out, 12, info.groups);
+  Put(out, 16, info.fingerprint);
+  Put(out, 24, id.domain);
+  Put(out, 32, id.salt);
+  Put(out, 40, id.key);
+  Put(out, 56, id.parent_key);
+  Put(out, 72, info.page_bytes);
+  Put(out, 80, static_cast<uint64_t>(id.state.size()));
+  std::memcpy(out.data() + kFixedHeader, id.tokens.data(), id.tokens.size_bytes());
+  size_t off = data;
+  for (uint32_t g = 0; g < info.groups; ++g) {
+    std::span<const std::byte> bytes = pool.Bytes(pool.BlockHandleOf(b, g));
+    std::memcpy(out.data() + off, bytes.data(), bytes.size());
+    off += bytes.size();
+  }
+  if (!id.state.empty()) std::memcpy(out.data() + off, id.state.data(), id.state.size());
+  return out;
+}
+
+Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<const std::byte> payload,
+                                         const ChainLink& link) {
+  const size_t data = DataOffset(info.block_tokens);
+  if (payload.size() < data + info.page_bytes) {
+    return Status(StatusCode::kDataLoss, "record",
+                  "length " + std::to_string(payload.size()) + ", expected at least " +
+                      std::to_string(data + info.page_bytes));
+  }
+  const uint64_t state_bytes = Read<uint64_t>(payload, 80);
+  if (state_bytes != payload.size() - data - info.page_bytes) {
+    return Status(StatusCode::kDataLoss, "record",
+                  "length " + std::to_string(payload.size()) + " does not match its state length " +
+                      std::to_string(state_bytes));
+  }
+  if (Read<uint32_t>(payload, 0) != kRecordMagic || Read<uint16_t>(payload, 4) != kRecordVersion) {
+    return Status(StatusCode::kDataLoss, "record", "not a block record of version 1");
+  }
+  if (Read<uint32_t>(payload, 8) != info.block_tokens || Read<uint32_t>(payload, 12) != info.groups ||
+      Read<uint64_t>(payload, 16) != info.fingerprint || Read<uint64_t>(payload, 72) != info.page_bytes) {
+    return Status(StatusCode::kDataLoss, "record", "another block layout (model, format or block size)");
+  }
+  if (Read<Hash128>(payload, 40) != link.key) return Status(StatusCode::kDataLoss, "record", "prefix key differs");
+  if (Read<Hash128>(payload, 56) != link.parent_key) {
+    return Status(StatusCode::kDataLoss, "record", "parent key differs");
+  }
+  if (Read<uint32_t>(payload, 24) != link.domain || Read<uint64_t>(payload, 32) != link.salt) {
+    return Status(StatusCode::kDataLoss, "record", "tenant domain or salt differs");
+  }
+  if (link.tokens.size() != info.block_tokens ||
+      std::memcmp(payload.data() + kFixedHeader, link.tokens.data(), link.tokens.size_bytes()) != 0) {
+    return Status(StatusCode::kDataLoss, "record", "stored tokens differ from the prompt's");
+  }
+  return BlockRecordView{payload.subspan(data, info.page_bytes), payload.subspan(data + info.page_bytes)};
+}
+
+Result<std::vector<std::byte>> LoadOrCreateTierKey(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status(StatusCode::kIoError, "dir", "cannot create " + dir + ": " + ec.message());
+  const std::string path = dir + "/prefix.key";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      std::vector<std::byte> key(33);
+      ssize_t n = ::read(fd, key.data(), key.size());
+      ::close(fd);
+      if (n != 32) {
+        return Status(StatusCode::kDataLoss, "dir",
+                      path + " holds " + std::to_string(n < 0 ? 0 : n) + " bytes, expected a 32-byte key");
+      }
+      key.resize(32);
+      return key;
+    }
+    if (errno != ENOENT) return Status(StatusCode::kIoError, "dir", "cannot read " + path + ": " + std::strerror(errno));
+    // Create: write a temporary, fsync, then link it into place (fails if another process won).
+    std::random_device rd;
+    std::vector<std::byte> key(32);
+    for (size_t i = 0; i < key.size(); i += 4) {
+      uint32_t v = rd();
+      std::memcpy(key.data() + i, &v, 4);
+    }
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return Status(StatusCode::kIoError, "dir", "cannot create " + tmp + ": " + std::strerror(errno));
+    bool ok = ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    int linked = ok ? ::link(tmp.c_str(), path.c_str()) : -1;
+    int link_errno = errno;
+    ::unlink(tmp.c_str());
+    if (!ok) return Status(StatusCode::kIoError, "dir", "cannot write " + tmp);
+    if (linked == 0) {
+      int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+      }
+      return key;
+    }
+    if (link_errno != EEXIST) {
+      return Status(StatusCode::kIoError, "dir", "cannot create " + path + ": " + std::strerror(link_errno));
+    }
+    // Another process created it first: read theirs.
+  }
+  return Status(StatusCode::kIoError, "dir", "cannot create " + path);
+}
+
+// ---- The store -------------------------------------------------------------------------------
+
+Result<std::unique_ptr<TieredStore>> TieredStore::Create(const BlockPool& pool, TieredStoreOptions options,
+                                                         std::vector<std::unique_ptr<Tier>> tiers) {
+  if (tiers.empty()) return InvalidArgument("tiers", "a tiered store needs at least one tier");
+  if (options.batch_records == 0) return InvalidArgument("batch-records", "must be at least 1");
+  std::unique_ptr<TieredStore> s(new TieredStore());
+  s->options_ = options;
+  s->info_ = BlockRecordInfoOf(pool);
+  s->format_id_ = static_cast<uint16_t>(s->info_.fingerprint & 0xffff);
+  TieredStore* self = s.get();
+  for (size_t t = 0; t < tiers.size(); ++t) {
+    auto slot = std::make_unique<Slot>();
+    slot->tier = std::move(tiers[t]);
+    slot->tier->SetEvictionListener([self, t](const DiskRecord& r) {
+      self->Demote(t + 1, std::make_shared<const DiskRecord>(r));
+    });
+    s->tiers_.push_back(std::move(slot));
+  }
+  s->open_batch_.resize(s->tiers_.size());
+  s->open_through_.resize(s->tiers_.size());
+  s->stats_.hits_per_tier.assign(s->tiers_.size(), 0);
+  if (options.asynchronous) s->worker_ = std::thread([self] { self->Worker(); });
+  return s;
+}
+
+TieredStore::~TieredStore() {
+  Flush();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::optional<size_t> TieredStore::WriteThroughTier() const {
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    if (tiers_[t]->tier->persistent()) return t;
+  }
+  return std::nullopt;
+}
+
+void TieredStore::OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
+  if (options_.write != WritePolicy::kWriteThrough) return;
+  std::optional<size_t> t = WriteThroughTier();
+  if (!t) return;
+  auto r = std::make_shared<DiskRecord>();
+  r->key = id.key;
+  r->format_id = format_id_;
+  r->payload = EncodeBlockRecord(pool, b, id);
+  Demote(*t, std::move(r), /*through=*/true);
+}
+
+void TieredStore::OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
+  // Under write-through the persistent tier has the block already; only a memory tier above it
+  // admits it.
+  if (options_.write == WritePolicy::kWriteThrough && !tiers_[0]->tier->in_memory()) return;
+  auto r = std::make_shared<DiskRecord>();
+  r->key = id.key;
+  r->format_id = format_id_;
+  r->payload = EncodeBlockRecord(pool, b, id);
+  Demote(0, std::move(r));
+}
+
+void TieredStore::Demote(size_t t, std::shared_ptr<const DiskRecord> r, bool through) {
+  if (t >= tiers_.size()) return;  // below the last tier: dropped
+  if (tiers_[t]->tier->in_memory() || !options_.asynchronous) {
+    Job job{t, {std::move(r)}, through};
+    WriteJob(job);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  pending_[r->key] = r;
+  auto& batch = through ? open_through_[t] : open_batch_[t];
+  batch.push_back(std::move(r));
+  if (batch.size() >= options_.batch_records) SubmitLocked(t);
+}
+
+void TieredStore::SubmitLocked(size_t t) {
+  for (bool through : {false, true}) {
+    auto& batch = through ? open_through_[t] : open_batch_[t];
+    if (batch.empty()) continue;
+    jobs_.push_back(Job{t, std::move(batch), through});
+    batch.clear();
+    queue_cv_.notify_one();
+  }
+}
+
+void TieredStore::WriteJob(Job& job) {
+  Slot& slot = *tiers_[job.tier];
+  std::vector<std::shared_ptr<const DiskRecord>> failed;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    std::vector<Hash128> keys;
+    keys.reserve(job.records.size());
+    for (const auto& r : job.records) keys.push_back(r->key);
+    // A tier never admits a key it holds (a block promoted from it and evicted again).
+    std::vector<bool> held = slot.tier->ContainsBatch(keys);
+    std::vector<const DiskRecord*> admit;
+    for (size_t i = 0; i < job.records.size(); ++i) {
+      if (!held[i]) admit.push_back(job.records[i].get());
+    }
+    Status st = admit.empty() ? Status::Ok() : slot.tier->PutBatch(admit);
+    if (st.ok()) {
+      std::lock_guard<std::mutex> s(stats_mu_);
+      (job.through ? stats_.written_through : stats_.demoted) += admit.size();
+    } else {
+      std::lock_guard<std::mutex> s(stats_mu_);
+      ++stats_.write_errors;
+      stats_.last_error = std::string(slot.tier->name()) + ": " + st.ToString();
+      for (size_t i = 0; i < job.records.size(); ++i) {
+        if (!held[i]) failed.push_back(job.records[i]);
+      }
+    }
+  }
+  // What a tier could not take goes one level lower (a full disk still has Redis below).
+  for (auto& r : failed) Demote(job.tier + 1, std::move(r));
+}
+
+void TieredStore::Worker() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  for (;;) {
+    queue_cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stop_ and nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    WriteJob(job);
+    lock.lock();
+    for (const auto& r : job.records) {
+      auto it = pending_.find(r->key);
+      if (it != pending_.end() && it->second == r) pending_.erase(it);
+    }
+    busy_ = false;
+    {
+      std::lock_guard<std::mutex> s(stats_mu_);
+      ++stats_.batches;
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+void TieredStore::Flush() {
+  std::unique_lock<std::mutex> lock(queue_mu_);
+  for (;;) {
+    for (size_t t = 0; t < open_batch_.size(); ++t) SubmitLocked(t);
+    if (!worker_.joinable()) {
+      // Synchronous mode never queues; nothing to wait for.
+      return;
+    }
+    idle_cv_.wait(lock, [this] { return jobs_.empty() && !busy_; });
+    bool more = false;
+    for (const auto& b : open_batch_) more = more || !b.empty();
+    for (const auto& b : open_through_) more = more || !b.empty();
+    if (!more) return;  // a batch written may have demoted records into a lower open batch
+  }
+}
+
+size_t TieredStore::Probe(std::span<const ChainLink> links) {
+  const size_t n = links.size();
+  const size_t kNowhere = SIZE_MAX;
+  probed_keys_.assign(n, Hash128{});
+  probed_tier_.assign(n, kNowhere);
+  for (size_t i = 0; i < n; ++i) probed_keys_[i] = links[i].key;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (size_t i = 0; i < n; ++i) {
+      if (pending_.count(links[i].key) > 0) probed_tier_[i] = tiers_.size();
+    }
+  }
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    std::vector<Hash128> keys;
+    std::vector<size_t> where;
+    // Only the leading run matters: ask for links up to the first one no tier above has, and
+    // the unresolved ones after it.
+    for (size_t i = 0; i < n; ++i) {
+      if (probed_tier_[i] == kNowhere) {
+        keys.push_back(links[i].key);
+        where.push_back(i);
+      }
+    }
+    if (keys.empty()) break;
+    std::vector<bool> held;
+    {
+      std::lock_guard<std::mutex> lock(tiers_[t]->mu);
+      held = tiers_[t]->tier->ContainsBatch(keys);
+    }
+    for (size_t j = 0; j < held.size(); ++j) {
+      if (held[j]) probed_tier_[where[j]] = t;
+    }
+  }
+  size_t run = 0;
+  while (run < n && probed_tier_[run] != kNowhere) ++run;
+  return run;
+}
+
+size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+                          std::vector<std::vector<std::byte>>* states) {
+  if (states != nullptr) states->clear();
+  const size_t n = std::min(links.size(), blocks.size());
+  std::vector<std::shared_ptr<const DiskRecord>> found(n);
+  std::vector<size_t> from(n, SIZE_MAX);
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (size_t i = 0; i < n; ++i) {
+      auto it = pending_.find(links[i].key);
+      if (it != pending_.end()) {
+        found[i] = it->second;
+        from[i] = tiers_.size();
+      }
+    }
+  }
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    std::vector<Hash128> keys;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < n; ++i) {
+      if (!found[i]) {
+        keys.push_back(links[i].key);
+        where.push_back(i);
+      }
+    }
+    if (keys.empty()) break;
+    std::vector<std::optional<DiskRecord>> got;
+    {
+      std::lock_guard<std::mutex> lock(tiers_[t]->mu);
+      got = tiers_[t]->tier->GetBatch(keys);
+    }
+    for (size_t j = 0; j < got.size(); ++j) {
+      if (got[j]) {
+        found[where[j]] = std::make_shared<const DiskRecord>(std::move(*got[j]));
+        from[where[j]] = t;
+      }
+    }
+  }
+  size_t done = 0;
+  for (; done < n; ++done) {
+    if (!found[done]) break;
+    const DiskRecord& r = *found[done];
+    Result<BlockRecordView> page =
+        r.format_id == format_id_
+            ? CheckBlockRecord(info_, r.payload, links[done])
+            : Result<BlockRecordView>(Status(StatusCode::kDataLoss, "record", "record-format id differs"));
+    if (!page.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.verify_failures;
+        stats_.last_error = "verify: " + page.status().ToString();
+      }
+      if (from[done] < tiers_.size()) {
+        std::lock_guard<std::mutex> lock(tiers_[from[done]]->mu);
+        tiers_[from[done]]->tier->Quarantine(r.key, page.status().message());
+      }
+      break;
+    }
+    size_t off = 0;
+    for (uint32_t g = 0; g < pool.groups().size(); ++g) {
+      std::span<std::byte> to = pool.Bytes(pool.BlockHandleOf(blocks[done], g));
+      std::memcpy(to.data(), page.value().pages.data() + off, to.size());
+      off += to.size();
+    }
+    if (states != nullptr) states->emplace_back(page.value().state.begin(), page.value().state.end());
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.tier_hits;
+    if (from[done] < tiers_.size()) ++stats_.hits_per_tier[from[done]];
+  }
+  return done;
+}
+
+TieredStoreStats TieredStore::stats() const {
+  TieredStoreStats s;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    s = stats_;
+  }
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  s.pending = pending_.size();
+  return s;
+}
+
+TierCounters TieredStore::tier_counters(size_t i) const {
+  std::lock_guard<std::mutex> lock(tiers_[i]->mu);
+  return tiers_[i]->tier->counters();
+}
+
+}  // namespace tessera

@@ -1,0 +1,507 @@
+#include "tessera/redis_cluster.h"
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <array>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::RedisServer;
+
+// One command on a fresh connection to 127.0.0.1:port; the reply rendered as text ("" on no
+// reply), its type and its integer.
+struct Reply {
+  int type = 0;
+  std::string text;
+  long long integer = 0;
+  bool ok() const { return type != 0 && type != REDIS_REPLY_ERROR; }
+};
+
+Reply Command(int port, const std::vector<std::string>& args) {
+  Reply out;
+  timeval tv{1, 0};
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  if (c == nullptr || c->err != 0) {
+    if (c != nullptr) redisFree(c);
+    return out;
+  }
+  redisSetTimeout(c, timeval{5, 0});
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (r != nullptr) {
+    out.type = r->type;
+    out.integer = r->integer;
+    if (r->str != nullptr) out.text.assign(r->str, r->len);
+    freeReplyObject(r);
+  }
+  redisFree(c);
+  return out;
+}
+
+DiskRecord Rec(uint64_t i, size_t n = 2000) {
+  std::vector<std::byte> p(n);
+  for (size_t k = 0; k < n; ++k) p[k] = std::byte{static_cast<uint8_t>((i * 131 + k * 7) & 0xff)};
+  return DiskRecord{Hash128{i * 0x9e3779b97f4a7c15ULL + 1, i}, static_cast<uint16_t>(i % 7), p};
+}
+
+std::vector<DiskRecord> Recs(uint64_t from, uint64_t to) {
+  std::vector<DiskRecord> v;
+  for (uint64_t i = from; i < to; ++i) v.push_back(Rec(i));
+  return v;
+}
+
+std::vector<Hash128> Keys(const std::vector<DiskRecord>& recs) {
+  std::vector<Hash128> k;
+  for (const DiskRecord& r : recs) k.push_back(r.key);
+  return k;
+}
+
+constexpr std::array<std::array<int, 2>, 3> kRanges{{{0, 5460}, {5461, 10922}, {10923, 16383}}};
+
+int OwnerOfSlot(uint16_t slot) {
+  for (int i = 0; i < 3; ++i) {
+    if (slot >= kRanges[i][0] && slot <= kRanges[i][1]) return i;
+  }
+  return -1;
+}
+
+const std::string kNs = "tessera:test:fmt:0";
+
+uint16_t SlotOf(const Hash128& key) { return RedisClusterKeySlot(kNs + ":{" + key.Hex() + "}"); }
+
+// Three redis-server processes in cluster mode, one master per third of the slots.
+class Cluster {
+ public:
+  Cluster() {
+    std::vector<int> ports = testing::FreePorts(6);  // client ports, then cluster-bus ports
+    for (int i = 0; i < 3; ++i) {
+      bus_[i] = ports[3 + i];
+      nodes_[i] = std::make_unique<RedisServer>(ports[i]);
+      nodes_[i]->AddArgs({"--cluster-enabled", "yes", "--cluster-config-file",
+                          nodes_[i]->dir() + "/nodes-" + std::to_string(i) + ".conf", "--cluster-port",
+                          std::to_string(bus_[i]), "--cluster-require-full-coverage", "no"});
+    }
+  }
+
+  // Starts the nodes, assigns the slots, introduces the nodes and waits (up to 10 s) until every
+  // node reports cluster_state:ok with all slots assigned.
+  ::testing::AssertionResult Form() {
+    for (int i = 0; i < 3; ++i) {
+      if (!nodes_[i]->Start()) return ::testing::AssertionFailure() << "node " << i << " did not start";
+      Reply e = Command(port(i), {"CLUSTER", "SET-CONFIG-EPOCH", std::to_string(i + 1)});
+      Reply a = Command(port(i), {"CLUSTER", "ADDSLOTSRANGE", std::to_string(kRanges[i][0]),
+                                  std::to_string(kRanges[i][1])});
+      if (!e.ok() || !a.ok()) return ::testing::AssertionFailure() << "node " << i << ": " << e.text << a.text;
+      Reply id = Command(port(i), {"CLUSTER", "MYID"});
+      if (!id.ok() || id.text.empty()) return ::testing::AssertionFailure() << "no id for node " << i;
+      ids_[i] = id.text;
+    }
+    for (int i = 1; i < 3; ++i) {
+      Reply m = Command(port(0), {"CLUSTER", "MEET", "127.0.0.1", std::to_string(port(i)), std::to_string(bus_[i])});
+      if (!m.ok()) return ::testing::AssertionFailure() << "MEET: " << m.text;
+    }
+    for (int i = 0; i < 3; ++i) {
+      if (!WaitOk(i)) return ::testing::AssertionFailure() << "node " << i << " never reported cluster_state:ok";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // Polls CLUSTER INFO on node i for up to 10 s.
+  bool WaitOk(int i) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      Reply r = Command(port(i), {"CLUSTER", "INFO"});
+      if (r.text.find("cluster_state:ok") != std::string::npos &&
+          r.text.find("cluster_slots_assigned:16384") != std::string::npos &&
+          r.text.find("cluster_known_nodes:3") != std::string::npos) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  RedisClusterOptions Options(const std::string& ns = kNs) const {
+    RedisClusterOptions o;
+    o.seeds = {"127.0.0.1:" + std::to_string(port(0)), "127.0.0.1:" + std::to_string(port(1))};
+    o.key_namespace = ns;
+    o.reconnect_interval_ms = 20;
+    o.timeout_ms = 1000;
+    return o;
+  }
+
+  int port(int i) const { return nodes_[i]->port(); }
+  std::string address(int i) const { return "127.0.0.1:" + std::to_string(port(i)); }
+  const std::string& id(int i) const { return ids_[i]; }
+  RedisServer& node(int i) { return *nodes_[i]; }
+  long long DbSize(int i) const { return Command(port(i), {"DBSIZE"}).integer; }
+
+ private:
+  std::array<std::unique_ptr<RedisServer>, 3> nodes_;
+  std::array<int, 3> bus_{};
+  std::array<std::string, 3> ids_;
+};
+
+std::unique_ptr<RedisClusterTier> MustOpen(const RedisClusterOptions& o) {
+  auto t = RedisClusterTier::Open(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+const RedisClusterNodeStats* NodeStats(const RedisClusterStats& s, const std::string& address) {
+  for (const RedisClusterNodeStats& n : s.nodes) {
+    if (n.address == address) return &n;
+  }
+  return nullptr;
+}
+
+TEST(RedisClusterSlots, Crc16IsTheSpecsXmodemVariant) {
+  EXPECT_EQ(RedisClusterCrc16("123456789"), 0x31C3);  // the specification's check value
+  EXPECT_EQ(RedisClusterCrc16(""), 0);
+  EXPECT_EQ(RedisClusterCrc16("A"), 0x58E5);  // XModem check value for one byte
+  EXPECT_EQ(RedisClusterKeySlot("123456789"), 0x31C3 % 16384);
+}
+
+TEST(RedisClusterSlots, HashTagsFollowTheSpec) {
+  EXPECT_EQ(RedisClusterKeySlot("{user1000}.following"), RedisClusterKeySlot("{user1000}.followers"));
+  EXPECT_EQ(RedisClusterKeySlot("{user1000}.following"), RedisClusterKeySlot("user1000"));
+  EXPECT_NE(RedisClusterKeySlot("user1000.following"), RedisClusterKeySlot("user1000.followers"));
+  EXPECT_EQ(RedisClusterKeySlot("foo{}{bar}"), RedisClusterKeySlot("foo{}{bar}"));
+  EXPECT_EQ(RedisClusterKeySlot("foo{}{bar}"), RedisClusterCrc16("foo{}{bar}") % 16384);  // empty tag: whole key
+  EXPECT_EQ(RedisClusterKeySlot("foo{{bar}}zap"), RedisClusterKeySlot("{bar"));  // tag is "{bar"
+  EXPECT_EQ(RedisClusterKeySlot("foo{bar}{zap}"), RedisClusterKeySlot("bar"));   // the first tag only
+  EXPECT_EQ(RedisClusterKeySlot("foo{bar"), RedisClusterCrc16("foo{bar") % 16384);  // unclosed: whole key
+  // The namespace does not change the slot; the key hex does.
+  Hash128 k{1, 2};
+  EXPECT_EQ(RedisClusterKeySlot("a:{" + k.Hex() + "}"), RedisClusterKeySlot("b:c:{" + k.Hex() + "}"));
+}
+
+TEST(RedisClusterSlots, AgreesWithTheServersKeyslot) {
+  ASSERT_TRUE(testing::HaveRedisServer()) << "redis-server is not installed: run scripts/install-deps.sh";
+  std::vector<int> ports = testing::FreePorts(2);  // a port above 55535 needs an explicit bus port
+  RedisServer server(ports[0]);
+  server.AddArgs({"--cluster-enabled", "yes", "--cluster-config-file", server.dir() + "/nodes.conf",
+                  "--cluster-port", std::to_string(ports[1])});
+  ASSERT_TRUE(server.Start());
+  std::vector<std::string> keys{"", "a", "123456789", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap",
+                                "foo{bar}{zap}", "}{x}", "{", "}", "{}", std::string("\xff\x00\x80", 3)};
+  for (uint64_t i = 0; i < 200; ++i) keys.push_back(kNs + ":{" + Rec(i, 0).key.Hex() + "}");
+  for (const std::string& k : keys) {
+    Reply r = Command(server.port(), {"CLUSTER", "KEYSLOT", k});
+    ASSERT_EQ(r.type, REDIS_REPLY_INTEGER) << r.text;
+    EXPECT_EQ(RedisClusterKeySlot(k), r.integer) << k;
+  }
+}
+
+TEST(RedisClusterTier, OpenRejectsBadOptionsNamingTheField) {
+  RedisClusterOptions o;
+  auto field = [](const RedisClusterOptions& opts) {
+    auto t = RedisClusterTier::Open(opts);
+    EXPECT_FALSE(t.ok());
+    return t.ok() ? std::string("(ok)") : t.status().field();
+  };
+  EXPECT_EQ(field(o), "seeds");
+  for (const char* bad : {"localhost", "localhost:", ":6379", "h:0", "h:65536", "h:12x", "[]:1"}) {
+    o.seeds = {bad};
+    EXPECT_EQ(field(o), "seeds") << bad;
+  }
+  o.seeds = {"127.0.0.1:1"};
+  o.key_namespace = "ns{x}";
+  EXPECT_EQ(field(o), "key_namespace");
+  o.key_namespace = "ns";
+  o.timeout_ms = 0;
+  EXPECT_EQ(field(o), "timeout_ms");
+  o.timeout_ms = 100;
+  o.connect_timeout_ms = 0;
+  EXPECT_EQ(field(o), "connect_timeout_ms");
+}
+
+TEST(RedisClusterTier, UnreachableClusterIsMissOnly) {
+  RedisClusterOptions o;
+  o.seeds = {"127.0.0.1:" + std::to_string(RedisServer::FreePort())};
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  std::vector<DiskRecord> recs = Recs(0, 3);
+  auto got = t->GetBatch(Keys(recs));
+  for (const auto& g : got) EXPECT_FALSE(g.has_value());
+  Status st = t->PutBatch(recs);
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_EQ(st.field(), "redis");
+  EXPECT_EQ(t->EraseBatch(Keys(recs)).code(), StatusCode::kIoError);
+  RedisClusterStats s = t->stats();
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.put_failures, 3u);
+  EXPECT_GE(s.slot_map_failures, 1u);
+  EXPECT_EQ(s.slot_map_refreshes, 0u);
+  EXPECT_EQ(s.recoveries, 0u);
+  EXPECT_GT(s.errors, 0u);
+}
+
+TEST(RedisClusterTier, BatchRoundTripSpreadsOverEveryNode) {
+  ASSERT_TRUE(testing::HaveRedisServer()) << "redis-server is not installed: run scripts/install-deps.sh";
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+  auto t = MustOpen(cluster.Options());
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->stats().slots_covered, 16384u);
+  std::vector<DiskRecord> recs = Recs(0, 300);
+  ASSERT_TRUE(t->PutBatch(recs).ok());
+  long long total = 0;
+  for (int i = 0; i < 3; ++i) {
+    long long n = cluster.DbSize(i);
+    EXPECT_GT(n, 50) << "node " << i << " holds too few of the 300 keys";
+    total += n;
+  }
+  EXPECT_EQ(total, 300);
+
+  std::vector<Hash128> keys = Keys(recs);
+  for (uint64_t i = 300; i < 320; ++i) keys.push_back(Rec(i).key);  // never stored
+  auto got = t->GetBatch(keys);
+  ASSERT_EQ(got.size(), 320u);
+  for (size_t i = 0; i < 320; ++i) {
+    if (i < 300) {
+      ASSERT_TRUE(got[i].has_value()) << i;
+      EXPECT_EQ(got[i]->key, recs[i].key);
+      EXPECT_EQ(got[i]->format_id, recs[i].format_id);
+      EXPECT_EQ(got[i]->payload, recs[i].payload);
+    } else {
+      EXPECT_FALSE(got[i].has_value()) << i;
+    }
+  }
+  RedisClusterStats s = t->stats();
+  EXPECT_EQ(s.hits, 300u);
+  EXPECT_EQ(s.misses, 20u);
+  EXPECT_EQ(s.puts, 300u);
+  EXPECT_EQ(s.redirections, 0u);
+  EXPECT_EQ(s.slot_map_refreshes, 1u);
+  EXPECT_EQ(s.errors, 0u);
+  EXPECT_EQ(s.verify_failures, 0u);
+  for (int i = 0; i < 3; ++i) {
+    const RedisClusterNodeStats* n = NodeStats(s, cluster.address(i));
+    ASSERT_NE(n, nullptr) << cluster.address(i);
+    EXPECT_TRUE(n->connected);
+  }
+
+  // The stored key is "<namespace>:{<key hex>}" on the node that owns its slot.
+  const Hash128& k0 = recs[0].key;
+  Reply raw = Command(cluster.port(OwnerOfSlot(SlotOf(k0))), {"STRLEN", kNs + ":{" + k0.Hex() + "}"});
+  EXPECT_EQ(raw.integer, static_cast<long long>(48 + recs[0].payload.size()));
+
+  // Another namespace reads nothing of this one.
+  auto other = MustOpen(cluster.Options("tessera:test:fmt:1"));
+  ASSERT_NE(other, nullptr);
+  for (const auto& g : other->GetBatch(Keys(recs))) EXPECT_FALSE(g.has_value());
+
+  // Erase half: those miss, the rest still hit.
+  std::vector<Hash128> half(keys.begin(), keys.begin() + 150);
+  ASSERT_TRUE(t->EraseBatch(half).ok());
+  EXPECT_EQ(t->stats().erases, 150u);
+  EXPECT_EQ(cluster.DbSize(0) + cluster.DbSize(1) + cluster.DbSize(2), 150);
+  got = t->GetBatch(Keys(recs));
+  for (size_t i = 0; i < 300; ++i) EXPECT_EQ(got[i].has_value(), i >= 150) << i;
+}
+
+TEST(RedisClusterTier, ACorruptedValueIsAMissNeverWrongBytes) {
+  ASSERT_TRUE(testing::HaveRedisServer());
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+  auto t = MustOpen(cluster.Options());
+  ASSERT_NE(t, nullptr);
+  std::vector<DiskRecord> recs = Recs(0, 3);
+  ASSERT_TRUE(t->PutBatch(recs).ok());
+  // Behind the tier's back: flip payload byte 100 of record 0, replace record 1 with a short value.
+  std::string k0 = kNs + ":{" + recs[0].key.Hex() + "}";
+  std::string k1 = kNs + ":{" + recs[1].key.Hex() + "}";
+  ASSERT_TRUE(Command(cluster.port(OwnerOfSlot(SlotOf(recs[0].key))), {"SETRANGE", k0, "148", "Z"}).ok());
+  ASSERT_TRUE(Command(cluster.port(OwnerOfSlot(SlotOf(recs[1].key))), {"SET", k1, "short"}).ok());
+  auto got = t->GetBatch(Keys(recs));
+  EXPECT_FALSE(got[0].has_value());
+  EXPECT_FALSE(got[1].has_value());
+  ASSERT_TRUE(got[2].has_value());
+  EXPECT_EQ(got[2]->payload, recs[2].payload);
+  EXPECT_EQ(t->stats().verify_failures, 2u);
+  EXPECT_EQ(t->stats().misses, 2u);
+  EXPECT_EQ(t->stats().hits, 1u);
+}
+
+// Four records whose keys share one slot owned by node 0.
+std::vector<DiskRecord> SameSlotOnNode0(uint16_t* slot) {
+  std::map<uint16_t, std::vector<uint64_t>> by_slot;
+  for (uint64_t i = 0; i < 200000; ++i) {
+    uint16_t s = SlotOf(Rec(i, 0).key);
+    if (OwnerOfSlot(s) != 0) continue;
+    std::vector<uint64_t>& v = by_slot[s];
+    v.push_back(i);
+    if (v.size() == 4) {
+      *slot = s;
+      std::vector<DiskRecord> out;
+      for (uint64_t j : v) out.push_back(Rec(j));
+      return out;
+    }
+  }
+  return {};
+}
+
+TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
+  ASSERT_TRUE(testing::HaveRedisServer());
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+  uint16_t slot = 0;
+  std::vector<DiskRecord> recs = SameSlotOnNode0(&slot);
+  ASSERT_EQ(recs.size(), 4u);
+  auto t = MustOpen(cluster.Options());
+  auto stale = MustOpen(cluster.Options());  // loads its map now and is not used until the end
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(stale, nullptr);
+  std::vector<DiskRecord> first{recs[0], recs[1]};
+  ASSERT_TRUE(t->PutBatch(first).ok());
+  auto key = [&](const DiskRecord& r) { return kNs + ":{" + r.key.Hex() + "}"; };
+  auto migrate = [&](const DiskRecord& r) {
+    return Command(cluster.port(0), {"MIGRATE", "127.0.0.1", std::to_string(cluster.port(1)), key(r), "0", "5000"});
+  };
+
+  // Start moving the slot from node 0 to node 1 and move record 0 only.
+  const std::string s = std::to_string(slot);
+  ASSERT_TRUE(Command(cluster.port(1), {"CLUSTER", "SETSLOT", s, "IMPORTING", cluster.id(0)}).ok());
+  ASSERT_TRUE(Command(cluster.port(0), {"CLUSTER", "SETSLOT", s, "MIGRATING", cluster.id(1)}).ok());
+  Reply m = migrate(recs[0]);
+  ASSERT_TRUE(m.ok()) << m.text;
+  // Record 0 now answers ASK at node 0; record 1 is still served there.
+  auto got = t->GetBatch(Keys(first));
+  ASSERT_TRUE(got[0].has_value());
+  ASSERT_TRUE(got[1].has_value());
+  EXPECT_EQ(got[0]->payload, recs[0].payload);
+  EXPECT_EQ(got[1]->payload, recs[1].payload);
+  EXPECT_EQ(t->stats().asks, 1u);
+  EXPECT_EQ(t->stats().moved, 0u);
+  // A new key in a migrating slot is stored at the importing node (ASK then ASKING SET).
+  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{recs[2]}).ok());
+  EXPECT_EQ(t->stats().asks, 2u);
+
+  // Finish: move record 1 and hand the slot to node 1 everywhere.
+  m = migrate(recs[1]);
+  ASSERT_TRUE(m.ok()) << m.text;
+  for (int i : {1, 0, 2}) {
+    Reply r = Command(cluster.port(i), {"CLUSTER", "SETSLOT", s, "NODE", cluster.id(1)});
+    ASSERT_TRUE(r.ok()) << i << ": " << r.text;
+  }
+  EXPECT_EQ(Command(cluster.port(1), {"EXISTS", key(recs[0]), key(recs[1]), key(recs[2])}).integer, 3);
+  std::vector<DiskRecord> three{recs[0], recs[1], recs[2]};
+  // The map still says node 0: every key answers MOVED once, the map is reloaded.
+  got = t->GetBatch(Keys(three));
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(got[i].has_value()) << i;
+    EXPECT_EQ(got[i]->payload, three[i].payload);
+  }
+  RedisClusterStats st = t->stats();
+  EXPECT_EQ(st.moved, 3u);
+  EXPECT_EQ(st.redirections, 5u);
+  EXPECT_EQ(st.slot_map_refreshes, 2u);
+  EXPECT_EQ(st.errors, 0u);
+  // The reloaded map routes straight to node 1.
+  got = t->GetBatch(Keys(three));
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(got[i].has_value()) << i;
+  EXPECT_EQ(t->stats().redirections, 5u);
+
+  // A client with a stale map writes: MOVED, retried at node 1, stored there.
+  ASSERT_TRUE(stale->PutBatch(std::vector<DiskRecord>{recs[3]}).ok());
+  EXPECT_EQ(stale->stats().moved, 1u);
+  EXPECT_EQ(Command(cluster.port(1), {"EXISTS", key(recs[3])}).integer, 1);
+  EXPECT_EQ(Command(cluster.port(0), {"EXISTS", key(recs[3])}).integer, 0);
+  std::vector<Hash128> k3{recs[3].key};
+  ASSERT_TRUE(t->GetBatch(k3)[0].has_value());
+}
+
+TEST(RedisClusterTier, AKilledNodeIsMissesForItsKeysAndRecovers) {
+  ASSERT_TRUE(testing::HaveRedisServer());
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+  auto t = MustOpen(cluster.Options());
+  ASSERT_NE(t, nullptr);
+  // 400 records of 20 KB: each node's pipeline is megabytes, more than one write(2) can take.
+  std::vector<DiskRecord> recs;
+  for (uint64_t i = 0; i < 400; ++i) recs.push_back(Rec(i, 20000));
+  ASSERT_TRUE(t->PutBatch(recs).ok());
+  std::vector<Hash128> keys = Keys(recs);
+  ASSERT_EQ(t->GetBatch(keys).size(), 400u);
+  EXPECT_EQ(t->stats().hits, 400u);
+
+  cluster.node(2).Stop();  // SIGKILL
+  // Puts first, while the tier still holds its connection to the dead node: the live nodes
+  // store theirs, the call reports the dead node, and writing megabytes into the dead
+  // connection must not raise SIGPIPE in this process.
+  std::vector<DiskRecord> more;
+  for (uint64_t i = 1000; i < 1400; ++i) more.push_back(Rec(i, 20000));
+  Status st = t->PutBatch(more);
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_EQ(st.field(), "redis");
+  EXPECT_NE(st.message().find(cluster.address(2)), std::string::npos) << st.message();
+  size_t more_on_dead = 0;
+  for (const DiskRecord& r : more) more_on_dead += OwnerOfSlot(SlotOf(r.key)) == 2 ? 1 : 0;
+  ASSERT_GT(more_on_dead, 0u);
+  EXPECT_EQ(t->stats().put_failures, more_on_dead);
+  EXPECT_EQ(t->stats().puts, 400u + 400u - more_on_dead);
+
+  // Gets: the dead node's keys miss, every other key hits with its own bytes.
+  auto got = t->GetBatch(keys);
+  size_t on_dead = 0;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    bool dead = OwnerOfSlot(SlotOf(recs[i].key)) == 2;
+    on_dead += dead ? 1 : 0;
+    EXPECT_EQ(got[i].has_value(), !dead) << i;
+    if (got[i].has_value()) {
+      EXPECT_EQ(got[i]->payload, recs[i].payload) << i;
+    }
+  }
+  ASSERT_GT(on_dead, 0u);
+  RedisClusterStats s = t->stats();
+  EXPECT_EQ(s.hits, 400u + 400u - on_dead);
+  const RedisClusterNodeStats* dead = NodeStats(s, cluster.address(2));
+  ASSERT_NE(dead, nullptr);
+  EXPECT_FALSE(dead->connected);
+  EXPECT_GE(dead->errors, 1u);
+  EXPECT_EQ(NodeStats(s, cluster.address(0))->errors, 0u);
+  EXPECT_EQ(NodeStats(s, cluster.address(1))->errors, 0u);
+  got = t->GetBatch(Keys(more));
+  for (size_t i = 0; i < more.size(); ++i) {
+    EXPECT_EQ(got[i].has_value(), OwnerOfSlot(SlotOf(more[i].key)) != 2) << i;
+    if (got[i].has_value()) {
+      EXPECT_EQ(got[i]->payload, more[i].payload) << i;
+    }
+  }
+  EXPECT_EQ(t->stats().recoveries, 0u);
+
+  // Restart it (same port, same nodes.conf, no data): a reconnection is a recovery; its keys
+  // are gone, so they miss — never wrong data.
+  ASSERT_TRUE(cluster.node(2).Start());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  got = t->GetBatch(keys);
+  for (size_t i = 0; i < recs.size(); ++i) {
+    EXPECT_EQ(got[i].has_value(), OwnerOfSlot(SlotOf(recs[i].key)) != 2) << i;
+  }
+  EXPECT_EQ(t->stats().recoveries, 1u);
+  EXPECT_EQ(NodeStats(t->stats(), cluster.address(2))->recoveries, 1u);
+  ASSERT_TRUE(cluster.WaitOk(2));
+  ASSERT_TRUE(t->PutBatch(recs).ok());
+  got = t->GetBatch(keys);
+  for (size_t i = 0; i < recs.size(); ++i) {
+    ASSERT_TRUE(got[i].has_value()) << i;
+    EXPECT_EQ(got[i]->payload, recs[i].payload);
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,487 @@
+#include "tessera/tiered_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "tessera/manager.h"
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::RedisServer;
+using testing::TempDir;
+
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// KV that, like an MLA latent past layer 0, depends on every token up to its position.
+struct Stream {
+  std::vector<uint32_t> tokens;
+  std::vector<uint64_t> hash;
+  explicit Stream(uint32_t first, uint32_t n) {
+    for (uint32_t i = 0; i < n; ++i) {
+      uint32_t t = first + i;
+      tokens.push_back(t);
+      hash.push_back(Mix((hash.empty() ? 0x5eedULL : hash.back()) ^ (uint64_t{t} * 0x100000001b3ULL)));
+    }
+  }
+  void Expected(uint32_t g, uint32_t l, uint64_t pos, uint32_t plane, std::span<std::byte> out) const {
+    uint64_t seed = Mix(hash.at(pos) ^ (uint64_t{g} << 56) ^ (uint64_t{l} << 40) ^ (uint64_t{plane} << 32));
+    for (size_t off = 0; off < out.size(); off += 8) {
+      uint64_t v = Mix(seed + off);
+      std::memcpy(out.data() + off, &v, std::min<size_t>(8, out.size() - off));
+    }
+  }
+  KvWriter Writer() const {
+    return [this](uint32_t g, uint32_t l, uint64_t pos, const RecordView& r) {
+      for (uint32_t p = 0; p < r.plane_count; ++p) Expected(g, l, pos, p, r.planes[p]);
+    };
+  }
+};
+
+// Every record of every layer of `r` equals the stream's KV.
+::testing::AssertionResult Matches(const BlockManager& m, RequestId r, const Stream& s) {
+  std::vector<std::byte> want;
+  for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
+    for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
+      for (uint32_t l = 0; l < m.pool().groups()[g].layers; ++l) {
+        Result<RecordView> v = m.Record(r, g, l, pos);
+        if (!v.ok()) return ::testing::AssertionFailure() << v.status().ToString();
+        for (uint32_t p = 0; p < v->plane_count; ++p) {
+          want.resize(v->planes[p].size());
+          s.Expected(g, l, pos, p, want);
+          if (std::memcmp(v->planes[p].data(), want.data(), want.size()) != 0) {
+            return ::testing::AssertionFailure() << "position " << pos << " group " << g << " layer " << l;
+          }
+        }
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+constexpr uint32_t kBlock = 64;
+
+ManagerOptions Options(uint32_t capacity, std::vector<std::byte> key = {}) {
+  ManagerOptions o;
+  o.capacity_blocks = capacity;
+  o.hash_key_seed = 11;
+  o.hash_key = std::move(key);
+  o.content_dedup = false;
+  return o;
+}
+
+std::unique_ptr<BlockManager> Manager(uint32_t capacity, std::vector<std::byte> key = {}) {
+  auto m = BlockManager::Create(testing::SeedFixture(), Options(capacity, std::move(key)));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+// Admits `s`, writes what was not cached, and returns the admission.
+AdmitResult Serve(BlockManager& m, const Stream& s, bool free_after = true) {
+  Result<AdmitResult> a = m.Admit(s.tokens, {});
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  if (!a.ok()) return {};
+  EXPECT_TRUE(m.AllocateSlots(a->id, s.tokens.size() - a->cached_tokens).ok());
+  EXPECT_TRUE(m.Append(a->id, std::span(s.tokens).subspan(a->cached_tokens), s.Writer()).ok());
+  EXPECT_TRUE(Matches(m, a->id, s));
+  if (free_after) {
+    EXPECT_TRUE(m.Free(a->id).ok());
+  }
+  return *a;
+}
+
+std::unique_ptr<TieredStore> Store(const BlockManager& m, std::vector<std::unique_ptr<Tier>> tiers,
+                                   WritePolicy write = WritePolicy::kWriteBack, bool async = false) {
+  TieredStoreOptions o;
+  o.write = write;
+  o.asynchronous = async;
+  o.batch_records = 3;
+  auto s = TieredStore::Create(m.pool(), o, std::move(tiers));
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+std::unique_ptr<Tier> Disk(const std::string& dir, uint64_t capacity = 0, uint64_t max_bytes = 0) {
+  DiskTierOptions o;
+  o.dir = dir;
+  o.max_bytes = max_bytes;
+  auto t = MakeDiskTier(o, capacity);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(*t) : nullptr;
+}
+
+uint64_t RecordBytes(const BlockManager& m) {
+  return ((88 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes();
+}
+
+// The pool holds 6 blocks. A (4 full blocks + a tail) is written and freed; B of the same shape
+// takes 5 blocks, evicting A's last three blocks (A3, then A2, A1: the pool frees tails first)
+// into a host tier of four records. Admitting A again allocates three blocks for the promotion:
+// B's freed tail and two evictions (B3, B2) into host, which pushes its least recent record (A3)
+// down to disk. A1 and A2 come back from host, A3 from disk.
+TEST(TieredStore, DemotesThroughHostToDiskAndPromotesVerifiedBytes) {
+  TempDir dir;
+  auto m = Manager(6);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(MakeHostTier(4 * RecordBytes(*m) + 8192));
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
+  EXPECT_EQ(Serve(*m, a).cached_blocks, 0u);
+  EXPECT_EQ(Serve(*m, b).cached_blocks, 0u);
+  TieredStoreStats st = store->stats();
+  EXPECT_EQ(st.demoted, 3u);
+  EXPECT_EQ(store->tier_counters(0).records, 3u);
+  EXPECT_EQ(store->tier_counters(1).records, 0u);
+
+  AdmitResult again = Serve(*m, a, /*free_after=*/false);  // Serve checks every byte of every layer
+  EXPECT_EQ(again.cached_blocks, 4u);
+  st = store->stats();
+  EXPECT_EQ(st.tier_hits, 3u);
+  EXPECT_EQ(st.hits_per_tier[0], 2u);
+  EXPECT_EQ(st.hits_per_tier[1], 1u);
+  // A's tail block evicted B1 into host, which pushed its least recent record down: B3 (A1 and A2
+  // were refreshed by their promotion).
+  EXPECT_EQ(store->tier_counters(0).records, 4u);
+  EXPECT_EQ(store->tier_counters(1).records, 2u);
+  EXPECT_EQ(st.verify_failures, 0u);
+  EXPECT_EQ(m->metrics().tier_hit_blocks.load(), 3u);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
+  TempDir dir;
+  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  Stream a(7, 5 * kBlock + 3);
+  {
+    auto m = Manager(16, *key);
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(Disk(dir.path()));
+    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, /*async=*/true);
+    m->SetBlockSource(store.get());
+    Serve(*m, a);
+    store->Flush();
+    EXPECT_EQ(store->stats().written_through, 5u);
+    EXPECT_EQ(store->tier_counters(0).records, 5u);  // no eviction happened: write-through did it
+    m->SetBlockSource(nullptr);
+  }
+  // A cold process: the same key from the directory, a fresh pool.
+  Result<std::vector<std::byte>> key2 = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key2.ok());
+  EXPECT_EQ(*key2, *key);
+  auto m = Manager(16, *key2);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, true);
+  m->SetBlockSource(store.get());
+  AdmitResult r = Serve(*m, a);
+  EXPECT_EQ(r.cached_blocks, 5u);
+  EXPECT_EQ(store->stats().tier_hits, 5u);
+  EXPECT_EQ(store->stats().verify_failures, 0u);
+
+  // Another key (another fleet's secret) computes other prefix keys: no hits, no errors.
+  auto other = Manager(16);
+  std::vector<std::unique_ptr<Tier>> t2;
+  t2.push_back(Disk(dir.path()));
+  m->SetBlockSource(nullptr);
+  store.reset();
+  auto store2 = Store(*other, std::move(t2));
+  other->SetBlockSource(store2.get());
+  EXPECT_EQ(Serve(*other, a).cached_blocks, 0u);
+  EXPECT_EQ(store2->stats().tier_hits, 0u);
+}
+
+TEST(TieredStore, WriteBackWritesNothingUntilEviction) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, true);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 3 * kBlock));
+  store->Flush();
+  EXPECT_EQ(store->tier_counters(0).records, 0u);
+  EXPECT_EQ(store->stats().written_through, 0u);
+}
+
+// A record that verifies in its tier but is not the block asked for (forged or misfiled: other
+// tokens under the right key) is quarantined and counted, never used.
+TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
+  TempDir dir;
+  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key.ok());
+  Stream a(100, 2 * kBlock);
+  {
+    auto m = Manager(8, *key);
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(Disk(dir.path()));
+    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+    m->SetBlockSource(store.get());
+    Serve(*m, a);
+    m->SetBlockSource(nullptr);
+  }
+  // Rewrite the second block's record with one token changed (its checksums are recomputed by
+  // the disk tier, so only the store's identity check can catch it).
+  Hash128 k1{};
+  {
+    auto m = Manager(8, *key);
+    k1 = m->index().PrefixKey(Hash128{}, std::span(a.tokens).first(kBlock), 0, 0);
+    Hash128 k2 = m->index().PrefixKey(k1, std::span(a.tokens).subspan(kBlock, kBlock), 0, 0);
+    DiskTierOptions o;
+    o.dir = dir.path();
+    auto disk = DiskTier::Open(o);
+    ASSERT_TRUE(disk.ok());
+    Result<DiskRecord> rec = (*disk)->Get(k2);
+    ASSERT_TRUE(rec.ok());
+    DiskRecord forged = *rec;
+    uint32_t t;
+    std::memcpy(&t, forged.payload.data() + 88 + 5 * 4, 4);
+    ++t;
+    std::memcpy(forged.payload.data() + 88 + 5 * 4, &t, 4);
+    ASSERT_TRUE((*disk)->PutBatch(std::span<const DiskRecord>(&forged, 1)).ok());
+  }
+  auto m = Manager(8, *key);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  AdmitResult r = Serve(*m, a);  // still correct: the second block is recomputed
+  EXPECT_EQ(r.cached_blocks, 1u);
+  EXPECT_EQ(store->stats().tier_hits, 1u);
+  EXPECT_EQ(store->stats().verify_failures, 1u);
+  EXPECT_NE(store->stats().last_error.find("tokens"), std::string::npos) << store->stats().last_error;
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/quarantine"));
+  EXPECT_EQ(store->tier_counters(0).records, 1u);  // the forged record is out of service
+}
+
+TEST(BlockRecord, EveryIdentityFieldIsChecked) {
+  auto m = Manager(4);
+  Stream a(1, kBlock);
+  Serve(*m, a, false);
+  BlockId b = m->BlockTable(RequestId{0})[0];
+  SealedIdentity id = m->index().IdentityOf(b);
+  std::vector<std::byte> rec = EncodeBlockRecord(m->pool(), b, id);
+  BlockRecordInfo info = BlockRecordInfoOf(m->pool());
+  ChainLink link{id.key, id.parent_key, id.domain, id.salt, id.tokens};
+  Result<BlockRecordView> page = CheckBlockRecord(info, rec, link);
+  ASSERT_TRUE(page.ok()) << page.status().ToString();
+  EXPECT_EQ(page->pages.size(), m->pool().block_bytes());
+  EXPECT_TRUE(page->state.empty());
+  EXPECT_EQ(std::memcmp(page->pages.data(), m->pool().Bytes(m->pool().BlockHandleOf(b, 0)).data(), page->pages.size()),
+            0);
+  // A state travels after the pages and comes back whole; its length is checked.
+  std::vector<std::byte> state(100, std::byte{7});
+  SealedIdentity with_state = id;
+  with_state.state = state;
+  std::vector<std::byte> rec2 = EncodeBlockRecord(m->pool(), b, with_state);
+  Result<BlockRecordView> page2 = CheckBlockRecord(info, rec2, link);
+  ASSERT_TRUE(page2.ok()) << page2.status().ToString();
+  EXPECT_TRUE(std::equal(page2->state.begin(), page2->state.end(), state.begin(), state.end()));
+  EXPECT_FALSE(CheckBlockRecord(info, std::span(rec2).first(rec2.size() - 1), link).ok());
+
+  auto fails = [&](ChainLink l, const char* why) {
+    Result<BlockRecordView> r = CheckBlockRecord(info, rec, l);
+    EXPECT_FALSE(r.ok()) << why;
+    if (!r.ok()) {
+      EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
+    }
+  };
+  ChainLink l = link;
+  l.key.lo ^= 1;
+  fails(l, "prefix key");
+  l = link;
+  l.parent_key.hi ^= 1;
+  fails(l, "parent key");
+  l = link;
+  l.domain = 3;
+  fails(l, "domain");
+  l = link;
+  l.salt = 9;
+  fails(l, "salt");
+  std::vector<uint32_t> other(id.tokens.begin(), id.tokens.end());
+  other.back() ^= 1;
+  l = link;
+  l.tokens = other;
+  fails(l, "tokens");
+  BlockRecordInfo wrong = info;
+  wrong.fingerprint ^= 1;
+  EXPECT_FALSE(CheckBlockRecord(wrong, rec, link).ok());
+  EXPECT_FALSE(CheckBlockRecord(info, std::span(rec).first(rec.size() - 1), link).ok());
+  std::vector<std::byte> bad_magic = rec;
+  bad_magic[0] = std::byte{0};
+  EXPECT_FALSE(CheckBlockRecord(info, bad_magic, link).ok());
+}
+
+TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
+  TempDir dir;
+  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key.ok());
+  Stream a(300, 3 * kBlock);
+  {
+    auto m = Manager(8, *key);
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(Disk(dir.path()));
+    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+    m->SetBlockSource(store.get());
+    Serve(*m, a);
+    m->SetBlockSource(nullptr);
+  }
+  // Flip one payload byte of the last record (block 3) in the segment.
+  std::string seg;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() == ".tsr") seg = e.path();
+  }
+  ASSERT_FALSE(seg.empty());
+  {
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekp(size - 4096 - 100);  // inside the last record's padded payload
+    f.put('\x5a');
+  }
+  auto m = Manager(8, *key);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  AdmitResult r = Serve(*m, a);  // every byte checked against the stream
+  EXPECT_LE(r.cached_blocks, 2u);
+  EXPECT_EQ(store->tier_counters(0).records, 2u);
+}
+
+// LRU per tier: a disk tier of two records keeps the two most recent and hands the older ones
+// to the tier below (here none: dropped), counting evictions.
+TEST(TieredStore, DiskTierCapacityEvictsLeastRecent) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path(), 2 * RecordBytes(*m)));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 5 * kBlock));
+  TierCounters c = store->tier_counters(0);
+  EXPECT_EQ(c.records, 2u);
+  EXPECT_EQ(c.evictions, 3u);
+  EXPECT_LE(c.bytes, c.capacity_bytes);
+}
+
+// Blocks queued for an asynchronous write are found before the write completes.
+TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
+  TempDir dir;
+  auto m = Manager(6);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
+  m->SetBlockSource(store.get());
+  for (int round = 0; round < 4; ++round) {
+    Stream a(static_cast<uint32_t>(round) * 1000, 4 * kBlock + 1), b(90000 + static_cast<uint32_t>(round), 4 * kBlock + 1);
+    Serve(*m, a);
+    Serve(*m, b);
+    AdmitResult again = Serve(*m, a);  // Serve verifies every byte
+    EXPECT_EQ(again.cached_blocks, 4u);
+  }
+  store->Flush();
+  TieredStoreStats st = store->stats();
+  EXPECT_EQ(st.pending, 0u);
+  EXPECT_GT(st.batches, 0u);
+  EXPECT_EQ(st.verify_failures, 0u);
+}
+
+TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
+  ASSERT_TRUE(testing::HaveRedisServer()) << "redis-server is not installed: run scripts/install-deps.sh";
+  RedisServer server;
+  ASSERT_TRUE(server.Start());
+  TempDir dir;
+  auto m = Manager(6);
+  const uint64_t rec = RecordBytes(*m);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  // The cap fits one record (header slot + payload padded to 4 KiB) and not two.
+  tiers.push_back(Disk(dir.path(), 0, 4096 + (rec + 4095) / 4096 * 4096 + 100));
+  RedisTierOptions ro;
+  ro.port = server.port();
+  ro.key_namespace = RedisNamespace("seed-fixture", "mla-bf16", 0);
+  tiers.push_back(MakeRedisTier(ro));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
+  Serve(*m, a);
+  Serve(*m, b);
+  TieredStoreStats st = store->stats();
+  EXPECT_EQ(st.demoted, 3u);
+  EXPECT_GE(st.write_errors, 1u);
+  EXPECT_NE(st.last_error.find("no space"), std::string::npos) << st.last_error;
+  EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);  // bytes verified by Serve
+  st = store->stats();
+  EXPECT_EQ(st.hits_per_tier[0] + st.hits_per_tier[1], 3u);
+  EXPECT_GE(st.hits_per_tier[1], 2u);
+}
+
+TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
+  ASSERT_TRUE(testing::HaveRedisServer());
+  RedisServer server;
+  ASSERT_TRUE(server.Start());
+  auto m = Manager(6);
+  RedisTierOptions ro;
+  ro.port = server.port();
+  ro.reconnect_interval_ms = 0;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(MakeRedisTier(ro));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+  m->SetBlockSource(store.get());
+  Stream a(1, 3 * kBlock), b(9000, 6 * kBlock);
+  Serve(*m, a);
+  server.Stop();
+  Serve(*m, b);  // evicts all of a from the pool
+  EXPECT_EQ(Serve(*m, a).cached_blocks, 0u);  // a miss, not an error
+  ASSERT_TRUE(server.Start());              // restarted empty (no persistence)
+  Serve(*m, b);
+  Stream c(20000, 3 * kBlock);
+  Serve(*m, c);
+  Serve(*m, b);  // c evicted from the pool, still in Redis
+  EXPECT_EQ(Serve(*m, c).cached_blocks, 3u);
+  EXPECT_EQ(store->stats().verify_failures, 0u);
+}
+
+TEST(TierKey, CreatedOnceWithOwnerOnlyModeAndValidated) {
+  TempDir dir;
+  Result<std::vector<std::byte>> k = LoadOrCreateTierKey(dir.path() + "/sub");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->size(), 32u);
+  struct stat sb {};
+  ASSERT_EQ(::stat((dir.path() + "/sub/prefix.key").c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0600u);
+  EXPECT_EQ(*LoadOrCreateTierKey(dir.path() + "/sub"), *k);
+  Result<std::vector<std::byte>> other = LoadOrCreateTierKey(dir.path() + "/other");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *k);
+  std::filesystem::create_directories(dir.path() + "/bad");
+  dir.Write("bad/prefix.key", "short");
+  Result<std::vector<std::byte>> bad = LoadOrCreateTierKey(dir.path() + "/bad");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().field(), "dir");
+}
+
+TEST(TieredStore, RejectsNoTiersAndUnknownPolicy) {
+  auto m = Manager(4);
+  auto s = TieredStore::Create(m->pool(), {}, {});
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().field(), "tiers");
+  EXPECT_FALSE(ParseWritePolicy("sometimes").ok());
+  EXPECT_EQ(*ParseWritePolicy("write-through"), WritePolicy::kWriteThrough);
+}
+
+}  // namespace
+}  // namespace tessera
