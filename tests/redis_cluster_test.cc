@@ -1,5 +1,8 @@
 #include "tessera/redis_cluster.h"
 
+#include "tessera/manager.h"
+#include "tessera/tiered_store.h"
+
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -501,6 +504,66 @@ TEST(RedisClusterTier, AKilledNodeIsMissesForItsKeysAndRecovers) {
     ASSERT_TRUE(got[i].has_value()) << i;
     EXPECT_EQ(got[i]->payload, recs[i].payload);
   }
+}
+
+
+// A fleet: one host writes through to the cluster, another host (a cold manager with the same
+// prefix key) admits the same prompt and gets every block from the cluster, verified; the
+// blocks were spread over the three nodes.
+TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
+  ASSERT_TRUE(testing::HaveRedisServer());
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+  std::vector<std::byte> key(32, std::byte{0x5c});  // the fleet's shared prefix.key
+  ManagerOptions mo;
+  mo.capacity_blocks = 64;
+  mo.hash_key = key;
+  std::vector<uint32_t> prompt(40 * 64 + 5);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>(i * 7 + 3);
+  auto writer = [](uint32_t g, uint32_t l, uint64_t pos, const RecordView& r) {
+    for (uint32_t p = 0; p < r.plane_count; ++p) {
+      for (size_t i = 0; i < r.planes[p].size(); ++i) {
+        r.planes[p][i] = std::byte{static_cast<uint8_t>((pos * 31 + l * 7 + g + p + i) & 0xff)};
+      }
+    }
+  };
+  auto host = [&](WritePolicy write) {
+    auto m = std::move(*BlockManager::Create(testing::SeedFixture(), mo));
+    std::vector<std::unique_ptr<Tier>> tiers;
+    auto t = MakeRedisClusterTier(cluster.Options());
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    tiers.push_back(std::move(*t));
+    TieredStoreOptions so;
+    so.write = write;
+    auto store = std::move(*TieredStore::Create(m->pool(), so, std::move(tiers)));
+    m->SetBlockSource(store.get());
+    return std::make_pair(std::move(m), std::move(store));
+  };
+  {
+    auto [m, store] = host(WritePolicy::kWriteThrough);
+    AdmitResult a = *m->Admit(prompt, {});
+    ASSERT_TRUE(m->AllocateSlots(a.id, prompt.size()).ok());
+    ASSERT_TRUE(m->Append(a.id, prompt, writer).ok());
+    store->Flush();
+    EXPECT_EQ(store->stats().written_through, 40u);
+    m->SetBlockSource(nullptr);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_GT(cluster.DbSize(i), 0) << "node " << i;
+  auto [m, store] = host(WritePolicy::kWriteBack);
+  AdmitResult b = *m->Admit(prompt, {});
+  EXPECT_EQ(b.cached_blocks, 40u);
+  EXPECT_EQ(store->stats().tier_hits, 40u);
+  EXPECT_EQ(store->stats().verify_failures, 0u);
+  for (uint64_t pos = 0; pos < b.cached_tokens; ++pos) {
+    Result<RecordView> v = m->Record(b.id, 0, 1, pos);
+    ASSERT_TRUE(v.ok());
+    for (uint32_t p = 0; p < v->plane_count; ++p) {
+      for (size_t i = 0; i < v->planes[p].size(); i += 97) {
+        ASSERT_EQ(v->planes[p][i], std::byte{static_cast<uint8_t>((pos * 31 + 7 + p + i) & 0xff)}) << pos;
+      }
+    }
+  }
+  m->SetBlockSource(nullptr);
 }
 
 }  // namespace

@@ -109,6 +109,21 @@ TEST(RedisTier, KilledAndRestartedServerDegradesToMissesAndRecovers) {
   EXPECT_TRUE(t.GetBatch(k3)[0].has_value());
 }
 
+// A large batch to a server killed while the tier still holds its connection: hiredis's second
+// write would raise SIGPIPE, which would end the process. The tier reports an error instead.
+TEST(RedisTier, LargeBatchToAKilledServerIsAnErrorNotSigpipe) {
+  ASSERT_TRUE(HaveRedis());
+  RedisServer server;
+  ASSERT_TRUE(server.Start());
+  RedisTier t(Opts(server.port()));
+  std::vector<DiskRecord> batch;
+  for (uint64_t i = 0; i < 200; ++i) batch.push_back(Rec(i, 20000));
+  ASSERT_TRUE(t.PutBatch(batch).ok());
+  server.Stop();
+  EXPECT_FALSE(t.PutBatch(batch).ok());  // reaching this line at all is the test
+  EXPECT_GT(t.stats().errors, 0u);
+}
+
 TEST(RedisTier, UnreachableFromTheStartIsMissOnly) {
   RedisTier t(Opts(RedisServer::FreePort()));
   std::vector<Hash128> k{Rec(1).key};

@@ -43,6 +43,7 @@
 #include "tessera/disk_tier.h"
 #include "tessera/hash.h"
 #include "tessera/host_tier.h"
+#include "tessera/redis_cluster.h"
 #include "tessera/redis_tier.h"
 #include "tessera/status.h"
 
@@ -88,6 +89,9 @@ std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes);
 Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint64_t capacity_bytes);
 // A Redis server (RedisTier). Capacity and LRU are the server's (maxmemory, allkeys-lru).
 std::unique_ptr<Tier> MakeRedisTier(const RedisTierOptions& options);
+// A Redis Cluster (RedisClusterTier): keys spread over the nodes' slots. Errors: as
+// RedisClusterTier::Open (options naming the field).
+Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& options);
 
 enum class WritePolicy { kWriteBack, kWriteThrough };
 Result<WritePolicy> ParseWritePolicy(std::string_view name);

@@ -69,42 +69,7 @@ std::optional<HostPort> RedirectTarget(const redisReply* r) {
   return ParseHostPort(text.substr(last + 1));
 }
 
-// Blocks SIGPIPE in this thread while it talks to the nodes and swallows one raised meanwhile:
-// hiredis writes with write(2), and a second write to a node that died mid-batch would raise
-// SIGPIPE, whose default action ends the process. The process-wide disposition is not touched.
-class SigpipeGuard {
- public:
-  SigpipeGuard() {
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    already_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
-    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe, &old_) == 0;
-  }
-  ~SigpipeGuard() {
-    if (!blocked_) return;
-    sigset_t pending;
-    sigemptyset(&pending);
-    if (!already_pending_ && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
-      sigset_t pipe;
-      sigemptyset(&pipe);
-      sigaddset(&pipe, SIGPIPE);
-      timespec zero{0, 0};
-      while (sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeGuard(const SigpipeGuard&) = delete;
-  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
-
- private:
-  sigset_t old_{};
-  bool blocked_ = false;
-  bool already_pending_ = false;
-};
+using redis_value::SigpipeGuard;
 
 struct ReplyDeleter {
   void operator()(redisReply* r) const {

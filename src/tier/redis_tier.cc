@@ -46,6 +46,7 @@ bool RedisTier::EnsureConnected() {
 std::string RedisTier::KeyOf(const Hash128& key) const { return options_.key_namespace + ":" + key.Hex(); }
 
 Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
+  redis_value::SigpipeGuard sigpipe;  // a server gone mid-batch must not end the process
   if (!EnsureConnected())
     return IoError("redis", "server " + options_.host + ":" + std::to_string(options_.port) + " unreachable");
   std::vector<std::string> keys;
@@ -73,6 +74,7 @@ Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
 }
 
 std::vector<std::optional<DiskRecord>> RedisTier::GetBatch(std::span<const Hash128> keys) {
+  redis_value::SigpipeGuard sigpipe;  // a server gone mid-batch must not end the process
   std::vector<std::optional<DiskRecord>> out(keys.size());
   stats_.gets += keys.size();
   if (!EnsureConnected()) {
@@ -110,6 +112,7 @@ std::vector<std::optional<DiskRecord>> RedisTier::GetBatch(std::span<const Hash1
 }
 
 Status RedisTier::EraseBatch(std::span<const Hash128> keys) {
+  redis_value::SigpipeGuard sigpipe;  // a server gone mid-batch must not end the process
   if (keys.empty()) return Status::Ok();
   if (!EnsureConnected()) {
     ++stats_.errors;

@@ -3,6 +3,10 @@
 // payload seeded with the key) followed by the payload. Internal to src/tier.
 #pragma once
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -60,5 +64,43 @@ inline std::optional<DiskRecord> Decode(const Hash128& key, const char* data, si
   if (!ok) return std::nullopt;
   return DiskRecord{key, h.format_id, std::vector<std::byte>(payload, payload + payload_len)};
 }
+
+
+// Blocks SIGPIPE in this thread while it talks to Redis and swallows one raised meanwhile:
+// hiredis writes with write(2), and a second write to a server that died mid-batch would raise
+// SIGPIPE, whose default action ends the process. The process-wide disposition is not touched.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    already_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe, &old_) == 0;
+  }
+  ~SigpipeGuard() {
+    if (!blocked_) return;
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (!already_pending_ && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      timespec zero{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t old_{};
+  bool blocked_ = false;
+  bool already_pending_ = false;
+};
 
 }  // namespace tessera::redis_value

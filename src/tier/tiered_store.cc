@@ -185,17 +185,19 @@ class DiskTierAdapter final : public Tier {
 
 // ---- Redis -----------------------------------------------------------------------------------
 
-class RedisTierAdapter final : public Tier {
+// A Redis server (RedisTier) or a Redis Cluster (RedisClusterTier): the same verified values.
+template <typename Client>
+class RedisAdapter final : public Tier {
  public:
-  explicit RedisTierAdapter(const RedisTierOptions& options) : redis_(options) {}
-  std::string_view name() const override { return "redis"; }
+  RedisAdapter(std::unique_ptr<Client> client, std::string_view name) : redis_(std::move(client)), name_(name) {}
+  std::string_view name() const override { return name_; }
   bool in_memory() const override { return false; }
   bool persistent() const override { return true; }
   Status PutBatch(std::span<const DiskRecord* const> records) override {
     std::vector<DiskRecord> copy;
     copy.reserve(records.size());
     for (const DiskRecord* r : records) copy.push_back(*r);
-    TESSERA_RETURN_IF_ERROR(redis_.PutBatch(copy));
+    TESSERA_RETURN_IF_ERROR(redis_->PutBatch(copy));
     written_ += records.size();
     return Status::Ok();
   }
@@ -214,7 +216,7 @@ class RedisTierAdapter final : public Tier {
       }
     }
     if (!ask.empty()) {
-      std::vector<std::optional<DiskRecord>> got = redis_.GetBatch(ask);
+      std::vector<std::optional<DiskRecord>> got = redis_->GetBatch(ask);
       for (size_t j = 0; j < got.size(); ++j) out[where[j]] = std::move(got[j]);
     }
     return out;
@@ -222,7 +224,7 @@ class RedisTierAdapter final : public Tier {
   // One pipelined round trip that keeps the values for the GetBatch that follows a hit.
   std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override {
     prefetched_.clear();
-    std::vector<std::optional<DiskRecord>> got = redis_.GetBatch(keys);
+    std::vector<std::optional<DiskRecord>> got = redis_->GetBatch(keys);
     std::vector<bool> out(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       out[i] = got[i].has_value();
@@ -230,15 +232,16 @@ class RedisTierAdapter final : public Tier {
     }
     return out;
   }
-  Status EraseBatch(std::span<const Hash128> keys) override { return redis_.EraseBatch(keys); }
+  Status EraseBatch(std::span<const Hash128> keys) override { return redis_->EraseBatch(keys); }
   void Quarantine(const Hash128& key, const std::string&) override {
     prefetched_.erase(key);
-    (void)redis_.EraseBatch(std::span<const Hash128>(&key, 1));
+    (void)redis_->EraseBatch(std::span<const Hash128>(&key, 1));
   }
-  TierCounters counters() const override { return {written_, 0, 0, 0, redis_.stats().verify_failures}; }
+  TierCounters counters() const override { return {written_, 0, 0, 0, redis_->stats().verify_failures}; }
 
  private:
-  RedisTier redis_;
+  std::unique_ptr<Client> redis_;
+  std::string_view name_;
   uint64_t written_ = 0;
   std::unordered_map<Hash128, DiskRecord, Hash128Hasher> prefetched_;
 };
@@ -253,7 +256,12 @@ Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint6
 }
 
 std::unique_ptr<Tier> MakeRedisTier(const RedisTierOptions& options) {
-  return std::make_unique<RedisTierAdapter>(options);
+  return std::make_unique<RedisAdapter<RedisTier>>(std::make_unique<RedisTier>(options), "redis");
+}
+
+Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> cluster, RedisClusterTier::Open(options));
+  return std::unique_ptr<Tier>(std::make_unique<RedisAdapter<RedisClusterTier>>(std::move(cluster), "redis-cluster"));
 }
 
 Result<WritePolicy> ParseWritePolicy(std::string_view name) {
