@@ -9,6 +9,8 @@
 //   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tier_bench   (default: build dir)
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
+
+#include "bench_support.h"
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <liburing.h>
@@ -45,13 +47,7 @@ constexpr size_t kBlock = 30 * 37440 + 30 * 8448 + 31 * 1728;
 constexpr int kBlocksPerBatch = 8;
 constexpr int kBatches = 16;  // 183 MB a run
 
-std::string BenchDir(const char* name) {
-  const char* base = std::getenv("TESSERA_BENCH_DIR");
-  std::string dir = std::string(base != nullptr ? base : ".") + "/tessera-bench-" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using tessera::bench::BenchDir;
 
 std::vector<std::byte> Block(uint64_t seed) {
   std::vector<std::byte> b(kBlock);

@@ -12,6 +12,8 @@
 //   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tiered_bench   (default: build dir)
 #include <benchmark/benchmark.h>
 
+#include "bench_support.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -59,13 +61,7 @@ Fixture Make() {
   return f;
 }
 
-std::string BenchDir(const char* name) {
-  const char* base = std::getenv("TESSERA_BENCH_DIR");
-  std::string dir = std::string(base != nullptr ? base : ".") + "/tessera-bench-" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using tessera::bench::BenchDir;
 
 void BM_BlockMemcpy(benchmark::State& state) {
   Fixture f = Make();

@@ -166,6 +166,31 @@ std::vector<std::byte> Uninterrupted(const Geometry& g, SwaStrategy s, const std
   return m->LiveState(a.id);
 }
 
+// `second` was admitted with `toks` and found the first `cached` tokens: resumes it per strategy,
+// checks the live state against an uninterrupted run, then continues to the end of `toks` and
+// checks again.
+void ResumeAndContinue(HybridManager& m, const HybridAdmit& second, const Geometry& g, SwaStrategy s,
+                       const std::vector<uint32_t>& toks, uint64_t cached) {
+  HybridWriters w = Writers();
+  std::vector<uint32_t> prefix(toks.begin(), toks.begin() + static_cast<ptrdiff_t>(cached));
+  std::vector<uint32_t> rest(toks.begin() + static_cast<ptrdiff_t>(cached), toks.end());
+  EXPECT_EQ(second.cached_tokens, cached);
+  if (s == SwaStrategy::kRecompute) {
+    EXPECT_FALSE(second.state_restored);
+    EXPECT_EQ(second.recompute_from, cached - 128u);
+    EXPECT_EQ(second.recompute_tokens, 128u);
+    ASSERT_TRUE(m.Recompute(second.id, std::span<const uint32_t>(prefix).subspan(second.recompute_from), w).ok());
+  } else {
+    EXPECT_TRUE(second.state_restored);
+    EXPECT_EQ(second.recompute_tokens, 0u);
+  }
+  EXPECT_EQ(m.LiveState(second.id), Uninterrupted(g, s, prefix));
+  // And it continues exactly as the uninterrupted run does.
+  ASSERT_TRUE(m.AllocateSlots(second.id, rest.size()).ok());
+  ASSERT_TRUE(m.Append(second.id, rest, w).ok());
+  EXPECT_EQ(m.LiveState(second.id), Uninterrupted(g, s, toks));
+}
+
 class HybridResume : public ::testing::TestWithParam<SwaStrategy> {};
 
 TEST_P(HybridResume, ResumedStateIsIdenticalToAnUninterruptedRun) {
@@ -186,21 +211,7 @@ TEST_P(HybridResume, ResumedStateIsIdenticalToAnUninterruptedRun) {
   ASSERT_TRUE(m->Free(first.id).ok());
   // A second request with the same prompt resumes at the 512-token boundary.
   HybridAdmit second = *m->Admit(toks, RequestSpec{});
-  EXPECT_EQ(second.cached_tokens, 512u);
-  if (s == SwaStrategy::kRecompute) {
-    EXPECT_FALSE(second.state_restored);
-    EXPECT_EQ(second.recompute_from, 512u - 128u);
-    EXPECT_EQ(second.recompute_tokens, 128u);
-    ASSERT_TRUE(m->Recompute(second.id, std::span<const uint32_t>(prefix).subspan(second.recompute_from), w).ok());
-  } else {
-    EXPECT_TRUE(second.state_restored);
-    EXPECT_EQ(second.recompute_tokens, 0u);
-  }
-  EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, prefix));
-  // And it continues exactly as the uninterrupted run does.
-  ASSERT_TRUE(m->AllocateSlots(second.id, rest.size()).ok());
-  ASSERT_TRUE(m->Append(second.id, rest, w).ok());
-  EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, toks));
+  ResumeAndContinue(*m, second, g, s, toks, 512);
 }
 
 // The same resumption from a disk tier by a cold manager (another process): the pages come back
@@ -244,21 +255,9 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
   auto store = store_for(*m);
   m->SetBlockSource(store.get());
   HybridAdmit second = *m->Admit(toks, RequestSpec{});
-  EXPECT_EQ(second.cached_tokens, 512u);
   EXPECT_EQ(second.tier_blocks, 2u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
-  if (s == SwaStrategy::kRecompute) {
-    EXPECT_FALSE(second.state_restored);
-    EXPECT_EQ(second.recompute_tokens, 128u);
-    ASSERT_TRUE(m->Recompute(second.id, std::span<const uint32_t>(prefix).subspan(second.recompute_from), w).ok());
-  } else {
-    EXPECT_TRUE(second.state_restored);
-    EXPECT_EQ(second.recompute_tokens, 0u);
-  }
-  EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, prefix));
-  ASSERT_TRUE(m->AllocateSlots(second.id, rest.size()).ok());
-  ASSERT_TRUE(m->Append(second.id, rest, w).ok());
-  EXPECT_EQ(m->LiveState(second.id), Uninterrupted(g, s, toks));
+  ResumeAndContinue(*m, second, g, s, toks, 512);
   // Every compressed entry of every layer (pages promoted from disk and pages written after).
   const uint32_t ratios[] = {0, 4, 128, 4};
   for (uint32_t layer = 0; layer < 4; ++layer) {

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "tessera/manager.h"
+#include "kv_stream.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -17,37 +18,7 @@ namespace {
 using testing::RedisServer;
 using testing::TempDir;
 
-uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// KV that, like an MLA latent past layer 0, depends on every token up to its position.
-struct Stream {
-  std::vector<uint32_t> tokens;
-  std::vector<uint64_t> hash;
-  explicit Stream(uint32_t first, uint32_t n) {
-    for (uint32_t i = 0; i < n; ++i) {
-      uint32_t t = first + i;
-      tokens.push_back(t);
-      hash.push_back(Mix((hash.empty() ? 0x5eedULL : hash.back()) ^ (uint64_t{t} * 0x100000001b3ULL)));
-    }
-  }
-  void Expected(uint32_t g, uint32_t l, uint64_t pos, uint32_t plane, std::span<std::byte> out) const {
-    uint64_t seed = Mix(hash.at(pos) ^ (uint64_t{g} << 56) ^ (uint64_t{l} << 40) ^ (uint64_t{plane} << 32));
-    for (size_t off = 0; off < out.size(); off += 8) {
-      uint64_t v = Mix(seed + off);
-      std::memcpy(out.data() + off, &v, std::min<size_t>(8, out.size() - off));
-    }
-  }
-  KvWriter Writer() const {
-    return [this](uint32_t g, uint32_t l, uint64_t pos, const RecordView& r) {
-      for (uint32_t p = 0; p < r.plane_count; ++p) Expected(g, l, pos, p, r.planes[p]);
-    };
-  }
-};
+using Stream = testing::KvStream;
 
 // Every record of every layer of `r` equals the stream's KV.
 ::testing::AssertionResult Matches(const BlockManager& m, RequestId r, const Stream& s) {
@@ -89,11 +60,11 @@ std::unique_ptr<BlockManager> Manager(uint32_t capacity, std::vector<std::byte> 
 
 // Admits `s`, writes what was not cached, and returns the admission.
 AdmitResult Serve(BlockManager& m, const Stream& s, bool free_after = true) {
-  Result<AdmitResult> a = m.Admit(s.tokens, {});
+  Result<AdmitResult> a = m.Admit(s.tokens(), {});
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   if (!a.ok()) return {};
-  EXPECT_TRUE(m.AllocateSlots(a->id, s.tokens.size() - a->cached_tokens).ok());
-  EXPECT_TRUE(m.Append(a->id, std::span(s.tokens).subspan(a->cached_tokens), s.Writer()).ok());
+  EXPECT_TRUE(m.AllocateSlots(a->id, s.tokens().size() - a->cached_tokens).ok());
+  EXPECT_TRUE(m.Append(a->id, std::span(s.tokens()).subspan(a->cached_tokens), s.Writer()).ok());
   EXPECT_TRUE(Matches(m, a->id, s));
   if (free_after) {
     EXPECT_TRUE(m.Free(a->id).ok());
@@ -123,6 +94,17 @@ std::unique_ptr<Tier> Disk(const std::string& dir, uint64_t capacity = 0, uint64
 
 uint64_t RecordBytes(const BlockManager& m) {
   return ((88 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes();
+}
+
+// What a first process leaves behind: `s` served with a disk tier in `dir`, written through.
+void WriteThroughInAnotherProcess(const std::string& dir, const std::vector<std::byte>& key, const Stream& s) {
+  auto m = Manager(8, key);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+  m->SetBlockSource(store.get());
+  Serve(*m, s);
+  m->SetBlockSource(nullptr);
 }
 
 // The pool holds 6 blocks. A (4 full blocks + a tail) is written and freed; B of the same shape
@@ -224,22 +206,14 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key.ok());
   Stream a(100, 2 * kBlock);
-  {
-    auto m = Manager(8, *key);
-    std::vector<std::unique_ptr<Tier>> tiers;
-    tiers.push_back(Disk(dir.path()));
-    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
-    m->SetBlockSource(store.get());
-    Serve(*m, a);
-    m->SetBlockSource(nullptr);
-  }
+  WriteThroughInAnotherProcess(dir.path(), *key, a);
   // Rewrite the second block's record with one token changed (its checksums are recomputed by
   // the disk tier, so only the store's identity check can catch it).
   Hash128 k1{};
   {
     auto m = Manager(8, *key);
-    k1 = m->index().PrefixKey(Hash128{}, std::span(a.tokens).first(kBlock), 0, 0);
-    Hash128 k2 = m->index().PrefixKey(k1, std::span(a.tokens).subspan(kBlock, kBlock), 0, 0);
+    k1 = m->index().PrefixKey(Hash128{}, std::span(a.tokens()).first(kBlock), 0, 0);
+    Hash128 k2 = m->index().PrefixKey(k1, std::span(a.tokens()).subspan(kBlock, kBlock), 0, 0);
     DiskTierOptions o;
     o.dir = dir.path();
     auto disk = DiskTier::Open(o);
@@ -330,15 +304,7 @@ TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
   Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key.ok());
   Stream a(300, 3 * kBlock);
-  {
-    auto m = Manager(8, *key);
-    std::vector<std::unique_ptr<Tier>> tiers;
-    tiers.push_back(Disk(dir.path()));
-    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
-    m->SetBlockSource(store.get());
-    Serve(*m, a);
-    m->SetBlockSource(nullptr);
-  }
+  WriteThroughInAnotherProcess(dir.path(), *key, a);
   // Flip one payload byte of the last record (block 3) in the segment.
   std::string seg;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {

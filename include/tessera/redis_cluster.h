@@ -2,6 +2,10 @@
 // written over hiredis, which has no cluster support (docs/adr/0011-redis-tier.md, "Redis
 // Cluster").
 //
+// Admission: every Put is stored (the tiered store above decides what to demote; capacity and
+// LRU are the cluster's maxmemory policy). Promotion: none inside the tier — GetBatch returns
+// verified copies; the caller promotes.
+//
 // Keys: "<namespace>:{<key hex>}". The hash tag makes the slot CRC16(<key hex>) mod 16384, so
 // keys of one namespace spread over every slot while the namespace still isolates fleets and
 // tenants. Values use RedisTier's format: a 48-byte header verified on every read; a value that
