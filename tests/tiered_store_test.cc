@@ -112,13 +112,17 @@ void WriteThroughInAnotherProcess(const std::string& dir, const std::vector<std:
 // into a host tier of four records. Admitting A again allocates three blocks for the promotion:
 // B's freed tail and two evictions (B3, B2) into host, which pushes its least recent record (A3)
 // down to disk. A1 and A2 come back from host, A3 from disk.
-TEST(TieredStore, DemotesThroughHostToDiskAndPromotesVerifiedBytes) {
+class DemoteAndPromote : public ::testing::TestWithParam<bool> {};
+
+// The same with the disk writes done by the store's worker (GetParam(): asynchronous); a block
+// still queued for its disk write counts as a hit of the disk tier.
+TEST_P(DemoteAndPromote, ThroughHostToDiskWithVerifiedBytes) {
   TempDir dir;
   auto m = Manager(6);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(MakeHostTier(4 * RecordBytes(*m) + 8192));
   tiers.push_back(Disk(dir.path()));
-  auto store = Store(*m, std::move(tiers));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, GetParam());
   m->SetBlockSource(store.get());
   Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
   EXPECT_EQ(Serve(*m, a).cached_blocks, 0u);
@@ -134,6 +138,7 @@ TEST(TieredStore, DemotesThroughHostToDiskAndPromotesVerifiedBytes) {
   EXPECT_EQ(st.tier_hits, 3u);
   EXPECT_EQ(st.hits_per_tier[0], 2u);
   EXPECT_EQ(st.hits_per_tier[1], 1u);
+  store->Flush();
   // A's tail block evicted B1 into host, which pushed its least recent record down: B3 (A1 and A2
   // were refreshed by their promotion).
   EXPECT_EQ(store->tier_counters(0).records, 4u);
@@ -142,6 +147,8 @@ TEST(TieredStore, DemotesThroughHostToDiskAndPromotesVerifiedBytes) {
   EXPECT_EQ(m->metrics().tier_hit_blocks.load(), 3u);
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DemoteAndPromote, ::testing::Bool());
 
 TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
   TempDir dir;
@@ -364,6 +371,32 @@ TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
   EXPECT_EQ(st.pending, 0u);
   EXPECT_GT(st.batches, 0u);
   EXPECT_EQ(st.verify_failures, 0u);
+}
+
+// With batches larger than the run, every demotion is still queued when A comes back: the hits
+// are served from the queue (counted for the disk tier they are headed to), then Flush writes them.
+TEST(TieredStore, BlocksStillQueuedForTheirWriteAreHits) {
+  TempDir dir;
+  auto m = Manager(6);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  TieredStoreOptions o;
+  o.batch_records = 1000;
+  auto store = std::move(*TieredStore::Create(m->pool(), o, std::move(tiers)));
+  m->SetBlockSource(store.get());
+  Stream a(1000, 4 * kBlock + 1), b(5000, 4 * kBlock + 1);
+  Serve(*m, a);
+  Serve(*m, b);
+  EXPECT_EQ(store->stats().pending, 3u);
+  EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);  // every byte compared
+  TieredStoreStats st = store->stats();
+  EXPECT_EQ(st.tier_hits, 3u);
+  EXPECT_EQ(st.queued_hits, 3u);
+  EXPECT_EQ(st.hits_per_tier[0], 3u);
+  store->Flush();
+  EXPECT_EQ(store->stats().pending, 0u);
+  EXPECT_GE(store->tier_counters(0).records, 3u);
+  m->SetBlockSource(nullptr);
 }
 
 TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {

@@ -106,11 +106,12 @@ struct TieredStoreStats {
   uint64_t demoted = 0;          // records a tier admitted from the level above (pool or tier)
   uint64_t written_through = 0;  // sealed blocks the persistent tier admitted at once
   uint64_t tier_hits = 0;        // blocks promoted into the pool
+  uint64_t queued_hits = 0;      // of which were still queued for their tier's write
   uint64_t verify_failures = 0;  // records that failed the checks here (quarantined)
   uint64_t write_errors = 0;     // failed batch writes (e.g. a full disk); the records go lower
   uint64_t batches = 0;          // asynchronous batches completed
   uint64_t pending = 0;          // records waiting to be written
-  std::vector<uint64_t> hits_per_tier;
+  std::vector<uint64_t> hits_per_tier;  // by the tier holding the record (or writing it)
   std::string last_error;
 };
 
@@ -200,7 +201,11 @@ class TieredStore final : public BlockSource {
   std::deque<Job> jobs_;
   std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_batch_;  // per tier
   std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_through_;  // per tier
-  std::unordered_map<Hash128, std::shared_ptr<const DiskRecord>, Hash128Hasher> pending_;
+  struct Pending {
+    std::shared_ptr<const DiskRecord> record;
+    size_t tier;  // where it is being written
+  };
+  std::unordered_map<Hash128, Pending, Hash128Hasher> pending_;
   bool busy_ = false;
   bool stop_ = false;
   std::thread worker_;

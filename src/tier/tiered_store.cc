@@ -479,7 +479,7 @@ void TieredStore::Demote(size_t t, std::shared_ptr<const DiskRecord> r, bool thr
     return;
   }
   std::lock_guard<std::mutex> lock(queue_mu_);
-  pending_[r->key] = r;
+  pending_[r->key] = Pending{r, t};
   auto& batch = through ? open_through_[t] : open_batch_[t];
   batch.push_back(std::move(r));
   if (batch.size() >= options_.batch_records) SubmitLocked(t);
@@ -539,7 +539,7 @@ void TieredStore::Worker() {
     lock.lock();
     for (const auto& r : job.records) {
       auto it = pending_.find(r->key);
-      if (it != pending_.end() && it->second == r) pending_.erase(it);
+      if (it != pending_.end() && it->second.record == r) pending_.erase(it);
     }
     busy_ = false;
     {
@@ -610,13 +610,15 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
   const size_t n = std::min(links.size(), blocks.size());
   std::vector<std::shared_ptr<const DiskRecord>> found(n);
   std::vector<size_t> from(n, SIZE_MAX);
+  std::vector<bool> queued(n, false);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     for (size_t i = 0; i < n; ++i) {
       auto it = pending_.find(links[i].key);
       if (it != pending_.end()) {
-        found[i] = it->second;
-        from[i] = tiers_.size();
+        found[i] = it->second.record;
+        from[i] = it->second.tier;
+        queued[i] = true;
       }
     }
   }
@@ -656,7 +658,7 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
         ++stats_.verify_failures;
         stats_.last_error = "verify: " + page.status().ToString();
       }
-      if (from[done] < tiers_.size()) {
+      if (!queued[done]) {  // a queued record is this process's own copy: nothing to take out
         std::lock_guard<std::mutex> lock(tiers_[from[done]]->mu);
         tiers_[from[done]]->tier->Quarantine(r.key, page.status().message());
       }
@@ -671,7 +673,8 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
     if (states != nullptr) states->emplace_back(page.value().state.begin(), page.value().state.end());
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.tier_hits;
-    if (from[done] < tiers_.size()) ++stats_.hits_per_tier[from[done]];
+    ++stats_.hits_per_tier[from[done]];
+    if (queued[done]) ++stats_.queued_hits;
   }
   return done;
 }

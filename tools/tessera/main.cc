@@ -247,7 +247,8 @@ struct SimulateArgs {
                     "recompute | snapshot | retain (models with windows; default: all three)");
     app->add_option("--disk", disk,
                     "a disk tier in DIR behind the pool; a second run over DIR starts cold and hits from disk");
-    app->add_option("--tier-write", tier_write, "write-through (default) | write-back");
+    app->add_option("--tier-write", tier_write,
+                    "write-through (default: every sealed block) | write-back (only what the pool evicts)");
     app->add_option("--host-tier-bytes", host_tier_bytes, "a host tier of this size above the disk (e.g. 64MiB)");
   }
 
