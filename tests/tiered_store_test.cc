@@ -351,6 +351,21 @@ TEST(TieredStore, DiskTierCapacityEvictsLeastRecent) {
   EXPECT_LE(c.bytes, c.capacity_bytes);
 }
 
+// A record larger than a whole tier is passed on to the tier below, not dropped.
+TEST(TieredStore, RecordLargerThanATierGoesToTheNextOne) {
+  TempDir small, big;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(small.path(), RecordBytes(*m) - 1));
+  tiers.push_back(Disk(big.path()));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 3 * kBlock));
+  EXPECT_EQ(store->tier_counters(0).records, 0u);
+  EXPECT_EQ(store->tier_counters(1).records, 3u);
+  m->SetBlockSource(nullptr);
+}
+
 // Blocks queued for an asynchronous write are found before the write completes.
 TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
   TempDir dir;
@@ -426,6 +441,41 @@ TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
   st = store->stats();
   EXPECT_EQ(st.hits_per_tier[0] + st.hits_per_tier[1], 3u);
   EXPECT_GE(st.hits_per_tier[1], 2u);
+}
+
+// The whole chain: a host tier of one record, a disk tier of one record, Redis below. The pool
+// evicts A3, A2, A1 in that order: A3 ends in Redis, A2 on disk, A1 in host. Coming back, every
+// block is verified, wherever it was by then.
+TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
+  ASSERT_TRUE(testing::HaveRedisServer());
+  RedisServer server;
+  ASSERT_TRUE(server.Start());
+  TempDir dir;
+  auto m = Manager(6);
+  const uint64_t rec = RecordBytes(*m);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(MakeHostTier(rec + 4096));
+  tiers.push_back(Disk(dir.path(), rec + 4096));
+  RedisTierOptions ro;
+  ro.port = server.port();
+  tiers.push_back(MakeRedisTier(ro));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
+  m->SetBlockSource(store.get());
+  Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
+  Serve(*m, a);
+  Serve(*m, b);
+  store->Flush();
+  EXPECT_EQ(store->tier_counters(0).records, 1u);  // A1
+  EXPECT_EQ(store->tier_counters(1).records, 1u);  // A2
+  EXPECT_EQ(store->tier_counters(2).records, 1u);  // A3 (records this process wrote there)
+  EXPECT_EQ(store->tier_counters(0).evictions, 2u);
+  EXPECT_EQ(store->tier_counters(1).evictions, 1u);
+  EXPECT_EQ(store->stats().demoted, 3u + 2u + 1u);  // pool->host 3, host->disk 2, disk->Redis 1
+  EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);  // every byte compared
+  TieredStoreStats st = store->stats();
+  EXPECT_EQ(st.tier_hits, 3u);
+  EXPECT_EQ(st.verify_failures, 0u);
+  m->SetBlockSource(nullptr);
 }
 
 TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {

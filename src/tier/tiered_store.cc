@@ -101,7 +101,10 @@ class DiskTierAdapter final : public Tier {
     std::vector<const DiskRecord*> admit;
     uint64_t incoming = 0;
     for (const DiskRecord* r : records) {
-      if (capacity_ > 0 && r->payload.size() > capacity_) continue;  // larger than the tier: refused
+      if (capacity_ > 0 && r->payload.size() > capacity_) {  // larger than the whole tier: passed on down
+        if (on_evict_) on_evict_(*r);
+        continue;
+      }
       admit.push_back(r);
       incoming += r->payload.size();
     }
@@ -110,6 +113,10 @@ class DiskTierAdapter final : public Tier {
     }
     TESSERA_RETURN_IF_ERROR(disk_->PutBatch(std::span<const DiskRecord* const>(admit)));
     for (const DiskRecord* r : admit) Touch(r->key, r->payload.size());
+    // A batch larger than the room left: its oldest records go on down at once.
+    if (capacity_ > 0) {
+      while (!lru_.empty() && bytes_ > capacity_) EvictOne();
+    }
     return Status::Ok();
   }
   std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys) override {
