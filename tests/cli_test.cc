@@ -268,6 +268,24 @@ TEST(Cli, SimulateDiskSecondRunHitsFromDisk) {
   EXPECT_EQ(RunTessera("tier fsck " + dir.path() + "/tier").exit_code, 0);  // quarantined and rewritten
 }
 
+// Write-back writes what the pool evicts and, at the end of the run (a graceful shutdown), every
+// sealed block still cached: a second run hits as after write-through.
+TEST(Cli, SimulateDiskWriteBackCheckpointsAtExit) {
+  TempDir dir;
+  const std::string args = "simulate --model deepseek-v2-lite --agents 2 --independent 2 --shared-tokens 300 "
+                           "--unique-tokens 40 --block-tokens 16 --format json --tier-write write-back --disk " +
+                           dir.path() + "/tier";
+  CommandResult first = RunTessera(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  nlohmann::json a = nlohmann::json::parse(first.out);
+  EXPECT_GT(a["tier_written"].get<uint64_t>(), 0u);
+  CommandResult second = RunTessera(args);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  nlohmann::json b = nlohmann::json::parse(second.out);
+  EXPECT_GT(b["tier_hits"].get<uint64_t>(), 0u);
+  EXPECT_EQ(b["verify_failures"], 0);
+}
+
 TEST(Cli, SimulateDeepSeekV4Pro) {
   CommandResult r = RunTessera(
       "simulate --model deepseek-v4-pro --agents 1 --independent 0 --shared-tokens 512 --unique-tokens 8 "

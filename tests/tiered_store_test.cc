@@ -193,17 +193,25 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
   EXPECT_EQ(store2->stats().tier_hits, 0u);
 }
 
-TEST(TieredStore, WriteBackWritesNothingUntilEviction) {
+TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
   TempDir dir;
   auto m = Manager(16);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, true);
   m->SetBlockSource(store.get());
-  Serve(*m, Stream(1, 3 * kBlock));
+  Stream a(1, 3 * kBlock);
+  Serve(*m, a);
   store->Flush();
   EXPECT_EQ(store->tier_counters(0).records, 0u);
   EXPECT_EQ(store->stats().written_through, 0u);
+  // A checkpoint (a graceful shutdown) writes the pool's sealed blocks, each once.
+  EXPECT_EQ(m->Checkpoint(), 3u);
+  EXPECT_EQ(m->Checkpoint(), 3u);
+  store->Flush();
+  EXPECT_EQ(store->tier_counters(0).records, 3u);
+  EXPECT_EQ(store->stats().written_through, 3u);
+  m->SetBlockSource(nullptr);
 }
 
 // A record that verifies in its tier but is not the block asked for (forged or misfiled: other

@@ -102,8 +102,10 @@ class BlockIndex {
                     uint64_t salt) const {
     return hasher_.PrefixKey(parent_key, tokens, Extra(domain, salt));
   }
-  // REQUIRES: b is sealed or cached and was indexed by Seal.
+  // REQUIRES: Indexed(b).
   SealedIdentity IdentityOf(BlockId b) const;
+  // Whether b is a sealed (or cached) block that Seal indexed and no eviction has dropped.
+  bool Indexed(BlockId b) const { return identity_[b.value].indexed; }
   // Called with each indexed block about to be evicted, before its identity is dropped (the
   // tier layer demotes it there; its bytes are still readable).
   void SetEvictionHook(std::function<void(BlockId, const SealedIdentity&)> hook) { evict_hook_ = std::move(hook); }

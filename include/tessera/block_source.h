@@ -34,6 +34,9 @@ class BlockSource {
   virtual void OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) = 0;
   // An indexed block is about to be evicted from the pool; its bytes are still readable.
   virtual void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) = 0;
+  // A checkpoint (e.g. a graceful shutdown): keep this sealed block persistently, whatever the
+  // write policy; the block stays in the pool.
+  virtual void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) = 0;
   // How many leading links of `links` the source can probably supply (no bytes moved).
   virtual size_t Probe(std::span<const ChainLink> links) = 0;
   // Copies link i into blocks[i] (kFilling, refcount 1) for a leading run of verified links and

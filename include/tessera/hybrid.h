@@ -105,6 +105,9 @@ class HybridManager {
   // compressors' rows (retain's kept chunk is copied out — a chunk cannot stay alive off the
   // pool); recompute sends none, and a block promoted under it is resumed by recomputing.
   void SetBlockSource(BlockSource* source) { source_ = source; }
+  // Hands every sealed block (with its boundary state) to the source's OnCheckpoint; returns how
+  // many. 0 without a source.
+  uint64_t Checkpoint();
   // Pages for the entries the next n tokens (and spec_tokens draft tokens) complete;
   // all-or-nothing.
   Status AllocateSlots(RequestId r, uint64_t n);

@@ -123,6 +123,9 @@ class BlockManager {
   // Attaches a second level of blocks (not owned; nullptr detaches). It is told of seals and
   // evictions and asked for prefix blocks on Admit.
   void SetBlockSource(BlockSource* source) { source_ = source; }
+  // Hands every sealed block of the pool (live or cached) to the block source's OnCheckpoint;
+  // returns how many. 0 without a source.
+  uint64_t Checkpoint();
 
  private:
   struct Request {

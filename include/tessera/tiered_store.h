@@ -104,7 +104,7 @@ struct TieredStoreOptions {
 
 struct TieredStoreStats {
   uint64_t demoted = 0;          // records a tier admitted from the level above (pool or tier)
-  uint64_t written_through = 0;  // sealed blocks the persistent tier admitted at once
+  uint64_t written_through = 0;  // sealed blocks the persistent tier admitted at once (or at a checkpoint)
   uint64_t tier_hits = 0;        // blocks promoted into the pool
   uint64_t queued_hits = 0;      // of which were still queued for their tier's write
   uint64_t verify_failures = 0;  // records that failed the checks here (quarantined)
@@ -159,6 +159,8 @@ class TieredStore final : public BlockSource {
 
   void OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
   void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
+  // Writes the block to the first persistent tier (skipped there when it holds the key already).
+  void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
   size_t Probe(std::span<const ChainLink> links) override;
   size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states = nullptr) override;

@@ -446,6 +446,22 @@ bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
   return true;
 }
 
+uint64_t HybridManager::Checkpoint() {
+  if (source_ == nullptr || !pool_->backed()) return 0;
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < pool_->capacity(); ++i) {
+    BlockId b{i};
+    BlockState s = pool_->state(b);
+    if ((s != BlockState::kSealed && s != BlockState::kCached) || !index_->Indexed(b)) continue;
+    std::vector<std::byte> state = TierState(b);
+    SealedIdentity id = index_->IdentityOf(b);
+    id.state = state;
+    source_->OnCheckpoint(*pool_, b, id);
+    ++n;
+  }
+  return n;
+}
+
 uint32_t HybridManager::NewChunk() {
   const uint32_t chunk = detail::TakeSlot(free_chunks_, chunks_);
   chunk_refs_.resize(chunks_.size(), 0);

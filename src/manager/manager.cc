@@ -111,6 +111,19 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
   return result;
 }
 
+uint64_t BlockManager::Checkpoint() {
+  if (source_ == nullptr || !pool_->backed()) return 0;
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < pool_->capacity(); ++i) {
+    BlockId b{i};
+    BlockState s = pool_->state(b);
+    if ((s != BlockState::kSealed && s != BlockState::kCached) || !index_->Indexed(b)) continue;
+    source_->OnCheckpoint(*pool_, b, index_->IdentityOf(b));
+    ++n;
+  }
+  return n;
+}
+
 uint32_t BlockManager::SharedSlots(const Request& req, uint64_t n) const {
   if (n == 0) return 0;
   size_t first = req.tokens / block_tokens_;

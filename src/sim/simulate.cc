@@ -419,6 +419,7 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
   }
   run.dedup_hits = m->index().stats().dedup_hits.load();
   if (store) {
+    if (s.tier_write == WritePolicy::kWriteBack) m->Checkpoint();  // shutdown (see the MLA path)
     m->SetBlockSource(nullptr);
     run.tiers = CollectTierRun(*store, tier_hit_blocks * bt);
   }
@@ -655,6 +656,9 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   out.cow_copies = m->metrics().cow_copies.load();
   out.metrics = m->CollectMetrics();
   if (store) {
+    // The end of the run is a graceful shutdown: under write-back the pool's sealed blocks are
+    // written now (write-through wrote them at seal).
+    if (s.tier_write == WritePolicy::kWriteBack) m->Checkpoint();
     m->SetBlockSource(nullptr);
     TierRun t = CollectTierRun(*store, m->metrics().tier_hit_tokens.load());
     out.metrics.push_back({"tessera_tier_verify_failures_total",

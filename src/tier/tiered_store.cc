@@ -457,7 +457,10 @@ std::optional<size_t> TieredStore::WriteThroughTier() const {
 }
 
 void TieredStore::OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
-  if (options_.write != WritePolicy::kWriteThrough) return;
+  if (options_.write == WritePolicy::kWriteThrough) OnCheckpoint(pool, b, id);
+}
+
+void TieredStore::OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
   std::optional<size_t> t = WriteThroughTier();
   if (!t) return;
   auto r = std::make_shared<DiskRecord>();

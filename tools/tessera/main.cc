@@ -248,7 +248,7 @@ struct SimulateArgs {
     app->add_option("--disk", disk,
                     "a disk tier in DIR behind the pool; a second run over DIR starts cold and hits from disk");
     app->add_option("--tier-write", tier_write,
-                    "write-through (default: every sealed block) | write-back (only what the pool evicts)");
+                    "write-through (default: every sealed block at seal) | write-back (what the pool evicts, the rest at exit)");
     app->add_option("--host-tier-bytes", host_tier_bytes, "a host tier of this size above the disk (e.g. 64MiB)");
   }
 
