@@ -549,7 +549,8 @@ void TieredStore::Worker() {
     lock.lock();
     for (const auto& r : job.records) {
       auto it = pending_.find(r->key);
-      if (it != pending_.end() && it->second.record == r) pending_.erase(it);
+      // Not when the record was passed on to a lower tier (a refused write) and waits there.
+      if (it != pending_.end() && it->second.record == r && it->second.tier == job.tier) pending_.erase(it);
     }
     busy_ = false;
     {
