@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -234,6 +235,54 @@ TEST(DiskTierFaults, FullDiskIsAClearErrorAndServingContinues) {
   EXPECT_NE(st.message().find("no space"), std::string::npos);
   for (uint64_t i = 10; i < 30; ++i) EXPECT_FALSE(t->Contains(Key(i)));
   EXPECT_EQ(t->Get(Key(2))->payload, PayloadOf(2));
+}
+
+// A full file system as the kernel reports it: the writer's file-size limit (RLIMIT_FSIZE) makes a
+// write or extension fail part way through a batch (EFBIG), as ENOSPC would. The batch is not
+// indexed, the error is clear, every earlier record is still served, and a reopen finds no part of
+// the failed batch.
+TEST(DiskTierFaults, KernelRefusedWriteMidBatchLeavesNothingPartial) {
+  TempDir dir;
+  DiskTierOptions o = Opts(dir.path());
+  o.segment_bytes = 64ULL << 20;  // one segment: the limit is reached inside it
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit{300 * 1024, 300 * 1024};
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(2);
+    Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
+    if (!t.ok()) ::_exit(3);
+    uint64_t next = 0;
+    Status st = Status::Ok();
+    while (st.ok() && next < 400) {
+      std::vector<DiskRecord> batch;
+      for (uint64_t k = next; k < next + 8; ++k) batch.push_back(Rec(k));
+      st = (*t)->PutBatch(batch);
+      if (st.ok()) next += 8;
+    }
+    if (st.ok() || st.code() != StatusCode::kIoError || st.field() != "disk") ::_exit(4);
+    if (st.message().find("File too large") == std::string::npos) ::_exit(5);
+    if (next == 0) ::_exit(6);  // the limit must leave room for some batches
+    for (uint64_t k = next; k < next + 8; ++k) {
+      if ((*t)->Contains(Key(k))) ::_exit(7);  // nothing of the failed batch is visible
+    }
+    for (uint64_t k = 0; k < next; ++k) {
+      Result<DiskRecord> r = (*t)->Get(Key(k));
+      if (!r.ok() || r->payload != PayloadOf(k)) ::_exit(8);
+    }
+    ::_exit(static_cast<int>(10 + next / 8));  // batches stored, for the parent
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  const int code = WEXITSTATUS(status);
+  ASSERT_GE(code, 10) << "child check " << code << " failed";
+  const uint64_t stored = static_cast<uint64_t>(code - 10) * 8;
+  auto t = MustOpen(o);  // no limit now: a fresh scan of what the writer left
+  EXPECT_EQ(t->stats().records, stored);
+  EXPECT_EQ(t->stats().quarantined, 0u);  // the failed batch was cut off, not left half-written
+  EXPECT_EQ(ExpectAllVerified(*t, 400), stored);
 }
 
 TEST(DiskTierFaults, WriterKilledMidBatchLeavesOnlyVerifiedOrQuarantinedRecords) {
