@@ -236,7 +236,7 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     std::vector<std::unique_ptr<Tier>> tiers;
     tiers.push_back(std::move(*MakeDiskTier(d, 0)));
     TieredStoreOptions so;
-    so.write = WritePolicy::kWriteThrough;
+    so.write = WritePolicy::kWriteBack;  // the first manager checkpoints at its end
     return std::move(*TieredStore::Create(m.pool(), so, std::move(tiers)));
   };
   {
@@ -247,6 +247,9 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
     ASSERT_TRUE(m->Append(first.id, prefix, w).ok());
     ASSERT_TRUE(m->Free(first.id).ok());
+    store->Flush();
+    EXPECT_EQ(store->tier_counters(0).records, 0u);  // write-back: nothing evicted yet
+    EXPECT_EQ(m->Checkpoint(), 2u);                  // a graceful shutdown, state included
     store->Flush();
     EXPECT_EQ(store->tier_counters(0).records, 2u);
     m->SetBlockSource(nullptr);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,11 @@ class BlockSource {
 // sealing each into `index` as the child of the one before and appending it to `chain` and
 // `table`; takes no more blocks than the pool has available. Returns how many it promoted;
 // `states` (optional) receives their states.
+// Hands every sealed (or cached) block of `pool` that `index` holds to source.OnCheckpoint, with
+// the state `state_of` gives it (none when not given); returns how many.
+uint64_t CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
+                          const std::function<std::vector<std::byte>(BlockId)>& state_of = {});
+
 uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
                            uint32_t domain, uint64_t salt, uint8_t priority, std::vector<PrefixRef>& chain,
                            std::vector<BlockId>& table, std::vector<std::vector<std::byte>>* states = nullptr);

@@ -447,19 +447,8 @@ bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
 }
 
 uint64_t HybridManager::Checkpoint() {
-  if (source_ == nullptr || !pool_->backed()) return 0;
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < pool_->capacity(); ++i) {
-    BlockId b{i};
-    BlockState s = pool_->state(b);
-    if ((s != BlockState::kSealed && s != BlockState::kCached) || !index_->Indexed(b)) continue;
-    std::vector<std::byte> state = TierState(b);
-    SealedIdentity id = index_->IdentityOf(b);
-    id.state = state;
-    source_->OnCheckpoint(*pool_, b, id);
-    ++n;
-  }
-  return n;
+  if (source_ == nullptr) return 0;
+  return CheckpointBlocks(*pool_, *index_, *source_, [this](BlockId b) { return TierState(b); });
 }
 
 uint32_t HybridManager::NewChunk() {

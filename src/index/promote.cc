@@ -37,4 +37,21 @@ uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& sour
   return static_cast<uint32_t>(got);
 }
 
+uint64_t CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
+                          const std::function<std::vector<std::byte>(BlockId)>& state_of) {
+  if (!pool.backed()) return 0;
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < pool.capacity(); ++i) {
+    const BlockId b{i};
+    const BlockState s = pool.state(b);
+    if ((s != BlockState::kSealed && s != BlockState::kCached) || !index.Indexed(b)) continue;
+    SealedIdentity id = index.IdentityOf(b);
+    std::vector<std::byte> state = state_of ? state_of(b) : std::vector<std::byte>();
+    id.state = state;
+    source.OnCheckpoint(pool, b, id);
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace tessera

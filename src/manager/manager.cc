@@ -112,16 +112,7 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
 }
 
 uint64_t BlockManager::Checkpoint() {
-  if (source_ == nullptr || !pool_->backed()) return 0;
-  uint64_t n = 0;
-  for (uint32_t i = 0; i < pool_->capacity(); ++i) {
-    BlockId b{i};
-    BlockState s = pool_->state(b);
-    if ((s != BlockState::kSealed && s != BlockState::kCached) || !index_->Indexed(b)) continue;
-    source_->OnCheckpoint(*pool_, b, index_->IdentityOf(b));
-    ++n;
-  }
-  return n;
+  return source_ == nullptr ? 0 : CheckpointBlocks(*pool_, *index_, *source_);
 }
 
 uint32_t BlockManager::SharedSlots(const Request& req, uint64_t n) const {
