@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <set>
 
 #include "tessera/manager.h"
 #include "kv_stream.h"
@@ -139,6 +140,18 @@ TEST_P(DemoteAndPromote, ThroughHostToDiskWithVerifiedBytes) {
   EXPECT_EQ(st.hits_per_tier[0], 2u);
   EXPECT_EQ(st.hits_per_tier[1], 1u);
   store->Flush();
+  // The same figures as Prometheus text, with names unique across the manager and the store.
+  std::vector<MetricFamily> families = m->CollectMetrics();
+  for (MetricFamily& f : store->CollectMetrics()) families.push_back(std::move(f));
+  std::set<std::string> names;
+  for (const MetricFamily& f : families) {
+    EXPECT_TRUE(ValidMetricName(f.name)) << f.name;
+    EXPECT_TRUE(names.insert(f.name).second) << "duplicate family " << f.name;
+  }
+  const std::string text = PrometheusText(families);
+  EXPECT_NE(text.find("tessera_tier_promotions_total{tier=\"host\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_tier_promotions_total{tier=\"disk\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("tessera_tier_hits_total{unit=\"blocks\"} 3\n"), std::string::npos) << text;
   // A's tail block evicted B1 into host, which pushed its least recent record down: B3 (A1 and A2
   // were refreshed by their promotion).
   EXPECT_EQ(store->tier_counters(0).records, 4u);

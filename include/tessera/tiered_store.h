@@ -43,6 +43,7 @@
 #include "tessera/disk_tier.h"
 #include "tessera/hash.h"
 #include "tessera/host_tier.h"
+#include "tessera/metrics.h"
 #include "tessera/redis_cluster.h"
 #include "tessera/redis_tier.h"
 #include "tessera/status.h"
@@ -168,6 +169,9 @@ class TieredStore final : public BlockSource {
   // Submits the partial batch and waits until every batch submitted so far is written.
   void Flush();
   TieredStoreStats stats() const;
+  // The store's counters and each tier's (label tier="host|disk|redis|redis-cluster"), for
+  // Prometheus. REQUIRES: as tier_counters.
+  std::vector<MetricFamily> CollectMetrics() const;
   size_t tiers() const { return tiers_.size(); }
   // REQUIRES: Flush() first when asynchronous, or no concurrent writes.
   TierCounters tier_counters(size_t i) const;

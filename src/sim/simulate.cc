@@ -661,19 +661,7 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
     if (s.tier_write == WritePolicy::kWriteBack) m->Checkpoint();
     m->SetBlockSource(nullptr);
     TierRun t = CollectTierRun(*store, m->metrics().tier_hit_tokens.load());
-    out.metrics.push_back({"tessera_tier_verify_failures_total",
-                           "Tier records refused by the store's identity checks (quarantined, never served).",
-                           "counter",
-                           {{"", t.tier_verify_failures}}});
-    out.metrics.push_back({"tessera_tier_write_errors_total",
-                           "Batch writes a tier refused (e.g. a full disk).",
-                           "counter",
-                           {{"", t.write_errors}}});
-    out.metrics.push_back({"tessera_tier_records", "Records held per tier.", "gauge", {}});
-    for (size_t i = 0; i < store->tiers(); ++i) {
-      out.metrics.back().samples.emplace_back("tier=\"" + std::string(store->tier_name(i)) + "\"",
-                                              store->tier_counters(i).records);
-    }
+    for (MetricFamily& f : store->CollectMetrics()) out.metrics.push_back(std::move(f));
     out.tiers = t;
   }
   return out;

@@ -701,6 +701,47 @@ TieredStoreStats TieredStore::stats() const {
   return s;
 }
 
+std::vector<MetricFamily> TieredStore::CollectMetrics() const {
+  const TieredStoreStats st = stats();
+  std::vector<MetricFamily> f = {
+      {"tessera_tier_demotions_total", "Records a tier admitted from the level above.", "counter", {{"", st.demoted}}},
+      {"tessera_tier_written_through_total",
+       "Sealed blocks written to the persistent tier at seal or at a checkpoint.",
+       "counter",
+       {{"", st.written_through}}},
+      {"tessera_tier_queued_promotions_total",
+       "Blocks promoted while their record still waited for its write.",
+       "counter",
+       {{"", st.queued_hits}}},
+      {"tessera_tier_verify_failures_total",
+       "Records refused by the store's identity checks (quarantined, never served).",
+       "counter",
+       {{"", st.verify_failures}}},
+      {"tessera_tier_write_errors_total", "Batch writes a tier refused (e.g. a full disk).", "counter",
+       {{"", st.write_errors}}},
+      {"tessera_tier_batches_total", "Asynchronous write batches completed.", "counter", {{"", st.batches}}},
+      {"tessera_tier_pending_records", "Records queued for a write.", "gauge", {{"", st.pending}}},
+  };
+  MetricFamily hits{"tessera_tier_promotions_total",
+                    "Blocks promoted into the pool after verification, by the tier that held them.", "counter", {}};
+  MetricFamily records{"tessera_tier_records", "Records held per tier (Redis: written by this process).", "gauge", {}};
+  MetricFamily bytes{"tessera_tier_bytes", "Payload bytes held per tier.", "gauge", {}};
+  MetricFamily evictions{"tessera_tier_evictions_total", "Records a tier evicted for space.", "counter", {}};
+  MetricFamily quarantined{"tessera_tier_quarantined_total",
+                           "Records that failed a tier's own checksum (never served).", "counter", {}};
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    const std::string label = "tier=\"" + std::string(tiers_[i]->tier->name()) + "\"";
+    const TierCounters c = tier_counters(i);
+    hits.samples.emplace_back(label, st.hits_per_tier[i]);
+    records.samples.emplace_back(label, c.records);
+    bytes.samples.emplace_back(label, c.bytes);
+    evictions.samples.emplace_back(label, c.evictions);
+    quarantined.samples.emplace_back(label, c.quarantined);
+  }
+  for (MetricFamily* m : {&hits, &records, &bytes, &evictions, &quarantined}) f.push_back(std::move(*m));
+  return f;
+}
+
 TierCounters TieredStore::tier_counters(size_t i) const {
   std::lock_guard<std::mutex> lock(tiers_[i]->mu);
   return tiers_[i]->tier->counters();
