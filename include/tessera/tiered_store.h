@@ -194,6 +194,10 @@ class TieredStore final : public BlockSource {
   void WriteJob(Job& job);
   void Worker();
   std::optional<size_t> WriteThroughTier() const;
+  // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
+  void SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
+                     const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask)
+      const;
 
   TieredStoreOptions options_;
   BlockRecordInfo info_;
@@ -216,9 +220,6 @@ class TieredStore final : public BlockSource {
   bool stop_ = false;
   std::thread worker_;
 
-  // Probe's answer, reused by the Fetch that follows: tier of each link (tiers() = pending).
-  std::vector<Hash128> probed_keys_;
-  std::vector<size_t> probed_tier_;
 
   mutable std::mutex stats_mu_;
   TieredStoreStats stats_;

@@ -577,41 +577,39 @@ void TieredStore::Flush() {
   }
 }
 
-size_t TieredStore::Probe(std::span<const ChainLink> links) {
-  const size_t n = links.size();
-  const size_t kNowhere = SIZE_MAX;
-  probed_keys_.assign(n, Hash128{});
-  probed_tier_.assign(n, kNowhere);
-  for (size_t i = 0; i < n; ++i) probed_keys_[i] = links[i].key;
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    for (size_t i = 0; i < n; ++i) {
-      if (pending_.count(links[i].key) > 0) probed_tier_[i] = tiers_.size();
-    }
-  }
+void TieredStore::SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
+                                const std::function<void(Tier&, size_t, std::span<const Hash128>,
+                                                         std::span<const size_t>)>& ask) const {
   for (size_t t = 0; t < tiers_.size(); ++t) {
     std::vector<Hash128> keys;
     std::vector<size_t> where;
-    // Only the leading run matters: ask for links up to the first one no tier above has, and
-    // the unresolved ones after it.
-    for (size_t i = 0; i < n; ++i) {
-      if (probed_tier_[i] == kNowhere) {
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (!resolved(i)) {
         keys.push_back(links[i].key);
         where.push_back(i);
       }
     }
-    if (keys.empty()) break;
-    std::vector<bool> held;
-    {
-      std::lock_guard<std::mutex> lock(tiers_[t]->mu);
-      held = tiers_[t]->tier->ContainsBatch(keys);
-    }
-    for (size_t j = 0; j < held.size(); ++j) {
-      if (held[j]) probed_tier_[where[j]] = t;
-    }
+    if (keys.empty()) return;
+    std::lock_guard<std::mutex> lock(tiers_[t]->mu);
+    ask(*tiers_[t]->tier, t, keys, where);
   }
+}
+
+size_t TieredStore::Probe(std::span<const ChainLink> links) {
+  const size_t n = links.size();
+  std::vector<bool> found(n, false);
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    for (size_t i = 0; i < n; ++i) found[i] = pending_.count(links[i].key) > 0;
+  }
+  SearchTopDown(
+      links, [&](size_t i) { return found[i]; },
+      [&](Tier& tier, size_t, std::span<const Hash128> keys, std::span<const size_t> where) {
+        std::vector<bool> held = tier.ContainsBatch(keys);
+        for (size_t j = 0; j < held.size(); ++j) found[where[j]] = found[where[j]] || held[j];
+      });
   size_t run = 0;
-  while (run < n && probed_tier_[run] != kNowhere) ++run;
+  while (run < n && found[run]) ++run;
   return run;
 }
 
@@ -633,28 +631,17 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
       }
     }
   }
-  for (size_t t = 0; t < tiers_.size(); ++t) {
-    std::vector<Hash128> keys;
-    std::vector<size_t> where;
-    for (size_t i = 0; i < n; ++i) {
-      if (!found[i]) {
-        keys.push_back(links[i].key);
-        where.push_back(i);
-      }
-    }
-    if (keys.empty()) break;
-    std::vector<std::optional<DiskRecord>> got;
-    {
-      std::lock_guard<std::mutex> lock(tiers_[t]->mu);
-      got = tiers_[t]->tier->GetBatch(keys);
-    }
-    for (size_t j = 0; j < got.size(); ++j) {
-      if (got[j]) {
-        found[where[j]] = std::make_shared<const DiskRecord>(std::move(*got[j]));
-        from[where[j]] = t;
-      }
-    }
-  }
+  SearchTopDown(
+      links.first(n), [&](size_t i) { return found[i] != nullptr; },
+      [&](Tier& tier, size_t t, std::span<const Hash128> keys, std::span<const size_t> where) {
+        std::vector<std::optional<DiskRecord>> got = tier.GetBatch(keys);
+        for (size_t j = 0; j < got.size(); ++j) {
+          if (got[j]) {
+            found[where[j]] = std::make_shared<const DiskRecord>(std::move(*got[j]));
+            from[where[j]] = t;
+          }
+        }
+      });
   size_t done = 0;
   for (; done < n; ++done) {
     if (!found[done]) break;
