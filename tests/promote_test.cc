@@ -74,6 +74,15 @@ void Write(BlockManager& m, const KvStream& s, bool free_after = true) {
   }
 }
 
+// A first manager writes `s` and checkpoints every sealed block of it into `src`.
+void Hold(ScriptedSource& src, const KvStream& s) {
+  auto writer = Manager(16);
+  writer->SetBlockSource(&src);
+  Write(*writer, s, false);
+  EXPECT_EQ(writer->Checkpoint(), s.tokens().size() / kBlock);
+  writer->SetBlockSource(nullptr);
+}
+
 // A checkpoint hands over every sealed block (live or cached), once each call.
 TEST(CheckpointBlocks, EverySealedBlockLiveOrCached) {
   auto m = Manager(16);
@@ -101,12 +110,7 @@ TEST(CheckpointBlocks, EverySealedBlockLiveOrCached) {
 TEST(PromoteFromSource, LeadingRunIsSealedAsAChain) {
   KvStream s(5, 4 * kBlock + 7);
   ScriptedSource src;
-  {
-    auto writer = Manager(16);
-    writer->SetBlockSource(&src);
-    Write(*writer, s, false);
-    ASSERT_EQ(writer->Checkpoint(), 4u);
-  }
+  Hold(src, s);
   auto m = Manager(16);
   m->SetBlockSource(&src);
   AdmitResult a = *m->Admit(s.tokens(), {});
@@ -126,12 +130,7 @@ TEST(PromoteFromSource, LeadingRunIsSealedAsAChain) {
 TEST(PromoteFromSource, UndeliveredBlocksAreReleased) {
   KvStream s(5, 4 * kBlock);
   ScriptedSource src;
-  {
-    auto writer = Manager(16);
-    writer->SetBlockSource(&src);
-    Write(*writer, s, false);
-    writer->Checkpoint();
-  }
+  Hold(src, s);
   src.fetch_limit = 2;
   auto m = Manager(16);
   m->SetBlockSource(&src);
@@ -147,12 +146,7 @@ TEST(PromoteFromSource, UndeliveredBlocksAreReleased) {
 TEST(PromoteFromSource, TakesNoMoreThanThePoolHas) {
   KvStream s(5, 6 * kBlock);
   ScriptedSource src;
-  {
-    auto writer = Manager(16);
-    writer->SetBlockSource(&src);
-    Write(*writer, s, false);
-    writer->Checkpoint();
-  }
+  Hold(src, s);
   auto m = Manager(3);
   m->SetBlockSource(&src);
   AdmitResult a = *m->Admit(s.tokens(), {});

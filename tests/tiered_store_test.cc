@@ -97,15 +97,20 @@ uint64_t RecordBytes(const BlockManager& m) {
   return ((88 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes();
 }
 
-// What a first process leaves behind: `s` served with a disk tier in `dir`, written through.
-void WriteThroughInAnotherProcess(const std::string& dir, const std::vector<std::byte>& key, const Stream& s) {
-  auto m = Manager(8, key);
+// What a first process leaves behind: `s` served with a disk tier in `dir`, written through, under
+// the directory's prefix key, which it returns.
+std::vector<std::byte> WriteThroughInAnotherProcess(const std::string& dir, const Stream& s) {
+  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir);
+  EXPECT_TRUE(key.ok()) << key.status().ToString();
+  if (!key.ok()) return {};
+  auto m = Manager(8, *key);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(Disk(dir));
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
   m->SetBlockSource(store.get());
   Serve(*m, s);
   m->SetBlockSource(nullptr);
+  return *key;
 }
 
 // The pool holds 6 blocks. A (4 full blocks + a tail) is written and freed; B of the same shape
@@ -231,15 +236,14 @@ TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
 // tokens under the right key) is quarantined and counted, never used.
 TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   TempDir dir;
-  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
-  ASSERT_TRUE(key.ok());
   Stream a(100, 2 * kBlock);
-  WriteThroughInAnotherProcess(dir.path(), *key, a);
+  const std::vector<std::byte> key = WriteThroughInAnotherProcess(dir.path(), a);
+  ASSERT_FALSE(key.empty());
   // Rewrite the second block's record with one token changed (its checksums are recomputed by
   // the disk tier, so only the store's identity check can catch it).
   Hash128 k1{};
   {
-    auto m = Manager(8, *key);
+    auto m = Manager(8, key);
     k1 = m->index().PrefixKey(Hash128{}, std::span(a.tokens()).first(kBlock), 0, 0);
     Hash128 k2 = m->index().PrefixKey(k1, std::span(a.tokens()).subspan(kBlock, kBlock), 0, 0);
     DiskTierOptions o;
@@ -255,7 +259,7 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
     std::memcpy(forged.payload.data() + 88 + 5 * 4, &t, 4);
     ASSERT_TRUE((*disk)->PutBatch(std::span<const DiskRecord>(&forged, 1)).ok());
   }
-  auto m = Manager(8, *key);
+  auto m = Manager(8, key);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers));
@@ -275,8 +279,8 @@ TEST(BlockRecord, EveryIdentityFieldIsChecked) {
   Serve(*m, a, false);
   BlockId b = m->BlockTable(RequestId{0})[0];
   SealedIdentity id = m->index().IdentityOf(b);
-  std::vector<std::byte> rec = EncodeBlockRecord(m->pool(), b, id);
   BlockRecordInfo info = BlockRecordInfoOf(m->pool());
+  std::vector<std::byte> rec = EncodeBlockRecord(info, m->pool(), b, id);
   ChainLink link{id.key, id.parent_key, id.domain, id.salt, id.tokens};
   Result<BlockRecordView> page = CheckBlockRecord(info, rec, link);
   ASSERT_TRUE(page.ok()) << page.status().ToString();
@@ -288,7 +292,7 @@ TEST(BlockRecord, EveryIdentityFieldIsChecked) {
   std::vector<std::byte> state(100, std::byte{7});
   SealedIdentity with_state = id;
   with_state.state = state;
-  std::vector<std::byte> rec2 = EncodeBlockRecord(m->pool(), b, with_state);
+  std::vector<std::byte> rec2 = EncodeBlockRecord(info, m->pool(), b, with_state);
   Result<BlockRecordView> page2 = CheckBlockRecord(info, rec2, link);
   ASSERT_TRUE(page2.ok()) << page2.status().ToString();
   EXPECT_TRUE(std::equal(page2->state.begin(), page2->state.end(), state.begin(), state.end()));
@@ -329,10 +333,9 @@ TEST(BlockRecord, EveryIdentityFieldIsChecked) {
 
 TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
   TempDir dir;
-  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
-  ASSERT_TRUE(key.ok());
   Stream a(300, 3 * kBlock);
-  WriteThroughInAnotherProcess(dir.path(), *key, a);
+  const std::vector<std::byte> key = WriteThroughInAnotherProcess(dir.path(), a);
+  ASSERT_FALSE(key.empty());
   // Flip one payload byte of the last record (block 3) in the segment.
   std::string seg;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
@@ -346,7 +349,7 @@ TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
     f.seekp(size - 4096 - 100);  // inside the last record's padded payload
     f.put('\x5a');
   }
-  auto m = Manager(8, *key);
+  auto m = Manager(8, key);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers));

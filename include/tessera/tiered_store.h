@@ -134,7 +134,9 @@ struct BlockRecordInfo {
   uint64_t page_bytes = 0;
 };
 BlockRecordInfo BlockRecordInfoOf(const BlockPool& pool);
-std::vector<std::byte> EncodeBlockRecord(const BlockPool& pool, BlockId b, const SealedIdentity& id);
+// REQUIRES: info == BlockRecordInfoOf(pool) (computed once per pool by the caller).
+std::vector<std::byte> EncodeBlockRecord(const BlockRecordInfo& info, const BlockPool& pool, BlockId b,
+                                         const SealedIdentity& id);
 struct BlockRecordView {
   std::span<const std::byte> pages;  // each group's block bytes, in group order
   std::span<const std::byte> state;
@@ -194,6 +196,7 @@ class TieredStore final : public BlockSource {
   void WriteJob(Job& job);
   void Worker();
   std::optional<size_t> WriteThroughTier() const;
+  std::shared_ptr<const DiskRecord> RecordOf(const BlockPool& pool, BlockId b, const SealedIdentity& id) const;
   // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
   void SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
                      const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask)

@@ -301,8 +301,8 @@ BlockRecordInfo BlockRecordInfoOf(const BlockPool& pool) {
   return info;
 }
 
-std::vector<std::byte> EncodeBlockRecord(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
-  const BlockRecordInfo info = BlockRecordInfoOf(pool);
+std::vector<std::byte> EncodeBlockRecord(const BlockRecordInfo& info, const BlockPool& pool, BlockId b,
+                                         const SealedIdentity& id) {
   const size_t data = DataOffset(info.block_tokens);
   std::vector<std::byte> out(data + info.page_bytes + id.state.size());
   Put(out, 0, kRecordMagic);
@@ -462,23 +462,19 @@ void TieredStore::OnSealed(const BlockPool& pool, BlockId b, const SealedIdentit
 
 void TieredStore::OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
   std::optional<size_t> t = WriteThroughTier();
-  if (!t) return;
-  auto r = std::make_shared<DiskRecord>();
-  r->key = id.key;
-  r->format_id = format_id_;
-  r->payload = EncodeBlockRecord(pool, b, id);
-  Demote(*t, std::move(r), /*through=*/true);
+  if (t) Demote(*t, RecordOf(pool, b, id), /*through=*/true);
+}
+
+std::shared_ptr<const DiskRecord> TieredStore::RecordOf(const BlockPool& pool, BlockId b,
+                                                        const SealedIdentity& id) const {
+  return std::make_shared<const DiskRecord>(DiskRecord{id.key, format_id_, EncodeBlockRecord(info_, pool, b, id)});
 }
 
 void TieredStore::OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
   // Under write-through the persistent tier has the block already; only a memory tier above it
   // admits it.
   if (options_.write == WritePolicy::kWriteThrough && !tiers_[0]->tier->in_memory()) return;
-  auto r = std::make_shared<DiskRecord>();
-  r->key = id.key;
-  r->format_id = format_id_;
-  r->payload = EncodeBlockRecord(pool, b, id);
-  Demote(0, std::move(r));
+  Demote(0, RecordOf(pool, b, id));
 }
 
 void TieredStore::Demote(size_t t, std::shared_ptr<const DiskRecord> r, bool through) {
