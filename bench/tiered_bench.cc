@@ -54,7 +54,7 @@ Fixture Make() {
   });
   f.block = f.m->BlockTable(a.id)[0];
   f.id = f.m->index().IdentityOf(f.block);
-  f.link = ChainLink{f.id.key, f.id.parent_key, f.id.domain, f.id.salt, f.id.tokens};
+  f.link = ChainLink{f.id.key, f.id.parent_key, f.id.domain, f.id.salt, f.id.tokens, f.id.cache_identity};
   std::vector<BlockId> t;
   (void)f.m->mutable_pool().Allocate(1, &t);
   f.target = t[0];

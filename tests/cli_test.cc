@@ -400,7 +400,7 @@ TEST(Cli, TierFsckAndStats) {
   }
   CommandResult bad = RunTessera("tier fsck " + tier);
   EXPECT_EQ(bad.exit_code, 1) << bad.out << bad.err;
-  EXPECT_NE(bad.out.find("payload checksum mismatch"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("payload fails authentication"), std::string::npos) << bad.out;
   nlohmann::json st = nlohmann::json::parse(RunTessera("tier stats " + tier + " --format json").out);
   EXPECT_EQ(st["records"], 4);
   EXPECT_EQ(st["quarantined"], 0);

@@ -223,12 +223,12 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
   std::vector<uint32_t> prefix(toks.begin(), toks.begin() + 512);
   std::vector<uint32_t> rest(toks.begin() + 512, toks.end());
   testing::TempDir dir;
-  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key.ok());
   HybridOptions o;
   o.strategy = s;
   o.capacity_blocks = 16;
-  o.hash_key = *key;
+  o.hash_key = key->secret;
   HybridWriters w = Writers();
   auto store_for = [&](const HybridManager& m) {
     DiskTierOptions d;
@@ -249,7 +249,7 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     ASSERT_TRUE(m->Free(first.id).ok());
     store->Flush();
     EXPECT_EQ(store->tier_counters(0).records, 0u);  // write-back: nothing evicted yet
-    EXPECT_EQ(m->Checkpoint(), 2u);                  // a graceful shutdown, state included
+    EXPECT_EQ(*m->Checkpoint(), 2u);                 // a graceful shutdown, state included
     store->Flush();
     EXPECT_EQ(store->tier_counters(0).records, 2u);
     m->SetBlockSource(nullptr);

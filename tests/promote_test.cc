@@ -79,7 +79,7 @@ void Hold(ScriptedSource& src, const KvStream& s) {
   auto writer = Manager(16);
   writer->SetBlockSource(&src);
   Write(*writer, s, false);
-  EXPECT_EQ(writer->Checkpoint(), s.tokens().size() / kBlock);
+  EXPECT_EQ(*writer->Checkpoint(), s.tokens().size() / kBlock);
   writer->SetBlockSource(nullptr);
 }
 
@@ -91,18 +91,18 @@ TEST(CheckpointBlocks, EverySealedBlockLiveOrCached) {
   Write(*m, KvStream(1, 3 * kBlock + 5));         // 3 cached blocks (the tail block is freed)
   Write(*m, KvStream(900, 2 * kBlock), false);    // 2 sealed blocks held by a live request
   EXPECT_EQ(src.sealed, 5u);
-  EXPECT_EQ(m->Checkpoint(), 5u);
+  EXPECT_EQ(*m->Checkpoint(), 5u);
   EXPECT_EQ(src.checkpointed, 5u);
   EXPECT_EQ(src.held.size(), 5u);
   EXPECT_EQ(src.with_state, 0u);  // MLA blocks carry no state
   // With a state function, each block's state travels along.
   ScriptedSource other;
-  EXPECT_EQ(CheckpointBlocks(m->pool(), m->index(), other,
-                             [](BlockId) { return std::vector<std::byte>(3, std::byte{1}); }),
+  EXPECT_EQ(*CheckpointBlocks(m->pool(), m->index(), other,
+                              [](BlockId) { return std::vector<std::byte>(3, std::byte{1}); }),
             5u);
   EXPECT_EQ(other.with_state, 5u);
   m->SetBlockSource(nullptr);
-  EXPECT_EQ(m->Checkpoint(), 0u);  // no source, nothing to hand over
+  EXPECT_EQ(*m->Checkpoint(), 0u);  // no source, nothing to hand over
 }
 
 // A cold pool promotes the leading run the source holds: sealed in chain order, verified bytes,

@@ -53,9 +53,7 @@ TEST(RecordMac, PartsAreConcatenated) {
   EXPECT_TRUE(mac.Verify(nonce, {a, b}, mac.Compute(nonce, {ab})));
 }
 
-TEST(RecordMac, NoncesDiffer) {
-  EXPECT_NE(RecordMac::RandomNonce(), RecordMac::RandomNonce());
-}
+TEST(RecordMac, NoncesDiffer) { EXPECT_NE(RecordMac::RandomNonce(), RecordMac::RandomNonce()); }
 
 TEST(RecordMac, ShortSecretIsRefused) {
   Result<RecordMac> mac = RecordMac::Create(Bytes("short"), "x");

@@ -94,23 +94,23 @@ std::unique_ptr<Tier> Disk(const std::string& dir, uint64_t capacity = 0, uint64
 }
 
 uint64_t RecordBytes(const BlockManager& m) {
-  return ((88 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes();
+  return ((104 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes();
 }
 
 // What a first process leaves behind: `s` served with a disk tier in `dir`, written through, under
 // the directory's prefix key, which it returns.
 std::vector<std::byte> WriteThroughInAnotherProcess(const std::string& dir, const Stream& s) {
-  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir);
+  Result<TierKey> key = LoadOrCreateTierKey(dir);
   EXPECT_TRUE(key.ok()) << key.status().ToString();
   if (!key.ok()) return {};
-  auto m = Manager(8, *key);
+  auto m = Manager(8, key->secret);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(Disk(dir));
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
   m->SetBlockSource(store.get());
   Serve(*m, s);
   m->SetBlockSource(nullptr);
-  return *key;
+  return key->secret;
 }
 
 // The pool holds 6 blocks. A (4 full blocks + a tail) is written and freed; B of the same shape
@@ -170,11 +170,11 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DemoteAndPromote, ::testing::Bool());
 
 TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
   TempDir dir;
-  Result<std::vector<std::byte>> key = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key.ok()) << key.status().ToString();
   Stream a(7, 5 * kBlock + 3);
   {
-    auto m = Manager(16, *key);
+    auto m = Manager(16, key->secret);
     std::vector<std::unique_ptr<Tier>> tiers;
     tiers.push_back(Disk(dir.path()));
     auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, /*async=*/true);
@@ -186,10 +186,10 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
     m->SetBlockSource(nullptr);
   }
   // A cold process: the same key from the directory, a fresh pool.
-  Result<std::vector<std::byte>> key2 = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key2 = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key2.ok());
-  EXPECT_EQ(*key2, *key);
-  auto m = Manager(16, *key2);
+  EXPECT_EQ(key2->secret, key->secret);
+  auto m = Manager(16, key2->secret);
   std::vector<std::unique_ptr<Tier>> tiers;
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, true);
@@ -201,10 +201,10 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
 
   // Another key (another fleet's secret) computes other prefix keys: no hits, no errors.
   auto other = Manager(16);
+  m->SetBlockSource(nullptr);
+  store.reset();  // one writer per directory at a time
   std::vector<std::unique_ptr<Tier>> t2;
   t2.push_back(Disk(dir.path()));
-  m->SetBlockSource(nullptr);
-  store.reset();
   auto store2 = Store(*other, std::move(t2));
   other->SetBlockSource(store2.get());
   EXPECT_EQ(Serve(*other, a).cached_blocks, 0u);
@@ -224,8 +224,8 @@ TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
   EXPECT_EQ(store->tier_counters(0).records, 0u);
   EXPECT_EQ(store->stats().written_through, 0u);
   // A checkpoint (a graceful shutdown) writes the pool's sealed blocks, each once.
-  EXPECT_EQ(m->Checkpoint(), 3u);
-  EXPECT_EQ(m->Checkpoint(), 3u);
+  EXPECT_EQ(*m->Checkpoint(), 3u);
+  EXPECT_EQ(*m->Checkpoint(), 3u);
   store->Flush();
   EXPECT_EQ(store->tier_counters(0).records, 3u);
   EXPECT_EQ(store->stats().written_through, 3u);
@@ -244,7 +244,7 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   Hash128 k1{};
   {
     auto m = Manager(8, key);
-    k1 = m->index().PrefixKey(Hash128{}, std::span(a.tokens()).first(kBlock), 0, 0);
+    k1 = m->index().PrefixKey(m->index().root_key(), std::span(a.tokens()).first(kBlock), 0, 0);
     Hash128 k2 = m->index().PrefixKey(k1, std::span(a.tokens()).subspan(kBlock, kBlock), 0, 0);
     DiskTierOptions o;
     o.dir = dir.path();
@@ -254,9 +254,9 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
     ASSERT_TRUE(rec.ok());
     DiskRecord forged = *rec;
     uint32_t t;
-    std::memcpy(&t, forged.payload.data() + 88 + 5 * 4, 4);
+    std::memcpy(&t, forged.payload.data() + 104 + 5 * 4, 4);
     ++t;
-    std::memcpy(forged.payload.data() + 88 + 5 * 4, &t, 4);
+    std::memcpy(forged.payload.data() + 104 + 5 * 4, &t, 4);
     ASSERT_TRUE((*disk)->PutBatch(std::span<const DiskRecord>(&forged, 1)).ok());
   }
   auto m = Manager(8, key);
@@ -281,7 +281,9 @@ TEST(BlockRecord, EveryIdentityFieldIsChecked) {
   SealedIdentity id = m->index().IdentityOf(b);
   BlockRecordInfo info = BlockRecordInfoOf(m->pool());
   std::vector<std::byte> rec = EncodeBlockRecord(info, m->pool(), b, id);
-  ChainLink link{id.key, id.parent_key, id.domain, id.salt, id.tokens};
+  ChainLink link{id.key, id.parent_key, id.domain, id.salt, id.tokens, id.cache_identity};
+  EXPECT_EQ(id.cache_identity, m->index().root_key());
+  EXPECT_EQ(id.parent_key, m->index().root_key());  // the first block of a prompt
   Result<BlockRecordView> page = CheckBlockRecord(info, rec, link);
   ASSERT_TRUE(page.ok()) << page.status().ToString();
   EXPECT_EQ(page->pages.size(), m->pool().block_bytes());
@@ -317,6 +319,9 @@ TEST(BlockRecord, EveryIdentityFieldIsChecked) {
   l = link;
   l.salt = 9;
   fails(l, "salt");
+  l = link;
+  l.cache_identity.lo ^= 1;
+  fails(l, "cache identity");
   std::vector<uint32_t> other(id.tokens.begin(), id.tokens.end());
   other.back() ^= 1;
   l = link;
@@ -530,19 +535,20 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
 
 TEST(TierKey, CreatedOnceWithOwnerOnlyModeAndValidated) {
   TempDir dir;
-  Result<std::vector<std::byte>> k = LoadOrCreateTierKey(dir.path() + "/sub");
+  Result<TierKey> k = LoadOrCreateTierKey(dir.path() + "/sub");
   ASSERT_TRUE(k.ok()) << k.status().ToString();
-  EXPECT_EQ(k->size(), 32u);
+  EXPECT_EQ(k->secret.size(), 32u);
+  EXPECT_TRUE(k->warnings.empty());
   struct stat sb {};
   ASSERT_EQ(::stat((dir.path() + "/sub/prefix.key").c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 0777, 0600u);
-  EXPECT_EQ(*LoadOrCreateTierKey(dir.path() + "/sub"), *k);
-  Result<std::vector<std::byte>> other = LoadOrCreateTierKey(dir.path() + "/other");
+  EXPECT_EQ(LoadOrCreateTierKey(dir.path() + "/sub")->secret, k->secret);
+  Result<TierKey> other = LoadOrCreateTierKey(dir.path() + "/other");
   ASSERT_TRUE(other.ok());
-  EXPECT_NE(*other, *k);
+  EXPECT_NE(other->secret, k->secret);
   std::filesystem::create_directories(dir.path() + "/bad");
   dir.Write("bad/prefix.key", "short");
-  Result<std::vector<std::byte>> bad = LoadOrCreateTierKey(dir.path() + "/bad");
+  Result<TierKey> bad = LoadOrCreateTierKey(dir.path() + "/bad");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().field(), "dir");
 }

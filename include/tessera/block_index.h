@@ -48,14 +48,24 @@ struct PrefixRef {
 // comes back (recompute key = H(parent_key, tokens, domain, salt)).
 struct SealedIdentity {
   Hash128 key;
-  Hash128 parent_key;  // zero for the first block of a prompt
+  Hash128 parent_key;  // the index's root key (its cache identity) for the first block of a prompt
   uint32_t domain = 0;
   uint64_t salt = 0;
   std::span<const uint32_t> tokens;
   // State that travels with the block beyond the pool (a hybrid model's window and compressor
   // rows at this boundary); empty when none. Filled by the owner, not by the index.
   std::span<const std::byte> state;
+  // What the block is valid for (model config, weights revision, layout): the index's root key.
+  Hash128 cache_identity;
 };
+
+// The identity a cache's blocks are valid for: SHA-256 over the model's config.json digest, the
+// weights revision (empty when unknown), the pool's layout (block tokens; each group's name,
+// format, layers and page geometry) and a variant (e.g. a window strategy). Two models with the
+// same geometry but other weights (DeepSeek-V3 and R1), or two formats of one model, get
+// different identities, and so different prefix keys: they never see each other's blocks.
+Hash128 CacheIdentityKey(std::string_view config_sha256, std::string_view weights_revision, const BlockPool& pool,
+                         std::string_view variant = {});
 
 struct SecurityEvent {
   std::string kind;  // "dedup_collision"
@@ -77,8 +87,10 @@ struct IndexStats {
 
 class BlockIndex {
  public:
-  // `content_dedup` false turns the content index off (e.g. for an unbacked pool).
-  BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit = 8);
+  // `content_dedup` false turns the content index off (e.g. for an unbacked pool). `root_key` is
+  // the parent key of every prompt's first block: the cache identity (CacheIdentityKey).
+  BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit = 8,
+             Hash128 root_key = {});
 
   // The child of `parent` that holds exactly `tokens` in `domain` with `salt`, verified.
   std::optional<PrefixRef> Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
@@ -97,7 +109,10 @@ class BlockIndex {
   SealResult Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                   uint64_t salt);
 
-  // The prefix key of the block holding `tokens` after the block keyed `parent_key`.
+  // The parent key of a prompt's first block.
+  const Hash128& root_key() const { return root_key_; }
+  // The prefix key of the block holding `tokens` after the block keyed `parent_key`
+  // (root_key() for a prompt's first block).
   Hash128 PrefixKey(const Hash128& parent_key, std::span<const uint32_t> tokens, uint32_t domain,
                     uint64_t salt) const {
     return hasher_.PrefixKey(parent_key, tokens, Extra(domain, salt));
@@ -119,6 +134,7 @@ class BlockIndex {
   size_t prefix_entries() const { return prefix_.size(); }
 
  private:
+  const Hash128& KeyOf(const PrefixRef& parent) const { return parent.is_root() ? root_key_ : parent.key; }
   struct Identity {
     Hash128 prefix_key;
     Hash128 content_key;
@@ -139,6 +155,7 @@ class BlockIndex {
 
   BlockPool* pool_;
   ContentHasher hasher_;
+  Hash128 root_key_;
   bool content_dedup_;
   uint32_t bucket_limit_;
   uint32_t block_tokens_;

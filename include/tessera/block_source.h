@@ -26,6 +26,7 @@ struct ChainLink {
   uint32_t domain = 0;
   uint64_t salt = 0;
   std::span<const uint32_t> tokens;
+  Hash128 cache_identity;  // what the asking cache's blocks are valid for (BlockIndex::root_key)
 };
 
 class BlockSource {
@@ -38,6 +39,11 @@ class BlockSource {
   // A checkpoint (e.g. a graceful shutdown): keep this sealed block persistently, whatever the
   // write policy; the block stays in the pool.
   virtual void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) = 0;
+  // Brackets a checkpoint's OnCheckpoint calls. FinishCheckpoint returns once everything the
+  // source keeps for a restart is persistent (blocks it took from the pool earlier included),
+  // or the error that kept some of it from being so.
+  virtual void BeginCheckpoint() {}
+  [[nodiscard]] virtual Status FinishCheckpoint() { return Status::Ok(); }
   // How many leading links of `links` the source can probably supply (no bytes moved).
   virtual size_t Probe(std::span<const ChainLink> links) = 0;
   // Copies link i into blocks[i] (kFilling, refcount 1) for a leading run of verified links and
@@ -53,8 +59,9 @@ class BlockSource {
 // `table`; takes no more blocks than the pool has available. Returns how many it promoted;
 // `states` (optional) receives their states.
 // Hands every sealed (or cached) block of `pool` that `index` holds to source.OnCheckpoint, with
-// the state `state_of` gives it (none when not given); returns how many.
-uint64_t CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
+// the state `state_of` gives it (none when not given), between BeginCheckpoint and
+// FinishCheckpoint; returns how many, or FinishCheckpoint's error.
+Result<uint64_t> CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
                           const std::function<std::vector<std::byte>(BlockId)>& state_of = {});
 
 uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,

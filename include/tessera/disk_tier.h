@@ -3,22 +3,41 @@
 // Admission: every Put is stored (the tiered store above decides what to demote). Promotion:
 // none inside the tier — Get returns a verified copy; the caller promotes.
 //
-// Format (docs/adr/0010-disk-tier.md). A directory of append-only segment files
-// `seg-NNNNNN.tsr`. Each record starts on a 4,096-byte boundary: a 4,096-byte header slot (a
-// 64-byte header: magic, format version, record-format id, flags, key, payload length,
-// sequence number, xxh3-64 payload checksum, xxh3-64 header checksum) followed by the payload,
-// padded to 4,096 bytes, so that payloads are aligned for O_DIRECT.
+// Format (docs/adr/0010-disk-tier.md, version 2). A directory of append-only segment files named
+// exactly `seg-NNNNNN.tsr` (six digits, 1..999999; any other name is not a segment). Each record
+// starts on a 4,096-byte boundary: a 4,096-byte header slot (a 128-byte header: magic, version,
+// record-format id, flags, key, payload length, sequence number, two nonces and two tags, and an
+// xxh3-64 framing checksum) followed by the payload, padded to 4,096 bytes, so that payloads are
+// aligned for O_DIRECT.
 //
-// Crash consistency: a batch's payloads are written (and, under kEveryBatch, fdatasync'ed)
-// before its headers; a record is visible only when its header and payload checksums verify.
-// On open the index is rebuilt by scanning every segment; a record whose header or payload does
-// not verify is copied to `quarantine/`, marked dead in place (a valid "quarantined" header), and
-// counted — it is never served. Get verifies again on every read.
+// Authenticity: the header tag authenticates the header (length, sequence number, key, flags and
+// the payload tag), the payload tag the payload bound to that header, both with a RecordMac keyed
+// by the directory's `prefix.key` (tier_key.h). Only a holder of the key can write a record this
+// tier accepts: an edited payload, a record copied from another directory, or a copy of a record
+// with a raised sequence number fails and is quarantined; the xxh3 checksum only frames headers.
+// Lengths come from authenticated headers and are bounded by the file and by kMaxPayloadBytes
+// before any use, so a hostile length cannot wrap, allocate or skip valid records.
+//
+// Crash consistency: a batch's payloads are written, the file extended to the batch's padded
+// end (and, under kEveryBatch, fdatasync'ed) before its headers; a record is visible only when
+// its header and payload verify. On open every segment is scanned: a region that does not verify
+// is copied to `quarantine/`, marked dead in place (an authenticated dead marker) and counted; the
+// scan resumes at the next record that verifies. A damaged or partial region at a segment's end
+// (a writer killed mid-batch, bytes appended or cut off) is a torn tail: it is quarantined and
+// the segment truncated (or padded) to the end of its last complete record, so the next writer
+// appends at an aligned end and every complete record before it survives.
+//
+// The directory: created mode 0700 (segments and quarantine files 0600) because records hold
+// tenants' prompt tokens. Every file is opened relative to the directory's descriptor with
+// O_NOFOLLOW; a segment name that is a link, a FIFO or anything but a regular file makes Open fail
+// naming it. A writer (and fsck) holds an exclusive flock on the directory, a read-only opener a
+// shared one; a second writer gets kFailedPrecondition at once, never a shared write.
 //
 // Thread-safety: not thread-safe; one owner.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -27,7 +46,9 @@
 #include <vector>
 
 #include "tessera/hash.h"
+#include "tessera/record_mac.h"
 #include "tessera/status.h"
+#include "tessera/unique_fd.h"
 
 namespace tessera {
 
@@ -38,13 +59,30 @@ enum class FsyncPolicy {
 };
 Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name);
 
+// The steps of a write, in order, for fault-injection tests (DiskTierOptions::fault_hook).
+enum class DiskWriteStep {
+  kPayloadWritten,  // one record's payload is written (once per record of the batch)
+  kExtended,        // the segment is extended to the batch's padded end
+  kPayloadsSynced,  // payloads fdatasync'ed (kEveryBatch only)
+  kHeaderWritten,   // one record's header is written (once per record of the batch)
+  kHeadersSynced,   // headers fdatasync'ed (kEveryBatch only); the batch is durable
+};
+
+// The largest payload one record may have; a header claiming more is damage.
+inline constexpr uint64_t kMaxPayloadBytes = 1ULL << 30;
+
 struct DiskTierOptions {
   std::string dir;
   FsyncPolicy fsync = FsyncPolicy::kEveryBatch;
   uint64_t fsync_every_bytes = 64ULL << 20;
   uint64_t segment_bytes = 256ULL << 20;  // roll to a new segment past this size
   uint64_t max_bytes = 0;                 // 0: no cap; else Put fails once segments would exceed it
-  bool read_only = false;                 // fsck/stats: scan and quarantine, write nothing else
+  // Scan and report; write nothing (no quarantine, no truncation), take a shared lock.
+  bool read_only = false;
+  // Create the directory and its key when absent (false: fsck, which must not create anything).
+  bool create = true;
+  // Fault injection: called at each step of a write; a test stops the process there.
+  std::function<void(DiskWriteStep)> fault_hook;
 };
 
 struct DiskRecord {
@@ -55,24 +93,30 @@ struct DiskRecord {
 
 struct DiskTierStats {
   uint64_t segments = 0;
-  uint64_t records = 0;      // live records in the index
-  uint64_t bytes = 0;        // bytes of all segment files
-  uint64_t live_bytes = 0;   // bytes of live records (header slot + padded payload)
-  uint64_t dead_bytes = 0;   // superseded, erased, quarantined records and tombstones
-  uint64_t quarantined = 0;  // records quarantined since open (scan or read)
-  uint64_t verified = 0;     // records verified by the opening scan
+  uint64_t records = 0;          // live records in the index
+  uint64_t bytes = 0;            // bytes of all segment files
+  uint64_t live_bytes = 0;       // bytes of live records (header slot + padded payload)
+  uint64_t dead_bytes = 0;       // superseded, erased, quarantined records and tombstones
+  uint64_t quarantined = 0;      // regions quarantined since open (scan or read)
+  uint64_t verified = 0;         // records verified by the opening scan
+  uint64_t torn_tail_bytes = 0;  // bytes cut from (or padded onto) segment ends by recovery
   uint64_t reads = 0, read_failures = 0, writes = 0;
 };
 
 class DiskTier {
  public:
-  // Opens (creating when absent and not read-only) and rebuilds the index. Errors: kIoError on
-  // "dir".
+  // Opens (creating when absent, `create` and not read-only) and rebuilds the index.
+  // Errors (field "dir"): kNotFound when absent and not to be created, or when records exist but
+  // `prefix.key` does not; kFailedPrecondition when another process holds the directory's lock;
+  // kIoError for a planted link, a foreign file named as a segment, or an I/O failure.
   static Result<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options);
   ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
 
   // Appends the records (all or nothing visible: on failure none of the batch is indexed).
-  // Errors: kIoError on "disk" (including a full disk or the max_bytes cap).
+  // Errors: kInvalidArgument on "payload" for a payload over kMaxPayloadBytes; kIoError on
+  // "disk" (including a full disk or the max_bytes cap).
   Status PutBatch(std::span<const DiskRecord> records);
   Status PutBatch(std::span<const DiskRecord* const> records);
   // The verified record, or kNotFound; a record that fails verification is quarantined and
@@ -92,6 +136,11 @@ class DiskTier {
 
   DiskTierStats stats() const;
   std::vector<std::string> quarantine_log() const { return quarantine_log_; }
+  // Conditions worth an operator's attention that did not stop the open (permissions).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  // The directory's secret (prefix.key), for the managers' prefix keys. Empty for a read-only
+  // open of a directory without one (then it holds no records).
+  const std::vector<std::byte>& secret() const { return secret_; }
 
  private:
   struct Location {
@@ -103,18 +152,28 @@ class DiskTier {
   };
   struct Segment {
     uint32_t id;
-    std::string path;
-    int fd = -1;
+    std::string name;
+    UniqueFd fd;
     uint64_t size = 0;
   };
+  struct Probe;
   DiskTier() = default;
-  Status Scan(Segment& seg);
-  Status Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why);
+  Status OpenDirectory();
   Status OpenSegment(uint32_t id, bool create);
+  Status Scan(Segment& seg);
+  Probe ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload) const;
+  Status Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why, bool mark_dead);
   Status RollIfNeeded(uint64_t incoming);
+  Status AppendRecords(std::span<const DiskRecord* const> records, uint32_t flags);
   Segment* SegmentById(uint32_t id);
+  void Hook(DiskWriteStep step) const {
+    if (options_.fault_hook) options_.fault_hook(step);
+  }
 
   DiskTierOptions options_;
+  UniqueFd dir_fd_;
+  std::vector<std::byte> secret_;
+  std::unique_ptr<RecordMac> mac_;
   std::vector<Segment> segments_;
   std::unordered_map<Hash128, Location, Hash128Hasher> index_;
   uint64_t next_seq_ = 1;
@@ -122,8 +181,10 @@ class DiskTier {
   uint64_t dead_bytes_ = 0;
   uint64_t quarantined_ = 0;
   uint64_t verified_ = 0;
+  uint64_t torn_tail_bytes_ = 0;
   uint64_t reads_ = 0, read_failures_ = 0, writes_ = 0;
   std::vector<std::string> quarantine_log_;
+  std::vector<std::string> warnings_;
 };
 
 }  // namespace tessera

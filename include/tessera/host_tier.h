@@ -74,6 +74,8 @@ class HostTier {
   // The payload size of the record under `key`, or nullopt when there is none.
   std::optional<uint64_t> PayloadSize(const Hash128& key) const;
   bool Contains(const Hash128& key) const { return map_.count(key) > 0; }
+  // The keys held, least recently used first.
+  std::vector<Hash128> Keys() const;
   void Erase(const Hash128& key);
   // Called with each record evicted for space (key, format id, payload), before it is freed.
   void SetEvictionListener(std::function<void(const Hash128&, uint16_t, std::span<const std::byte>)> f) {

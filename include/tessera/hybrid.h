@@ -56,6 +56,9 @@ struct HybridOptions {
   uint32_t hash_bits = 128;
   uint64_t hash_key_seed = 0;
   std::vector<std::byte> hash_key;  // non-empty: the keys' secret (a tier's prefix.key)
+  // The checkpoint's revision when known (e.g. a commit id); part of the cache identity, so a
+  // fine-tune that keeps its base's config.json must set it to keep their blocks apart.
+  std::string weights_revision;
   bool content_dedup = true;
   bool include_mtp = false;
   std::unordered_map<uint32_t, uint32_t> tenant_domain;
@@ -105,9 +108,10 @@ class HybridManager {
   // compressors' rows (retain's kept chunk is copied out — a chunk cannot stay alive off the
   // pool); recompute sends none, and a block promoted under it is resumed by recomputing.
   void SetBlockSource(BlockSource* source) { source_ = source; }
-  // Hands every sealed block (with its boundary state) to the source's OnCheckpoint; returns how
-  // many. 0 without a source.
-  uint64_t Checkpoint();
+  // Hands every sealed block (with its boundary state) to the source's OnCheckpoint and waits
+  // until the source has made it persistent; returns how many (0 without a source), or the
+  // source's error.
+  Result<uint64_t> Checkpoint();
   // Pages for the entries the next n tokens (and spec_tokens draft tokens) complete;
   // all-or-nothing.
   Status AllocateSlots(RequestId r, uint64_t n);

@@ -52,6 +52,10 @@ struct ManagerOptions {
   // Non-empty: the secret the keys are derived from (>= 16 bytes; overrides hash_key_seed). A
   // persistent tier keeps one so that a later process computes the same prefix keys.
   std::vector<std::byte> hash_key;
+  // The checkpoint's revision when known (e.g. a commit id); part of the cache identity
+  // (CacheIdentityKey), so a fine-tune that keeps its base's config.json must set it to keep
+  // their blocks apart.
+  std::string weights_revision;
   bool content_dedup = true;
   // Tenants mapped to one shared domain; a tenant not listed is its own domain.
   std::unordered_map<uint32_t, uint32_t> tenant_domain;
@@ -123,9 +127,10 @@ class BlockManager {
   // Attaches a second level of blocks (not owned; nullptr detaches). It is told of seals and
   // evictions and asked for prefix blocks on Admit.
   void SetBlockSource(BlockSource* source) { source_ = source; }
-  // Hands every sealed block of the pool (live or cached) to the block source's OnCheckpoint;
-  // returns how many. 0 without a source.
-  uint64_t Checkpoint();
+  // Hands every sealed block of the pool (live or cached) to the block source's OnCheckpoint and
+  // waits until the source has made it persistent; returns how many (0 without a source), or the
+  // source's error (then some blocks are not on persistent storage).
+  Result<uint64_t> Checkpoint();
 
  private:
   struct Request {

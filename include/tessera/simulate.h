@@ -105,6 +105,7 @@ struct SimulationResult {
   uint64_t second_wave_hit_tokens = 0;
   std::vector<MetricFamily> metrics;
   std::vector<std::string> security_events;  // the first few, for the operator
+  std::vector<std::string> warnings;         // e.g. a tier directory's key readable by others
   std::vector<StrategyRun> strategies;       // models with windows
   std::optional<TierRun> tiers;              // runs with a disk directory
 };

@@ -13,10 +13,11 @@
 // Promotion is inclusive: a block copied back into the pool stays in its tier.
 //
 // Records are block records (see BlockRecord below): the tokens, parent key, tenant domain,
-// salt and prefix key travel with the bytes and a fingerprint of the pool layout. On the way
-// back each record is verified by its tier (checksum) and here (layout, key, parent key,
-// domain, salt, every token); a record that fails is quarantined in its tier and counted, and
-// never reaches the pool.
+// salt, prefix key and cache identity (model config, weights revision, layout) travel with the
+// bytes and a fingerprint of the pool layout. On the way back each record is verified by its
+// tier (a keyed MAC for disk and Redis, a checksum in host memory) and here (layout, cache
+// identity, key, parent key, domain, salt, every token); a record that fails is quarantined in
+// its tier and counted, and never reaches the pool.
 //
 // Writes to tiers other than a memory tier at the top are asynchronous: the store gathers them
 // into batches of `batch_records` and a worker thread writes them; a block waiting in a batch is
@@ -47,6 +48,7 @@
 #include "tessera/redis_cluster.h"
 #include "tessera/redis_tier.h"
 #include "tessera/status.h"
+#include "tessera/tier_key.h"
 
 namespace tessera {
 
@@ -73,6 +75,8 @@ class Tier {
   // One entry per key: the verified record or nullopt.
   virtual std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys) = 0;
   virtual std::vector<bool> ContainsBatch(std::span<const Hash128> keys) = 0;
+  // The keys this process knows the tier holds, least recently used first (a Redis tier: none).
+  virtual std::vector<Hash128> Keys() const = 0;
   virtual Status EraseBatch(std::span<const Hash128> keys) = 0;
   // Takes a record out of service that failed a check above the tier's checksum.
   virtual void Quarantine(const Hash128& key, const std::string& why) = 0;
@@ -110,6 +114,7 @@ struct TieredStoreStats {
   uint64_t queued_hits = 0;      // of which were still queued for their tier's write
   uint64_t verify_failures = 0;  // records that failed the checks here (quarantined)
   uint64_t write_errors = 0;     // failed batch writes (e.g. a full disk); the records go lower
+  uint64_t through_refused = 0;  // write-through or checkpoint records the persistent tier refused
   uint64_t batches = 0;          // asynchronous batches completed
   uint64_t pending = 0;          // records waiting to be written
   std::vector<uint64_t> hits_per_tier;  // by the tier holding the record (or writing it)
@@ -123,9 +128,10 @@ struct TieredStoreStats {
 //  24  u32 domain, u32 reserved
 //  32  u64 salt
 //  40  prefix key (16), parent key (16)
-//  72  u64 page bytes (every layer of every group)
-//  80  u64 state bytes (a hybrid model's boundary state; 0 for none)
-//  88  u32 tokens[block_tokens], then zero padding to 64 bytes, then each group's block bytes,
+//  72  cache identity (16): model config, weights revision, layout (CacheIdentityKey)
+//  88  u64 page bytes (every layer of every group)
+//  96  u64 state bytes (a hybrid model's boundary state; 0 for none)
+// 104  u32 tokens[block_tokens], then zero padding to 64 bytes, then each group's block bytes,
 //      then the state.
 struct BlockRecordInfo {
   uint64_t fingerprint = 0;
@@ -146,10 +152,6 @@ struct BlockRecordView {
 Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<const std::byte> payload,
                                          const ChainLink& link);
 
-// A persistent random key for the prefix hash, kept in `dir`/prefix.key (created with 32 random
-// bytes, mode 0600, written atomically, when absent). Errors: kIoError on "dir".
-Result<std::vector<std::byte>> LoadOrCreateTierKey(const std::string& dir);
-
 class TieredStore final : public BlockSource {
  public:
   // `pool` gives the layout the records must match (the store does not keep it).
@@ -164,6 +166,12 @@ class TieredStore final : public BlockSource {
   void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
   // Writes the block to the first persistent tier (skipped there when it holds the key already).
   void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
+  void BeginCheckpoint() override;
+  // Writes every record of the memory tiers above the first persistent tier down to it (what the
+  // pool evicted into host memory would otherwise die with the process), then Flush()es. Errors:
+  // kIoError on "tier" when the persistent tier refused any record of this checkpoint, or there
+  // is no persistent tier.
+  Status FinishCheckpoint() override;
   size_t Probe(std::span<const ChainLink> links) override;
   size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states = nullptr) override;
@@ -222,6 +230,7 @@ class TieredStore final : public BlockSource {
   bool busy_ = false;
   bool stop_ = false;
   std::thread worker_;
+  uint64_t refused_at_checkpoint_ = 0;  // through_refused when the running checkpoint began
 
 
   mutable std::mutex stats_mu_;

@@ -98,7 +98,9 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
   TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher, o.hash_key.empty()
                                                      ? ContentHasher::Create(o.hash, o.hash_bits, o.hash_key_seed)
                                                      : ContentHasher::CreateWithKey(o.hash, o.hash_bits, o.hash_key));
-  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), o.content_dedup);
+  m->index_ = std::make_unique<BlockIndex>(
+      m->pool_.get(), std::move(hasher), o.content_dedup, /*bucket_limit=*/8,
+      CacheIdentityKey(g.config_sha256, o.weights_revision, *m->pool_, SwaStrategyName(o.strategy)));
   // The index's hook runs before OnEvict drops the boundary, so the state travels with the block.
   m->index_->SetEvictionHook([p = m.get()](BlockId b, const SealedIdentity& id) {
     if (p->source_ == nullptr || !p->pool_->backed()) return;
@@ -446,8 +448,8 @@ bool HybridManager::RestoreBoundary(Request& q, BlockId block) {
   return true;
 }
 
-uint64_t HybridManager::Checkpoint() {
-  if (source_ == nullptr) return 0;
+Result<uint64_t> HybridManager::Checkpoint() {
+  if (source_ == nullptr) return uint64_t{0};
   return CheckpointBlocks(*pool_, *index_, *source_, [this](BlockId b) { return TierState(b); });
 }
 

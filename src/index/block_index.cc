@@ -4,11 +4,49 @@
 #include <cassert>
 #include <cstring>
 
+#include <openssl/evp.h>
+
 namespace tessera {
 
-BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit)
+Hash128 CacheIdentityKey(std::string_view config_sha256, std::string_view weights_revision, const BlockPool& pool,
+                         std::string_view variant) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  // Every field length-prefixed, so that no two different inputs give the same byte stream.
+  auto add = [ctx](const void* p, uint64_t n) {
+    EVP_DigestUpdate(ctx, &n, sizeof n);
+    EVP_DigestUpdate(ctx, p, n);
+  };
+  auto add_str = [&](std::string_view s) { add(s.data(), s.size()); };
+  auto add_u64 = [&](uint64_t v) { add(&v, sizeof v); };
+  add_str("tessera cache identity v1");
+  add_str(config_sha256);
+  add_str(weights_revision);
+  add_str(variant);
+  add_u64(pool.block_tokens());
+  for (const PoolGroup& g : pool.groups()) {
+    add_str(g.name);
+    add_str(g.format.name);
+    add_u64(g.layers);
+    add_u64(g.page.page_bytes);
+    add_u64(g.page.record_bytes);
+    add_u64(g.page.entries_per_block);
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, md, &len);
+  EVP_MD_CTX_free(ctx);
+  Hash128 out;
+  std::memcpy(&out.lo, md, sizeof out.lo);
+  std::memcpy(&out.hi, md + sizeof out.lo, sizeof out.hi);
+  return out;
+}
+
+BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit,
+                       Hash128 root_key)
     : pool_(pool),
       hasher_(std::move(hasher)),
+      root_key_(root_key),
       content_dedup_(content_dedup && pool->backed()),
       bucket_limit_(bucket_limit),
       block_tokens_(pool->block_tokens()),
@@ -32,7 +70,7 @@ bool BlockIndex::SameIdentity(BlockId e, const PrefixRef& parent, std::span<cons
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                                             uint64_t salt) {
-  Hash128 key = hasher_.PrefixKey(parent.key, tokens, Extra(domain, salt));
+  Hash128 key = hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt));
   auto it = prefix_.find(key);
   if (it == prefix_.end()) {
     stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
@@ -85,7 +123,7 @@ bool BlockIndex::BytesEqual(BlockId a, BlockId b) {
 BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens,
                                         uint32_t domain, uint64_t salt) {
   assert(pool_->state(candidate) == BlockState::kFilling && tokens.size() == block_tokens_);
-  Hash128 key = hasher_.PrefixKey(parent.key, tokens, Extra(domain, salt));
+  Hash128 key = hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt));
   Hash128 content{};
   if (content_dedup_) {
     content = ContentKey(candidate, domain);
@@ -118,7 +156,7 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
   }
   pool_->MarkSealed(candidate);
   Identity& id = identity_[candidate.value];
-  id = Identity{key, content, parent.key, parent.block, parent.generation, domain, salt, true, false};
+  id = Identity{key, content, KeyOf(parent), parent.block, parent.generation, domain, salt, true, false};
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<ptrdiff_t>(candidate.value) * block_tokens_);
   if (content_dedup_) {
     std::vector<BlockId>& bucket = content_[content];
@@ -141,7 +179,7 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
 
 SealedIdentity BlockIndex::IdentityOf(BlockId b) const {
   const Identity& id = identity_[b.value];
-  return {id.prefix_key, id.parent_key, id.domain, id.salt, Tokens(b), {}};
+  return {id.prefix_key, id.parent_key, id.domain, id.salt, Tokens(b), {}, root_key_};
 }
 
 void BlockIndex::OnEvict(BlockId b) {

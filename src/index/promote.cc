@@ -12,11 +12,11 @@ uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& sour
   if (!pool.backed() || chain.size() >= full_blocks) return 0;
   std::vector<ChainLink> links;
   links.reserve(full_blocks - chain.size());
-  Hash128 parent = chain.empty() ? Hash128{} : chain.back().key;
+  Hash128 parent = chain.empty() ? index.root_key() : chain.back().key;
   for (size_t i = chain.size(); i < full_blocks; ++i) {
     std::span<const uint32_t> tokens = prompt.subspan(i * bt, bt);
     Hash128 key = index.PrefixKey(parent, tokens, domain, salt);
-    links.push_back({key, parent, domain, salt, tokens});
+    links.push_back({key, parent, domain, salt, tokens, index.root_key()});
     parent = key;
   }
   const size_t want = std::min<size_t>(source.Probe(links), pool.Available());
@@ -37,9 +37,10 @@ uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& sour
   return static_cast<uint32_t>(got);
 }
 
-uint64_t CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
-                          const std::function<std::vector<std::byte>(BlockId)>& state_of) {
-  if (!pool.backed()) return 0;
+Result<uint64_t> CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
+                                  const std::function<std::vector<std::byte>(BlockId)>& state_of) {
+  if (!pool.backed()) return uint64_t{0};
+  source.BeginCheckpoint();
   uint64_t n = 0;
   for (uint32_t i = 0; i < pool.capacity(); ++i) {
     const BlockId b{i};
@@ -51,6 +52,7 @@ uint64_t CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockS
     source.OnCheckpoint(pool, b, id);
     ++n;
   }
+  TESSERA_RETURN_IF_ERROR(source.FinishCheckpoint());
   return n;
 }
 

@@ -45,7 +45,9 @@ Result<std::unique_ptr<BlockManager>> BlockManager::Create(const Geometry& g, co
   std::unique_ptr<BlockManager> m(new BlockManager());
   m->options_ = options;
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(pool_options)));
-  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), options.content_dedup);
+  m->index_ = std::make_unique<BlockIndex>(
+      m->pool_.get(), std::move(hasher), options.content_dedup, /*bucket_limit=*/8,
+      CacheIdentityKey(g.config_sha256, options.weights_revision, *m->pool_));
   m->block_tokens_ = m->pool_->block_tokens();
   BlockManager* self = m.get();
   m->index_->SetEvictionHook([self](BlockId b, const SealedIdentity& id) {
@@ -111,8 +113,9 @@ Result<AdmitResult> BlockManager::Admit(std::span<const uint32_t> prompt, const 
   return result;
 }
 
-uint64_t BlockManager::Checkpoint() {
-  return source_ == nullptr ? 0 : CheckpointBlocks(*pool_, *index_, *source_);
+Result<uint64_t> BlockManager::Checkpoint() {
+  if (source_ == nullptr) return uint64_t{0};
+  return CheckpointBlocks(*pool_, *index_, *source_);
 }
 
 uint32_t BlockManager::SharedSlots(const Request& req, uint64_t n) const {

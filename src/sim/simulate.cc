@@ -308,7 +308,9 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
   // With a disk directory: one tier per strategy (their records carry different state).
   const std::string dir = s.disk_dir.empty() ? "" : s.disk_dir + "/" + std::string(SwaStrategyName(strategy));
   if (!dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(o.hash_key, LoadOrCreateTierKey(dir));
+    TESSERA_ASSIGN_OR_RETURN(TierKey key, LoadOrCreateTierKey(dir));
+    o.hash_key = std::move(key.secret);
+    for (std::string& w : key.warnings) out.warnings.push_back(std::move(w));
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<HybridManager> m, HybridManager::Create(g, o));
   std::unique_ptr<TieredStore> store;
@@ -419,7 +421,9 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
   }
   run.dedup_hits = m->index().stats().dedup_hits.load();
   if (store) {
-    if (s.tier_write == WritePolicy::kWriteBack) m->Checkpoint();  // shutdown (see the MLA path)
+    if (s.tier_write == WritePolicy::kWriteBack) {  // shutdown (see the MLA path)
+      TESSERA_RETURN_IF_ERROR(m->Checkpoint().status());
+    }
     m->SetBlockSource(nullptr);
     run.tiers = CollectTierRun(*store, tier_hit_blocks * bt);
   }
@@ -491,8 +495,11 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
       return OutOfRange("agents", "the workload needs too many blocks");
     mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
+  std::vector<std::string> key_warnings;
   if (!s.disk_dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(mo.hash_key, LoadOrCreateTierKey(s.disk_dir));
+    TESSERA_ASSIGN_OR_RETURN(TierKey key, LoadOrCreateTierKey(s.disk_dir));
+    mo.hash_key = std::move(key.secret);
+    key_warnings = std::move(key.warnings);
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> m, BlockManager::Create(g, mo));
   std::unique_ptr<TieredStore> store;
@@ -502,6 +509,7 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   }
 
   SimulationResult out;
+  out.warnings = std::move(key_warnings);
   out.model = g.name;
   out.kv_format = probe.kv_format;
   out.block_tokens = static_cast<uint32_t>(bt);
@@ -658,7 +666,7 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   if (store) {
     // The end of the run is a graceful shutdown: under write-back the pool's sealed blocks are
     // written now (write-through wrote them at seal).
-    if (s.tier_write == WritePolicy::kWriteBack) m->Checkpoint();
+    if (s.tier_write == WritePolicy::kWriteBack) TESSERA_RETURN_IF_ERROR(m->Checkpoint().status());
     m->SetBlockSource(nullptr);
     TierRun t = CollectTierRun(*store, m->metrics().tier_hit_tokens.load());
     for (MetricFamily& f : store->CollectMetrics()) out.metrics.push_back(std::move(f));

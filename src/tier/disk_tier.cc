@@ -2,29 +2,40 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include "tessera/checked.h"
+#include "tessera/tier_key.h"
 
 namespace tessera {
 
 namespace {
 
 constexpr uint32_t kMagic = 0x52455354;  // "TSER" little-endian
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr uint64_t kSlot = 4096;
 constexpr uint32_t kFlagTombstone = 1;
-constexpr uint32_t kFlagQuarantined = 2;
+constexpr uint32_t kFlagDead = 2;  // a quarantined region, skipped by scans
+constexpr uint32_t kMaxSegmentId = 999999;
+constexpr char kMacLabel[] = "tessera disk record v2";
+constexpr size_t kCopyChunk = 1 << 20;
 
+// The on-disk header. The payload tag covers bytes [0, kIdentityBytes) and the payload; the
+// header tag covers bytes [0, kTaggedBytes), the payload tag included; the checksum covers
+// [0, kChecksummedBytes) and only frames a header (it is no defence: anyone can compute it).
 struct Header {
   uint32_t magic;
   uint16_t version;
@@ -35,15 +46,21 @@ struct Header {
   uint64_t key_hi;
   uint64_t payload_len;
   uint64_t seq;
-  uint64_t payload_checksum;
+  RecordMac::Nonce payload_nonce;
+  RecordMac::Tag payload_tag;
+  RecordMac::Nonce header_nonce;
+  RecordMac::Tag header_tag;
+  uint64_t reserved2;
   uint64_t header_checksum;
 };
-static_assert(sizeof(Header) == 64);
+static_assert(sizeof(Header) == 128);
+constexpr size_t kIdentityBytes = offsetof(Header, payload_nonce);
+constexpr size_t kTaggedBytes = offsetof(Header, header_tag);
+constexpr size_t kChecksummedBytes = offsetof(Header, header_checksum);
 
-uint64_t HeaderChecksum(const Header& h) { return XXH3_64bits(&h, offsetof(Header, header_checksum)); }
-uint64_t PayloadChecksum(std::span<const std::byte> p, uint64_t seq) {
-  return XXH3_64bits_withSeed(p.data(), p.size(), seq);
-}
+std::span<const std::byte> BytesOf(const Header& h, size_t n) { return {reinterpret_cast<const std::byte*>(&h), n}; }
+uint64_t HeaderChecksum(const Header& h) { return XXH3_64bits(&h, kChecksummedBytes); }
+// REQUIRES: len <= kMaxPayloadBytes (so neither sum can wrap).
 uint64_t Padded(uint64_t len) { return CeilDiv(len, kSlot) * kSlot; }
 uint64_t RecordBytes(uint64_t len) { return kSlot + Padded(len); }
 
@@ -79,25 +96,39 @@ bool ReadAt(int fd, void* data, size_t len, uint64_t offset) {
   return true;
 }
 
-bool ValidHeader(const Header& h) {
-  return h.magic == kMagic && h.version == kVersion && h.header_checksum == HeaderChecksum(h);
-}
-
 std::string SegmentName(uint32_t id) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "seg-%06u.tsr", id);
   return buf;
 }
 
-void SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
+// The id of a segment file name: exactly "seg-" six digits ".tsr", id 1..999999.
+std::optional<uint32_t> ParseSegmentName(std::string_view name) {
+  if (name.size() != 14 || name.substr(0, 4) != "seg-" || name.substr(10) != ".tsr") return std::nullopt;
+  uint32_t id = 0;
+  for (char c : name.substr(4, 6)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    id = id * 10 + static_cast<uint32_t>(c - '0');
   }
+  if (id == 0) return std::nullopt;
+  return id;
+}
+
+std::string Octal(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%03o", static_cast<unsigned>(mode & 0777));
+  return buf;
 }
 
 }  // namespace
+
+// What ProbeAt found at an offset.
+struct DiskTier::Probe {
+  enum Kind { kBad, kLive, kTombstone, kDead } kind = kBad;
+  Header header{};
+  uint64_t total = 0;  // bytes the record spans (header slot + padded payload)
+  const char* why = "no record header";
+};
 
 Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name) {
   if (name == "none") return FsyncPolicy::kNone;
@@ -106,11 +137,7 @@ Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name) {
   return InvalidArgument("fsync", "unknown policy \"" + std::string(name) + "\" (known: none, periodic, batch)");
 }
 
-DiskTier::~DiskTier() {
-  for (Segment& s : segments_) {
-    if (s.fd >= 0) ::close(s.fd);
-  }
-}
+DiskTier::~DiskTier() = default;
 
 DiskTier::Segment* DiskTier::SegmentById(uint32_t id) {
   for (Segment& s : segments_) {
@@ -119,143 +146,249 @@ DiskTier::Segment* DiskTier::SegmentById(uint32_t id) {
   return nullptr;
 }
 
+Status DiskTier::OpenDirectory() {
+  const std::string& dir = options_.dir;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) return Errno("dir", "cannot open " + dir);
+    if (options_.read_only || !options_.create) return NotFound("dir", dir + " does not exist");
+    TESSERA_RETURN_IF_ERROR(CreateTierDirectory(dir));
+  }
+  dir_fd_.Reset(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd_.valid()) {
+    if (errno == ENOTDIR) return IoError("dir", dir + " is not a directory");
+    return Errno("dir", "cannot open " + dir);
+  }
+  if (::fstat(dir_fd_.get(), &st) != 0) return Errno("dir", "cannot stat " + dir);
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    warnings_.push_back(dir + " has mode " + Octal(st.st_mode) +
+                        ": group or others can plant or remove files in it; chmod 700 it");
+  }
+  // One writer (or fsck) at a time; readers share. The lock goes with the descriptor.
+  if (::flock(dir_fd_.get(), (options_.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Status(StatusCode::kFailedPrecondition, "dir",
+                    dir + " is locked by another process (a writer or fsck); try again when it exits");
+    }
+    return Errno("dir", "cannot lock " + dir);
+  }
+  return Status::Ok();
+}
+
 Status DiskTier::OpenSegment(uint32_t id, bool create) {
   Segment seg;
   seg.id = id;
-  seg.path = options_.dir + "/" + SegmentName(id);
-  int flags = (options_.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
-  seg.fd = ::open(seg.path.c_str(), flags, 0644);
-  if (seg.fd < 0) return Errno("dir", "cannot open " + seg.path);
+  seg.name = SegmentName(id);
+  const std::string path = options_.dir + "/" + seg.name;
+  // O_NOFOLLOW: a planted link is refused, never written through; O_NONBLOCK: a FIFO cannot
+  // block the open (it is then refused as a foreign file type).
+  int flags =
+      (options_.read_only ? O_RDONLY : O_RDWR) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0);
+  seg.fd.Reset(::openat(dir_fd_.get(), seg.name.c_str(), flags, 0600));
+  if (!seg.fd.valid()) {
+    if (errno == ELOOP) return IoError("dir", path + " is a symbolic link, not a segment file; remove it");
+    return Errno("dir", "cannot open " + path);
+  }
   struct stat st {};
-  if (::fstat(seg.fd, &st) != 0) return Errno("dir", "cannot stat " + seg.path);
+  if (::fstat(seg.fd.get(), &st) != 0) return Errno("dir", "cannot stat " + path);
+  if (!S_ISREG(st.st_mode)) return IoError("dir", path + " is not a regular file, not a segment; remove it");
+  if (!create && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    warnings_.push_back(path + " has mode " + Octal(st.st_mode) +
+                        ": group or others can read the prompt tokens it holds; chmod 600 it");
+  }
   seg.size = static_cast<uint64_t>(st.st_size);
-  segments_.push_back(seg);
-  if (create) SyncDir(options_.dir);
+  segments_.push_back(std::move(seg));
+  if (create) ::fsync(dir_fd_.get());
   return Status::Ok();
 }
 
 Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
   if (options.dir.empty()) return InvalidArgument("dir", "a directory is required");
+  if (options.segment_bytes == 0) return InvalidArgument("segment-bytes", "must be positive");
   std::unique_ptr<DiskTier> t(new DiskTier());
   t->options_ = options;
-  struct stat st {};
-  if (::stat(options.dir.c_str(), &st) != 0) {
-    if (options.read_only) return Errno("dir", "cannot open " + options.dir);
-    if (::mkdir(options.dir.c_str(), 0755) != 0) return Errno("dir", "cannot create " + options.dir);
-  } else if (!S_ISDIR(st.st_mode)) {
-    return IoError("dir", options.dir + " is not a directory");
-  }
-  DIR* d = ::opendir(options.dir.c_str());
-  if (d == nullptr) return Errno("dir", "cannot list " + options.dir);
+  TESSERA_RETURN_IF_ERROR(t->OpenDirectory());
+
   std::vector<uint32_t> ids;
-  while (dirent* e = ::readdir(d)) {
-    unsigned id = 0;
-    char tail = 0;
-    if (std::sscanf(e->d_name, "seg-%6u.tsr%c", &id, &tail) == 1) ids.push_back(id);
+  {
+    int list_fd = ::dup(t->dir_fd_.get());
+    DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
+    if (d == nullptr) {
+      if (list_fd >= 0) ::close(list_fd);
+      return Errno("dir", "cannot list " + options.dir);
+    }
+    ::rewinddir(d);
+    while (dirent* e = ::readdir(d)) {
+      if (std::optional<uint32_t> id = ParseSegmentName(e->d_name)) ids.push_back(*id);
+    }
+    ::closedir(d);
   }
-  ::closedir(d);
   std::sort(ids.begin(), ids.end());
+
+  const bool may_create_key = !options.read_only && options.create && ids.empty();
+  Result<TierKey> key = LoadTierKeyAt(t->dir_fd_.get(), options.dir, may_create_key);
+  if (key.ok()) {
+    t->secret_ = std::move(key->secret);
+    for (std::string& w : key->warnings) t->warnings_.push_back(std::move(w));
+    TESSERA_ASSIGN_OR_RETURN(RecordMac mac, RecordMac::Create(t->secret_, kMacLabel));
+    t->mac_ = std::make_unique<RecordMac>(std::move(mac));
+  } else if (key.status().code() != StatusCode::kNotFound || !ids.empty()) {
+    if (key.status().code() == StatusCode::kNotFound) {
+      return NotFound("dir", options.dir + "/" + kTierKeyFile + " is missing: its " + std::to_string(ids.size()) +
+                                 " segment files cannot be authenticated (restore the key or remove them)");
+    }
+    return key.status();
+  }
+
   for (uint32_t id : ids) TESSERA_RETURN_IF_ERROR(t->OpenSegment(id, false));
   for (Segment& seg : t->segments_) TESSERA_RETURN_IF_ERROR(t->Scan(seg));
-  if (!options.read_only && t->segments_.empty()) TESSERA_RETURN_IF_ERROR(t->OpenSegment(1, true));
   return t;
 }
 
-Status DiskTier::Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why) {
-  ++quarantined_;
-  std::string entry = seg.path + " @" + std::to_string(offset) + ": " + why;
-  quarantine_log_.push_back(entry);
-  if (options_.read_only) return Status::Ok();
-  // Keep a copy of what was there, then mark the record dead in place so that it is never
-  // served and a later scan does not count it again.
-  std::string qdir = options_.dir + "/quarantine";
-  ::mkdir(qdir.c_str(), 0755);
-  len = std::min(len, seg.size > offset ? seg.size - offset : 0);
-  std::vector<char> bytes(len);
-  if (len > 0 && ReadAt(seg.fd, bytes.data(), len, offset)) {
-    std::string path = qdir + "/" + SegmentName(seg.id) + "." + std::to_string(offset) + ".bad";
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      (void)WriteAt(fd, bytes.data(), bytes.size(), 0);
-      ::fsync(fd);
-      ::close(fd);
+DiskTier::Probe DiskTier::ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload) const {
+  Probe p;
+  Header& h = p.header;
+  if (off > seg.size || seg.size - off < sizeof(Header) || !ReadAt(seg.fd.get(), &h, sizeof h, off)) return p;
+  if (h.magic != kMagic || h.version != kVersion || h.header_checksum != HeaderChecksum(h)) {
+    p.why = h.magic == kMagic ? "header checksum mismatch" : "no record header";
+    return p;
+  }
+  // Bound every length by the format and by the file before any use.
+  const bool tombstone = h.flags == kFlagTombstone, dead = h.flags == kFlagDead;
+  if ((h.flags != 0 && !tombstone && !dead) || h.payload_len > kMaxPayloadBytes || (tombstone && h.payload_len != 0)) {
+    p.why = "header fields out of range";
+    return p;
+  }
+  // A payload must be in the file; a header-only record (a tombstone, an empty dead region) may
+  // lack its padding at the end of a segment.
+  if (h.payload_len > 0 && (seg.size - off < kSlot || seg.size - off - kSlot < h.payload_len)) {
+    p.why = "record extends past the end of its segment";
+    return p;
+  }
+  if (mac_ == nullptr || !mac_->Verify(h.header_nonce, {BytesOf(h, kTaggedBytes)}, h.header_tag)) {
+    p.why = "header fails authentication";
+    return p;
+  }
+  p.total = RecordBytes(h.payload_len);
+  if (dead) {
+    p.kind = Probe::kDead;
+    return p;
+  }
+  payload.resize(h.payload_len);
+  if (!ReadAt(seg.fd.get(), payload.data(), payload.size(), off + kSlot) ||
+      !mac_->Verify(h.payload_nonce, {BytesOf(h, kIdentityBytes), payload}, h.payload_tag)) {
+    p.why = "payload fails authentication";
+    return p;
+  }
+  p.kind = tombstone ? Probe::kTombstone : Probe::kLive;
+  return p;
+}
+
+// Scan invariant: [0, off) is a sequence of verified records, dead markers and quarantined
+// regions; `end` is where the last of them ends (a record's padding may be missing at EOF).
+// A region that does not verify ends at the next offset that does; when none does, it is the
+// torn tail: quarantined and cut off, so the next append starts at `end`, slot-aligned.
+Status DiskTier::Scan(Segment& seg) {
+  std::vector<std::byte> payload;
+  uint64_t off = 0, end = 0;
+  while (off < seg.size) {
+    Probe p = ProbeAt(seg, off, payload);
+    if (p.kind == Probe::kBad) {
+      uint64_t next = off + kSlot;
+      while (next < seg.size && ProbeAt(seg, next, payload).kind == Probe::kBad) next += kSlot;
+      if (next >= seg.size) {
+        TESSERA_RETURN_IF_ERROR(Quarantine(seg, off, seg.size - off, std::string("torn tail: ") + p.why, false));
+        break;
+      }
+      TESSERA_RETURN_IF_ERROR(Quarantine(seg, off, next - off, p.why, true));
+      dead_bytes_ += next - off;
+      off = end = next;
+      continue;
+    }
+    const Header& h = p.header;
+    if (p.kind == Probe::kDead) {
+      dead_bytes_ += p.total;
+    } else {
+      ++verified_;
+      next_seq_ = std::max(next_seq_, h.seq + 1);
+      const Hash128 key{h.key_lo, h.key_hi};
+      auto it = index_.find(key);
+      if (it != index_.end() && it->second.seq > h.seq) {
+        dead_bytes_ += p.total;  // an older version
+      } else {
+        if (it != index_.end()) dead_bytes_ += RecordBytes(it->second.payload_len);
+        if (p.kind == Probe::kTombstone) {
+          if (it != index_.end()) index_.erase(it);
+          dead_bytes_ += p.total;
+        } else {
+          index_[key] = Location{seg.id, off, h.payload_len, h.seq, h.format_id};
+        }
+      }
+    }
+    off = end = off + p.total;
+  }
+  if (end != seg.size) {
+    torn_tail_bytes_ += end > seg.size ? end - seg.size : seg.size - end;
+    if (!options_.read_only) {
+      if (::ftruncate(seg.fd.get(), static_cast<off_t>(end)) != 0 || ::fdatasync(seg.fd.get()) != 0) {
+        return Errno("disk", "cannot cut the torn tail of " + options_.dir + "/" + seg.name);
+      }
+      seg.size = end;
     }
   }
-  Header h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.flags = kFlagQuarantined;
-  h.payload_len = len > kSlot ? len - kSlot : 0;
-  h.header_checksum = HeaderChecksum(h);
-  TESSERA_RETURN_IF_ERROR(WriteAt(seg.fd, &h, sizeof h, offset));
-  if (::fdatasync(seg.fd) != 0) return Errno("disk", "fdatasync failed");
   return Status::Ok();
 }
 
-Status DiskTier::Scan(Segment& seg) {
-  std::vector<std::byte> payload;
-  for (uint64_t off = 0; off + sizeof(Header) <= seg.size;) {
-    Header h{};
-    if (!ReadAt(seg.fd, &h, sizeof h, off)) break;
-    if (!ValidHeader(h)) {
-      // Where a header should be there is none: a damaged header, the payload of a record whose
-      // header was lost or never written (a torn batch), or a tail that was extended but not
-      // written. The whole region up to the next valid header is one damaged record.
-      uint64_t end = off + kSlot;
-      while (end + sizeof(Header) <= seg.size) {
-        Header next{};
-        if (!ReadAt(seg.fd, &next, sizeof next, end) || ValidHeader(next)) break;
-        end += kSlot;
-      }
-      end = std::min(end, seg.size);
-      TESSERA_RETURN_IF_ERROR(
-          Quarantine(seg, off, end - off, h.magic == kMagic ? "header checksum mismatch" : "no record header"));
-      dead_bytes_ += end - off;
-      off = end;
-      continue;
-    }
-    const uint64_t total = RecordBytes(h.payload_len);
-    if ((h.flags & kFlagQuarantined) != 0) {
-      dead_bytes_ += std::min(total, seg.size - off);
-      off += total;
-      continue;
-    }
-    if (off + kSlot + h.payload_len > seg.size) {
-      TESSERA_RETURN_IF_ERROR(Quarantine(seg, off, seg.size - off, "payload truncated"));
-      dead_bytes_ += seg.size - off;
-      break;
-    }
-    payload.resize(h.payload_len);
-    if (!ReadAt(seg.fd, payload.data(), payload.size(), off + kSlot) ||
-        PayloadChecksum(payload, h.seq) != h.payload_checksum) {
-      TESSERA_RETURN_IF_ERROR(Quarantine(seg, off, total, "payload checksum mismatch"));
-      dead_bytes_ += total;
-      off += total;
-      continue;
-    }
-    ++verified_;
-    next_seq_ = std::max(next_seq_, h.seq + 1);
-    Hash128 key{h.key_lo, h.key_hi};
-    auto it = index_.find(key);
-    if (it != index_.end() && it->second.seq > h.seq) {
-      dead_bytes_ += total;  // an older version
-    } else {
-      if (it != index_.end()) dead_bytes_ += RecordBytes(it->second.payload_len);
-      if ((h.flags & kFlagTombstone) != 0) {
-        if (it != index_.end()) index_.erase(it);
-        dead_bytes_ += total;
-      } else {
-        index_[key] = Location{seg.id, off, h.payload_len, h.seq, h.format_id};
-      }
-    }
-    off += total;
+Status DiskTier::Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why, bool mark_dead) {
+  ++quarantined_;
+  quarantine_log_.push_back(options_.dir + "/" + seg.name + " @" + std::to_string(offset) + ": " + why);
+  if (options_.read_only) return Status::Ok();
+  // Keep a copy of what was there (best effort: the copy is for a person, the marking is what
+  // keeps the region from being served), then mark the region dead in place.
+  len = std::min(len, seg.size > offset ? seg.size - offset : 0);
+  if (::mkdirat(dir_fd_.get(), "quarantine", 0700) != 0 && errno != EEXIST) {
+    return Errno("disk", "cannot create " + options_.dir + "/quarantine");
   }
+  UniqueFd qdir(::openat(dir_fd_.get(), "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!qdir.valid()) return Errno("disk", options_.dir + "/quarantine is not a directory (a link?)");
+  const std::string base = seg.name + "." + std::to_string(offset);
+  UniqueFd out;
+  for (int n = 0; n < 100 && !out.valid(); ++n) {
+    const std::string name = base + (n == 0 ? "" : "." + std::to_string(n)) + ".bad";
+    out.Reset(::openat(qdir.get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out.valid() && errno != EEXIST) break;
+  }
+  if (out.valid()) {
+    std::vector<char> chunk(std::min<uint64_t>(len, kCopyChunk));
+    for (uint64_t done = 0; done < len;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), len - done));
+      if (!ReadAt(seg.fd.get(), chunk.data(), n, offset + done) || !WriteAt(out.get(), chunk.data(), n, done).ok()) {
+        break;
+      }
+      done += n;
+    }
+    ::fsync(out.get());
+  }
+  if (!mark_dead) return Status::Ok();
+  Header h{};
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.flags = kFlagDead;
+  h.payload_len = len > kSlot ? len - kSlot : 0;
+  h.seq = next_seq_++;
+  h.header_nonce = RecordMac::RandomNonce();
+  h.header_tag = mac_->Compute(h.header_nonce, {BytesOf(h, kTaggedBytes)});
+  h.header_checksum = HeaderChecksum(h);
+  TESSERA_RETURN_IF_ERROR(WriteAt(seg.fd.get(), &h, sizeof h, offset));
+  if (::fdatasync(seg.fd.get()) != 0) return Errno("disk", "fdatasync failed");
   return Status::Ok();
 }
 
 Status DiskTier::RollIfNeeded(uint64_t incoming) {
+  if (segments_.empty()) return OpenSegment(1, true);  // the first write creates the first segment
   Segment& active = segments_.back();
   if (active.size > 0 && active.size + incoming > options_.segment_bytes) {
+    if (active.id >= kMaxSegmentId) return IoError("disk", "segment ids are exhausted; compact the tier");
     return OpenSegment(active.id + 1, true);
   }
   return Status::Ok();
@@ -268,70 +401,93 @@ Status DiskTier::PutBatch(std::span<const DiskRecord> records) {
   return PutBatch(std::span<const DiskRecord* const>(ptrs));
 }
 
-Status DiskTier::PutBatch(std::span<const DiskRecord* const> records) {
-  if (options_.read_only) return IoError("disk", "the tier is open read-only");
-  uint64_t incoming = 0;
-  for (const DiskRecord* r : records) incoming += RecordBytes(r->payload.size());
+Status DiskTier::PutBatch(std::span<const DiskRecord* const> records) { return AppendRecords(records, /*flags=*/0); }
+
+Status DiskTier::AppendRecords(std::span<const DiskRecord* const> records, uint32_t flags) {
+  if (options_.read_only || mac_ == nullptr) return IoError("disk", "the tier is open read-only");
+  Checked incoming = 0;
+  for (const DiskRecord* r : records) {
+    if (r->payload.size() > kMaxPayloadBytes) {
+      return InvalidArgument("payload", std::to_string(r->payload.size()) + " bytes exceed the record limit of " +
+                                            std::to_string(kMaxPayloadBytes));
+    }
+    incoming += RecordBytes(r->payload.size());
+  }
+  if (incoming.overflowed()) return InvalidArgument("payload", "the batch is too large");
   if (options_.max_bytes > 0) {
     uint64_t used = 0;
     for (const Segment& s : segments_) used += s.size;
-    if (used + incoming > options_.max_bytes) {
-      return IoError("disk", "no space: " + std::to_string(used) + " + " + std::to_string(incoming) +
+    if (used + incoming.value() > options_.max_bytes) {
+      return IoError("disk", "no space: " + std::to_string(used) + " + " + std::to_string(incoming.value()) +
                                  " bytes exceed the cap of " + std::to_string(options_.max_bytes));
     }
   }
-  TESSERA_RETURN_IF_ERROR(RollIfNeeded(incoming));
+  TESSERA_RETURN_IF_ERROR(RollIfNeeded(incoming.value()));
   Segment& seg = segments_.back();
+  const int fd = seg.fd.get();
   const uint64_t start = seg.size;
+  // A failure leaves nothing of the batch: the segment is cut back to where it started.
+  auto undo = [&](Status st) {
+    (void)::ftruncate(fd, static_cast<off_t>(start));
+    return st;
+  };
   std::vector<Header> headers;
   std::vector<Location> locations;
   uint64_t off = start;
-  for (const DiskRecord* rp : records) {
-    const DiskRecord& r = *rp;
+  for (const DiskRecord* r : records) {
     Header h{};
     h.magic = kMagic;
     h.version = kVersion;
-    h.format_id = r.format_id;
-    h.key_lo = r.key.lo;
-    h.key_hi = r.key.hi;
-    h.payload_len = r.payload.size();
+    h.format_id = r->format_id;
+    h.flags = flags;
+    h.key_lo = r->key.lo;
+    h.key_hi = r->key.hi;
+    h.payload_len = r->payload.size();
     h.seq = next_seq_++;
-    h.payload_checksum = PayloadChecksum(r.payload, h.seq);
+    h.payload_nonce = RecordMac::RandomNonce();
+    h.payload_tag = mac_->Compute(h.payload_nonce, {BytesOf(h, kIdentityBytes), r->payload});
+    h.header_nonce = RecordMac::RandomNonce();
+    h.header_tag = mac_->Compute(h.header_nonce, {BytesOf(h, kTaggedBytes)});
     h.header_checksum = HeaderChecksum(h);
-    Status st = WriteAt(seg.fd, r.payload.data(), r.payload.size(), off + kSlot);
-    if (!st.ok()) {
-      (void)::ftruncate(seg.fd, static_cast<off_t>(start));
-      return st;
-    }
+    Status st = WriteAt(fd, r->payload.data(), r->payload.size(), off + kSlot);
+    if (!st.ok()) return undo(st);
+    Hook(DiskWriteStep::kPayloadWritten);
     headers.push_back(h);
     locations.push_back(Location{seg.id, off, h.payload_len, h.seq, h.format_id});
-    off += RecordBytes(r.payload.size());
+    off += RecordBytes(r->payload.size());
   }
   // Extend the file to the padded end so that the next record starts on a slot.
-  if (::ftruncate(seg.fd, static_cast<off_t>(off)) != 0) {
-    Status st = Errno("disk", "cannot extend " + seg.path);
-    (void)::ftruncate(seg.fd, static_cast<off_t>(start));
-    return st;
+  if (::ftruncate(fd, static_cast<off_t>(off)) != 0) return undo(Errno("disk", "cannot extend " + seg.name));
+  Hook(DiskWriteStep::kExtended);
+  if (options_.fsync == FsyncPolicy::kEveryBatch) {
+    if (::fdatasync(fd) != 0) return undo(Errno("disk", "fdatasync failed"));
+    Hook(DiskWriteStep::kPayloadsSynced);
   }
-  if (options_.fsync == FsyncPolicy::kEveryBatch && ::fdatasync(seg.fd) != 0) return Errno("disk", "fdatasync failed");
   for (size_t i = 0; i < headers.size(); ++i) {
-    Status st = WriteAt(seg.fd, &headers[i], sizeof(Header), locations[i].offset);
-    if (!st.ok()) {
-      (void)::ftruncate(seg.fd, static_cast<off_t>(start));
-      return st;
-    }
+    Status st = WriteAt(fd, &headers[i], sizeof(Header), locations[i].offset);
+    if (!st.ok()) return undo(st);
+    Hook(DiskWriteStep::kHeaderWritten);
   }
-  if (options_.fsync == FsyncPolicy::kEveryBatch && ::fdatasync(seg.fd) != 0) return Errno("disk", "fdatasync failed");
-  unsynced_ += off - start;
-  if (options_.fsync == FsyncPolicy::kPeriodic && unsynced_ >= options_.fsync_every_bytes)
-    TESSERA_RETURN_IF_ERROR(Sync());
+  if (options_.fsync == FsyncPolicy::kEveryBatch) {
+    if (::fdatasync(fd) != 0) return undo(Errno("disk", "fdatasync failed"));
+    Hook(DiskWriteStep::kHeadersSynced);
+  }
   seg.size = off;
+  unsynced_ += off - start;
   for (size_t i = 0; i < records.size(); ++i) {
     auto it = index_.find(records[i]->key);
-    if (it != index_.end()) dead_bytes_ += RecordBytes(it->second.payload_len);
-    index_[records[i]->key] = locations[i];
+    if (it != index_.end()) {
+      dead_bytes_ += RecordBytes(it->second.payload_len);
+      index_.erase(it);
+    }
+    if (flags == kFlagTombstone) {
+      dead_bytes_ += RecordBytes(0);
+    } else {
+      index_[records[i]->key] = locations[i];
+    }
   }
   writes_ += records.size();
+  if (options_.fsync == FsyncPolicy::kPeriodic && unsynced_ >= options_.fsync_every_bytes) return Sync();
   return Status::Ok();
 }
 
@@ -341,22 +497,21 @@ Result<DiskRecord> DiskTier::Get(const Hash128& key) {
   ++reads_;
   const Location loc = it->second;
   Segment* seg = SegmentById(loc.segment);
-  Header h{};
   DiskRecord r;
   r.key = key;
   r.format_id = loc.format_id;
-  r.payload.resize(loc.payload_len);
-  bool ok = seg != nullptr && ReadAt(seg->fd, &h, sizeof h, loc.offset) && ValidHeader(h) && h.key_lo == key.lo &&
-            h.key_hi == key.hi && h.seq == loc.seq && h.payload_len == loc.payload_len &&
-            ReadAt(seg->fd, r.payload.data(), r.payload.size(), loc.offset + kSlot) &&
-            PayloadChecksum(r.payload, h.seq) == h.payload_checksum;
-  if (!ok) {
+  Probe p;
+  if (seg != nullptr) p = ProbeAt(*seg, loc.offset, r.payload);
+  const Header& h = p.header;
+  if (p.kind != Probe::kLive || h.key_lo != key.lo || h.key_hi != key.hi || h.seq != loc.seq ||
+      h.payload_len != loc.payload_len) {
     ++read_failures_;
     index_.erase(it);
     dead_bytes_ += RecordBytes(loc.payload_len);
-    if (seg != nullptr)
+    if (seg != nullptr) {
       TESSERA_RETURN_IF_ERROR(
-          Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), "failed verification on read"));
+          Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), "failed verification on read", true));
+    }
     return Status(StatusCode::kDataLoss, "key", "record failed verification and was quarantined");
   }
   return r;
@@ -370,7 +525,7 @@ Status DiskTier::QuarantineKey(const Hash128& key, const std::string& why) {
   dead_bytes_ += RecordBytes(loc.payload_len);
   Segment* seg = SegmentById(loc.segment);
   if (seg == nullptr) return Status::Ok();
-  return Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), why);
+  return Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), why, true);
 }
 
 std::vector<std::pair<Hash128, uint64_t>> DiskTier::Keys() const {
@@ -385,35 +540,16 @@ std::vector<std::pair<Hash128, uint64_t>> DiskTier::Keys() const {
 }
 
 Status DiskTier::Erase(const Hash128& key) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return Status::Ok();
-  DiskRecord tomb;
-  tomb.key = key;
-  // A tombstone is an empty record flagged as such; write it through the normal path.
-  TESSERA_RETURN_IF_ERROR(RollIfNeeded(kSlot));
-  Segment& seg = segments_.back();
-  Header h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.flags = kFlagTombstone;
-  h.key_lo = key.lo;
-  h.key_hi = key.hi;
-  h.seq = next_seq_++;
-  h.payload_checksum = PayloadChecksum({}, h.seq);
-  h.header_checksum = HeaderChecksum(h);
-  const uint64_t off = seg.size;
-  if (::ftruncate(seg.fd, static_cast<off_t>(off + kSlot)) != 0) return Errno("disk", "cannot extend " + seg.path);
-  TESSERA_RETURN_IF_ERROR(WriteAt(seg.fd, &h, sizeof h, off));
-  if (options_.fsync == FsyncPolicy::kEveryBatch && ::fdatasync(seg.fd) != 0) return Errno("disk", "fdatasync failed");
-  seg.size = off + kSlot;
-  dead_bytes_ += RecordBytes(it->second.payload_len) + kSlot;
-  index_.erase(it);
-  return Status::Ok();
+  if (index_.count(key) == 0) return Status::Ok();
+  // A tombstone is an empty record flagged as such, written through the normal path.
+  DiskRecord tomb{key, 0, {}};
+  const DiskRecord* one = &tomb;
+  return AppendRecords(std::span<const DiskRecord* const>(&one, 1), kFlagTombstone);
 }
 
 Status DiskTier::Sync() {
   for (Segment& s : segments_) {
-    if (::fdatasync(s.fd) != 0) return Errno("disk", "fdatasync failed");
+    if (::fdatasync(s.fd.get()) != 0) return Errno("disk", "fdatasync failed");
   }
   unsynced_ = 0;
   return Status::Ok();
@@ -421,12 +557,17 @@ Status DiskTier::Sync() {
 
 Status DiskTier::Compact() {
   if (options_.read_only) return IoError("disk", "the tier is open read-only");
-  std::vector<Segment> old = segments_;
+  std::vector<Segment> old = std::move(segments_);
+  segments_.clear();
   const uint32_t first_new = old.empty() ? 1 : old.back().id + 1;
-  // Live records in sequence order, copied with their sequence numbers into new segments.
+  if (first_new > kMaxSegmentId) {
+    segments_ = std::move(old);
+    return IoError("disk", "segment ids are exhausted");
+  }
+  // Live records in sequence order, copied with their headers (and so their tags and sequence
+  // numbers) into new segments.
   std::vector<std::pair<Hash128, Location>> live(index_.begin(), index_.end());
   std::sort(live.begin(), live.end(), [](const auto& a, const auto& b) { return a.second.seq < b.second.seq; });
-  segments_.clear();
   Status st = OpenSegment(first_new, true);
   std::unordered_map<Hash128, Location, Hash128Hasher> fresh;
   std::vector<std::byte> buf;
@@ -438,17 +579,17 @@ Status DiskTier::Compact() {
     }
     const uint64_t total = RecordBytes(loc.payload_len);
     buf.resize(total);
-    if (src == nullptr || !ReadAt(src->fd, buf.data(), total, loc.offset)) {
+    if (src == nullptr || !ReadAt(src->fd.get(), buf.data(), total, loc.offset)) {
       st = IoError("disk", "cannot read a live record during compaction");
       break;
     }
     Segment& dst = segments_.back();
     if (dst.size > 0 && dst.size + total > options_.segment_bytes) {
-      st = OpenSegment(dst.id + 1, true);
+      st = dst.id >= kMaxSegmentId ? IoError("disk", "segment ids are exhausted") : OpenSegment(dst.id + 1, true);
       if (!st.ok()) break;
     }
     Segment& out = segments_.back();
-    st = WriteAt(out.fd, buf.data(), total, out.size);
+    st = WriteAt(out.fd.get(), buf.data(), total, out.size);
     Location nl = loc;
     nl.segment = out.id;
     nl.offset = out.size;
@@ -456,23 +597,17 @@ Status DiskTier::Compact() {
     fresh[key] = nl;
   }
   for (Segment& s : segments_) {
-    if (st.ok() && ::fsync(s.fd) != 0) st = Errno("disk", "fsync failed");
+    if (st.ok() && ::fsync(s.fd.get()) != 0) st = Errno("disk", "fsync failed");
   }
   if (!st.ok()) {
     // Keep the old segments; drop the partial new ones.
-    for (Segment& s : segments_) {
-      ::close(s.fd);
-      ::unlink(s.path.c_str());
-    }
-    segments_ = old;
+    for (Segment& s : segments_) ::unlinkat(dir_fd_.get(), s.name.c_str(), 0);
+    segments_ = std::move(old);
     return st;
   }
-  SyncDir(options_.dir);
-  for (Segment& s : old) {
-    ::close(s.fd);
-    ::unlink(s.path.c_str());
-  }
-  SyncDir(options_.dir);
+  ::fsync(dir_fd_.get());
+  for (Segment& s : old) ::unlinkat(dir_fd_.get(), s.name.c_str(), 0);
+  ::fsync(dir_fd_.get());
   index_ = std::move(fresh);
   dead_bytes_ = 0;
   return Status::Ok();
@@ -487,6 +622,7 @@ DiskTierStats DiskTier::stats() const {
   s.dead_bytes = dead_bytes_;
   s.quarantined = quarantined_;
   s.verified = verified_;
+  s.torn_tail_bytes = torn_tail_bytes_;
   s.reads = reads_;
   s.read_failures = read_failures_;
   s.writes = writes_;

@@ -248,4 +248,11 @@ HostTierStats HostTier::stats() const {
   return s;
 }
 
+std::vector<Hash128> HostTier::Keys() const {
+  std::vector<Hash128> keys;
+  keys.reserve(lru_.size());
+  for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) keys.push_back(it->key);
+  return keys;
+}
+
 }  // namespace tessera

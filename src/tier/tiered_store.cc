@@ -18,8 +18,8 @@ namespace tessera {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x52425354;  // "TSBR"
-constexpr uint16_t kRecordVersion = 1;
-constexpr size_t kFixedHeader = 88;
+constexpr uint16_t kRecordVersion = 2;
+constexpr size_t kFixedHeader = 104;
 constexpr size_t kDataAlign = 64;
 
 size_t DataOffset(uint32_t block_tokens) {
@@ -75,6 +75,7 @@ class HostTierAdapter final : public Tier {
     for (const Hash128& k : keys) host_.Erase(k);
     return Status::Ok();
   }
+  std::vector<Hash128> Keys() const override { return host_.Keys(); }
   void Quarantine(const Hash128& key, const std::string&) override { host_.Erase(key); }
   TierCounters counters() const override {
     HostTierStats s = host_.stats();
@@ -144,6 +145,12 @@ class DiskTierAdapter final : public Tier {
       Forget(k);
     }
     return Status::Ok();
+  }
+  std::vector<Hash128> Keys() const override {
+    std::vector<Hash128> keys;
+    keys.reserve(lru_.size());
+    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) keys.push_back(*it);
+    return keys;
   }
   void Quarantine(const Hash128& key, const std::string& why) override {
     (void)disk_->QuarantineKey(key, why);
@@ -240,6 +247,7 @@ class RedisAdapter final : public Tier {
     return out;
   }
   Status EraseBatch(std::span<const Hash128> keys) override { return redis_->EraseBatch(keys); }
+  std::vector<Hash128> Keys() const override { return {}; }
   void Quarantine(const Hash128& key, const std::string&) override {
     prefetched_.erase(key);
     (void)redis_->EraseBatch(std::span<const Hash128>(&key, 1));
@@ -314,8 +322,9 @@ std::vector<std::byte> EncodeBlockRecord(const BlockRecordInfo& info, const Bloc
   Put(out, 32, id.salt);
   Put(out, 40, id.key);
   Put(out, 56, id.parent_key);
-  Put(out, 72, info.page_bytes);
-  Put(out, 80, static_cast<uint64_t>(id.state.size()));
+  Put(out, 72, id.cache_identity);
+  Put(out, 88, info.page_bytes);
+  Put(out, 96, static_cast<uint64_t>(id.state.size()));
   std::memcpy(out.data() + kFixedHeader, id.tokens.data(), id.tokens.size_bytes());
   size_t off = data;
   for (uint32_t g = 0; g < info.groups; ++g) {
@@ -335,18 +344,21 @@ Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<
                   "length " + std::to_string(payload.size()) + ", expected at least " +
                       std::to_string(data + info.page_bytes));
   }
-  const uint64_t state_bytes = Read<uint64_t>(payload, 80);
+  const uint64_t state_bytes = Read<uint64_t>(payload, 96);
   if (state_bytes != payload.size() - data - info.page_bytes) {
     return Status(StatusCode::kDataLoss, "record",
                   "length " + std::to_string(payload.size()) + " does not match its state length " +
                       std::to_string(state_bytes));
   }
   if (Read<uint32_t>(payload, 0) != kRecordMagic || Read<uint16_t>(payload, 4) != kRecordVersion) {
-    return Status(StatusCode::kDataLoss, "record", "not a block record of version 1");
+    return Status(StatusCode::kDataLoss, "record", "not a block record of version 2");
   }
   if (Read<uint32_t>(payload, 8) != info.block_tokens || Read<uint32_t>(payload, 12) != info.groups ||
-      Read<uint64_t>(payload, 16) != info.fingerprint || Read<uint64_t>(payload, 72) != info.page_bytes) {
+      Read<uint64_t>(payload, 16) != info.fingerprint || Read<uint64_t>(payload, 88) != info.page_bytes) {
     return Status(StatusCode::kDataLoss, "record", "another block layout (model, format or block size)");
+  }
+  if (Read<Hash128>(payload, 72) != link.cache_identity) {
+    return Status(StatusCode::kDataLoss, "record", "another cache identity (model config, weights or layout)");
   }
   if (Read<Hash128>(payload, 40) != link.key) return Status(StatusCode::kDataLoss, "record", "prefix key differs");
   if (Read<Hash128>(payload, 56) != link.parent_key) {
@@ -360,57 +372,6 @@ Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<
     return Status(StatusCode::kDataLoss, "record", "stored tokens differ from the prompt's");
   }
   return BlockRecordView{payload.subspan(data, info.page_bytes), payload.subspan(data + info.page_bytes)};
-}
-
-Result<std::vector<std::byte>> LoadOrCreateTierKey(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status(StatusCode::kIoError, "dir", "cannot create " + dir + ": " + ec.message());
-  const std::string path = dir + "/prefix.key";
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-      std::vector<std::byte> key(33);
-      ssize_t n = ::read(fd, key.data(), key.size());
-      ::close(fd);
-      if (n != 32) {
-        return Status(StatusCode::kDataLoss, "dir",
-                      path + " holds " + std::to_string(n < 0 ? 0 : n) + " bytes, expected a 32-byte key");
-      }
-      key.resize(32);
-      return key;
-    }
-    if (errno != ENOENT) return Status(StatusCode::kIoError, "dir", "cannot read " + path + ": " + std::strerror(errno));
-    // Create: write a temporary, fsync, then link it into place (fails if another process won).
-    std::random_device rd;
-    std::vector<std::byte> key(32);
-    for (size_t i = 0; i < key.size(); i += 4) {
-      uint32_t v = rd();
-      std::memcpy(key.data() + i, &v, 4);
-    }
-    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) return Status(StatusCode::kIoError, "dir", "cannot create " + tmp + ": " + std::strerror(errno));
-    bool ok = ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size()) && ::fsync(fd) == 0;
-    ::close(fd);
-    int linked = ok ? ::link(tmp.c_str(), path.c_str()) : -1;
-    int link_errno = errno;
-    ::unlink(tmp.c_str());
-    if (!ok) return Status(StatusCode::kIoError, "dir", "cannot write " + tmp);
-    if (linked == 0) {
-      int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-      }
-      return key;
-    }
-    if (link_errno != EEXIST) {
-      return Status(StatusCode::kIoError, "dir", "cannot create " + path + ": " + std::strerror(link_errno));
-    }
-    // Another process created it first: read theirs.
-  }
-  return Status(StatusCode::kIoError, "dir", "cannot create " + path);
 }
 
 // ---- The store -------------------------------------------------------------------------------
@@ -470,6 +431,36 @@ std::shared_ptr<const DiskRecord> TieredStore::RecordOf(const BlockPool& pool, B
   return std::make_shared<const DiskRecord>(DiskRecord{id.key, format_id_, EncodeBlockRecord(info_, pool, b, id)});
 }
 
+void TieredStore::BeginCheckpoint() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  refused_at_checkpoint_ = stats_.through_refused;
+}
+
+Status TieredStore::FinishCheckpoint() {
+  std::optional<size_t> persistent = WriteThroughTier();
+  if (!persistent) return IoError("tier", "no persistent tier to checkpoint into");
+  for (size_t t = 0; t < *persistent; ++t) {
+    if (!tiers_[t]->tier->in_memory()) continue;
+    std::vector<std::optional<DiskRecord>> records;
+    {
+      std::lock_guard<std::mutex> lock(tiers_[t]->mu);
+      const std::vector<Hash128> keys = tiers_[t]->tier->Keys();
+      records = tiers_[t]->tier->GetBatch(keys);
+    }
+    for (std::optional<DiskRecord>& r : records) {
+      if (r) Demote(*persistent, std::make_shared<const DiskRecord>(std::move(*r)), /*through=*/true);
+    }
+  }
+  Flush();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  if (stats_.through_refused > refused_at_checkpoint_) {
+    return IoError("tier", std::to_string(stats_.through_refused - refused_at_checkpoint_) +
+                               " records of the checkpoint were refused by the persistent tier (" + stats_.last_error +
+                               ")");
+  }
+  return Status::Ok();
+}
+
 void TieredStore::OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
   // Under write-through the persistent tier has the block already; only a memory tier above it
   // admits it.
@@ -526,6 +517,7 @@ void TieredStore::WriteJob(Job& job) {
       for (size_t i = 0; i < job.records.size(); ++i) {
         if (!held[i]) failed.push_back(job.records[i]);
       }
+      if (job.through) stats_.through_refused += failed.size();
     }
   }
   // What a tier could not take goes one level lower (a full disk still has Redis below).

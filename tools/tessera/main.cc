@@ -8,6 +8,7 @@
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
 // written); 1 any other failure.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -33,6 +34,7 @@ int Fail(const Status& st) {
   std::fprintf(stderr, "tessera: error: %s\n", st.ToString().c_str());
   if (st.code() == StatusCode::kInternal) return 1;
   if (st.code() == StatusCode::kIoError && st.field() == "out") return 1;
+  if (st.code() == StatusCode::kFailedPrecondition && st.field() == "dir") return 1;  // in use: try again
   return 2;
 }
 
@@ -301,6 +303,7 @@ int RunSimulate(const SimulateArgs& args, const std::string& format_name, bool p
   if (!parsed.ok()) return Fail(parsed.status());
   Result<SimulationResult> r = RunAgentScenario(parsed->first, parsed->second);
   if (!r.ok()) return Fail(r.status());
+  for (const std::string& w : r->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::string text = prometheus ? PrometheusText(r->metrics) : RenderSimulation(*r, *format);
   std::fwrite(text.data(), 1, text.size(), stdout);
   // A wrong byte served or a share across tenants is a failure of the run, not of the input.
@@ -323,33 +326,44 @@ int RunLayout(const ModelArgs& args, const std::string& format_name) {
   return 0;
 }
 
-// `tessera tier fsck DIR`: verify every record, quarantine what fails; exit 0 when all verified,
-// 1 when anything was quarantined. `tessera tier stats DIR`: counts, read-only.
+// `tessera tier fsck DIR`: verify every record, quarantine what fails and cut a torn tail (under
+// the directory's exclusive lock; a missing directory is an error, nothing is created); exit 0
+// when all verified, 1 when anything was quarantined. `tessera tier stats DIR`: counts, under a
+// shared lock, writing nothing.
 int RunTier(const std::string& action, const std::string& dir, const std::string& format_name) {
   Result<OutputFormat> format = ParseOutputFormat(format_name);
   if (!format.ok()) return Fail(format.status());
   DiskTierOptions o;
   o.dir = dir;
   o.read_only = action == "stats";
+  o.create = false;
   Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
   if (!t.ok()) return Fail(t.status());
-  DiskTierStats s = (*t)->stats();
+  for (const std::string& w : (*t)->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  const DiskTierStats s = (*t)->stats();
   if (*format == OutputFormat::kJson) {
-    std::printf(
-        "{\"dir\": \"%s\", \"segments\": %llu, \"records\": %llu, \"verified\": %llu, \"bytes\": %llu, "
-        "\"live_bytes\": %llu, \"dead_bytes\": %llu, \"quarantined\": %llu}\n",
-        dir.c_str(), static_cast<unsigned long long>(s.segments), static_cast<unsigned long long>(s.records),
-        static_cast<unsigned long long>(s.verified), static_cast<unsigned long long>(s.bytes),
-        static_cast<unsigned long long>(s.live_bytes), static_cast<unsigned long long>(s.dead_bytes),
-        static_cast<unsigned long long>(s.quarantined));
+    nlohmann::ordered_json j;
+    j["dir"] = dir;
+    j["segments"] = s.segments;
+    j["records"] = s.records;
+    j["verified"] = s.verified;
+    j["bytes"] = s.bytes;
+    j["live_bytes"] = s.live_bytes;
+    j["dead_bytes"] = s.dead_bytes;
+    j["torn_tail_bytes"] = s.torn_tail_bytes;
+    j["quarantined"] = s.quarantined;
+    j["quarantine_log"] = (*t)->quarantine_log();
+    // A path need not be UTF-8: invalid bytes become U+FFFD rather than an exception.
+    const std::string text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    std::fwrite(text.data(), 1, text.size(), stdout);
   } else {
     std::printf(
         "%s: %s\n  segments     %llu\n  records      %llu (verified %llu)\n  bytes        %s\n  live bytes   %s\n"
-        "  dead bytes   %s\n  quarantined  %llu\n",
+        "  dead bytes   %s\n  torn tail    %s\n  quarantined  %llu\n",
         action.c_str(), dir.c_str(), static_cast<unsigned long long>(s.segments),
         static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.verified),
         FormatBytes(s.bytes).c_str(), FormatBytes(s.live_bytes).c_str(), FormatBytes(s.dead_bytes).c_str(),
-        static_cast<unsigned long long>(s.quarantined));
+        FormatBytes(s.torn_tail_bytes).c_str(), static_cast<unsigned long long>(s.quarantined));
     for (const std::string& q : (*t)->quarantine_log()) std::printf("  quarantined: %s\n", q.c_str());
   }
   if (action == "fsck") return s.quarantined == 0 ? 0 : 1;
