@@ -208,7 +208,8 @@ TEST(Cli, SimulateForcedCollisions) {
 }
 
 TEST(Cli, StatsIsPrometheusText) {
-  CommandResult r = RunTessera("stats --model deepseek-v2-lite --agents 2 --shared-tokens 100 --unique-tokens 20 --block-tokens 16");
+  CommandResult r =
+      RunTessera("stats --model deepseek-v2-lite --agents 2 --shared-tokens 100 --unique-tokens 20 --block-tokens 16");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("# TYPE tessera_dedup_collisions_total counter"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tessera_blocks{state=\"cached\"}"), std::string::npos);
@@ -232,8 +233,10 @@ TEST(Cli, SimulateBadInput) {
 // and recomputed, never served.
 TEST(Cli, SimulateDiskSecondRunHitsFromDisk) {
   TempDir dir;
-  const std::string args = "simulate --model deepseek-v2-lite --agents 2 --independent 2 --shared-tokens 300 "
-                           "--unique-tokens 40 --block-tokens 16 --format json --disk " + dir.path() + "/tier";
+  const std::string args =
+      "simulate --model deepseek-v2-lite --agents 2 --independent 2 --shared-tokens 300 "
+      "--unique-tokens 40 --block-tokens 16 --format json --disk " +
+      dir.path() + "/tier";
   CommandResult first = RunTessera(args);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   nlohmann::json a = nlohmann::json::parse(first.out);
@@ -272,9 +275,10 @@ TEST(Cli, SimulateDiskSecondRunHitsFromDisk) {
 // sealed block still cached: a second run hits as after write-through.
 TEST(Cli, SimulateDiskWriteBackCheckpointsAtExit) {
   TempDir dir;
-  const std::string args = "simulate --model deepseek-v2-lite --agents 2 --independent 2 --shared-tokens 300 "
-                           "--unique-tokens 40 --block-tokens 16 --format json --tier-write write-back --disk " +
-                           dir.path() + "/tier";
+  const std::string args =
+      "simulate --model deepseek-v2-lite --agents 2 --independent 2 --shared-tokens 300 "
+      "--unique-tokens 40 --block-tokens 16 --format json --tier-write write-back --disk " +
+      dir.path() + "/tier";
   CommandResult first = RunTessera(args);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   nlohmann::json a = nlohmann::json::parse(first.out);
@@ -383,7 +387,8 @@ TEST(Cli, TierFsckAndStats) {
     o.dir = tier;
     auto t = std::move(DiskTier::Open(o)).value();
     std::vector<DiskRecord> batch;
-    for (uint64_t i = 0; i < 5; ++i) batch.push_back(DiskRecord{Hash128{i + 1, i}, 0, std::vector<std::byte>(5000, std::byte{7})});
+    for (uint64_t i = 0; i < 5; ++i)
+      batch.push_back(DiskRecord{Hash128{i + 1, i}, 0, std::vector<std::byte>(5000, std::byte{7})});
     ASSERT_TRUE(t->PutBatch(batch).ok());
   }
   CommandResult clean = RunTessera("tier fsck " + tier + " --format json");
@@ -406,6 +411,49 @@ TEST(Cli, TierFsckAndStats) {
   EXPECT_EQ(st["quarantined"], 0);
   EXPECT_GT(st["dead_bytes"].get<uint64_t>(), 0u);
   ExpectInputError(RunTessera("tier stats " + dir.path() + "/missing"), "dir");
+}
+
+// Write-back with a host tier: the exit checkpoint writes what the pool evicted into host memory
+// as well, so the directory ends up holding every block write-through would have written.
+TEST(Cli, SimulateWriteBackThroughAHostTierLosesNothingAtExit) {
+  TempDir dir;
+  const std::string common = "simulate --agents 4 --capacity-blocks 40 --format json --disk ";
+  CommandResult through = RunTessera(common + dir.path() + "/through --tier-write write-through");
+  ASSERT_EQ(through.exit_code, 0) << through.err;
+  CommandResult back = RunTessera(common + dir.path() + "/back --tier-write write-back --host-tier-bytes 1GiB");
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  nlohmann::json t = nlohmann::json::parse(through.out), b = nlohmann::json::parse(back.out);
+  EXPECT_GT(b["evictions"].get<uint64_t>(), 0u);  // blocks did sit in the host tier
+  EXPECT_EQ(b["disk_records"], t["disk_records"]);
+  nlohmann::json st = nlohmann::json::parse(RunTessera("tier stats " + dir.path() + "/back --format json").out);
+  EXPECT_EQ(st["records"], t["disk_records"]);
+}
+
+// fsck and stats never create a directory; a path that is not UTF-8 or holds a quote still gives
+// valid JSON; a directory held by a writer is refused at once (exit 1, "locked").
+TEST(Cli, TierCommandsAreReadOnlyEscapedAndLocked) {
+  TempDir dir;
+  for (const char* action : {"fsck", "stats"}) {
+    ExpectInputError(RunTessera(std::string("tier ") + action + " " + dir.path() + "/absent"), "dir");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/absent"));
+  const std::string odd = dir.path() + "/a\"b\\c\xff";
+  {
+    DiskTierOptions o;
+    o.dir = odd;
+    auto t = std::move(DiskTier::Open(o)).value();
+    ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{DiskRecord{Hash128{1, 2}, 0, std::vector<std::byte>(100)}}).ok());
+  }
+  CommandResult r = RunTessera("tier stats '" + odd + "' --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);  // throws (fails the test) on invalid JSON
+  EXPECT_EQ(j["records"], 1);
+  DiskTierOptions o;
+  o.dir = odd;
+  auto holder = std::move(DiskTier::Open(o)).value();
+  CommandResult locked = RunTessera("tier fsck '" + odd + "'");
+  EXPECT_EQ(locked.exit_code, 1);
+  EXPECT_NE(locked.err.find("locked"), std::string::npos) << locked.err;
 }
 
 TEST(Cli, HelpExitsZero) {

@@ -8,9 +8,10 @@
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <tuple>
 
-#include "tessera/manager.h"
 #include "kv_stream.h"
+#include "tessera/manager.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -93,9 +94,7 @@ std::unique_ptr<Tier> Disk(const std::string& dir, uint64_t capacity = 0, uint64
   return t.ok() ? std::move(*t) : nullptr;
 }
 
-uint64_t RecordBytes(const BlockManager& m) {
-  return ((104 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes();
-}
+uint64_t RecordBytes(const BlockManager& m) { return ((104 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes(); }
 
 // What a first process leaves behind: `s` served with a disk tier in `dir`, written through, under
 // the directory's prefix key, which it returns.
@@ -230,6 +229,106 @@ TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
   EXPECT_EQ(store->tier_counters(0).records, 3u);
   EXPECT_EQ(store->stats().written_through, 3u);
   m->SetBlockSource(nullptr);
+}
+
+// Write-back with a host tier: what the pool evicted into host memory reaches the disk at a
+// checkpoint (a graceful shutdown), so that a cold process finds every block, not only those
+// still in the pool.
+TEST(TieredStore, CheckpointWritesTheHostTierDownToDisk) {
+  TempDir dir;
+  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key.ok());
+  std::vector<Stream> streams;
+  for (uint32_t i = 0; i < 4; ++i) streams.emplace_back(1000 * (i + 1), 3 * kBlock);
+  {
+    auto m = Manager(6, key->secret);  // 12 blocks served through a pool of 6: most go to host
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(MakeHostTier(64 * RecordBytes(*m)));
+    tiers.push_back(Disk(dir.path()));
+    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
+    m->SetBlockSource(store.get());
+    for (const Stream& s : streams) Serve(*m, s);
+    store->Flush();
+    EXPECT_GT(store->tier_counters(0).records, 0u);
+    EXPECT_EQ(store->tier_counters(1).records, 0u);
+    Result<uint64_t> checkpointed = m->Checkpoint();
+    ASSERT_TRUE(checkpointed.ok()) << checkpointed.status().ToString();
+    EXPECT_EQ(store->tier_counters(1).records, 12u);  // pool and host, all of them
+    m->SetBlockSource(nullptr);
+  }
+  auto m = Manager(16, key->secret);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  for (const Stream& s : streams) EXPECT_EQ(Serve(*m, s).cached_blocks, 3u);  // Serve checks every byte
+  EXPECT_EQ(store->stats().tier_hits, 12u);
+  EXPECT_EQ(store->stats().verify_failures, 0u);
+}
+
+// A checkpoint the persistent tier refuses is an error, not a silent loss.
+TEST(TieredStore, CheckpointReportsARefusedWrite) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path(), 0, /*max_bytes=*/8192));  // room for no block record
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, true);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 2 * kBlock));
+  Result<uint64_t> r = m->Checkpoint();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(), "tier");
+  EXPECT_NE(r.status().message().find("no space"), std::string::npos) << r.status().ToString();
+  m->SetBlockSource(nullptr);
+}
+
+// Blocks are valid for one model, weights and layout. A directory written for DeepSeek-V3 serves
+// nothing to DeepSeek-R1 (same geometry, other weights), to V3 under another weights revision, or
+// to V3 in another record format; and two formats of one model share a directory without
+// quarantining each other's records.
+TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
+  TempDir dir;
+  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
+  ASSERT_TRUE(key.ok());
+  auto open = [&](const std::string& preset, const std::string& format, const std::string& revision) {
+    ManagerOptions o = Options(8, key->secret);
+    o.kv_format = format;
+    o.weights_revision = revision;
+    auto m = BlockManager::Create(testing::Preset(preset), o);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return std::move(*m);
+  };
+  struct Run {
+    uint32_t cached_blocks;
+    uint64_t verify_failures;
+    uint64_t quarantined;
+  };
+  auto serve = [&](const std::string& preset, const std::string& format, const std::string& revision) {
+    auto m = open(preset, format, revision);
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(Disk(dir.path()));
+    auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
+    m->SetBlockSource(store.get());
+    Stream s(77, 2 * kBlock);
+    Run r{Serve(*m, s).cached_blocks, store->stats().verify_failures, store->tier_counters(0).quarantined};
+    m->SetBlockSource(nullptr);
+    return r;
+  };
+  Run first = serve("deepseek-v3", "", "");
+  EXPECT_EQ(first.cached_blocks, 0u);
+  for (auto [preset, format, revision] : {std::tuple{"deepseek-r1", "", ""}, std::tuple{"deepseek-v3", "", "ft-2"},
+                                          std::tuple{"deepseek-v3", "fp8_ds_mla", ""}}) {
+    SCOPED_TRACE(std::string(preset) + " " + format + " " + revision);
+    Run other = serve(preset, format, revision);
+    EXPECT_EQ(other.cached_blocks, 0u);
+    EXPECT_EQ(other.verify_failures, 0u);
+    EXPECT_EQ(other.quarantined, 0u);
+  }
+  // Each identity wrote its own blocks through; each finds exactly its own.
+  EXPECT_EQ(serve("deepseek-v3", "", "").cached_blocks, 2u);
+  EXPECT_EQ(serve("deepseek-v3", "fp8_ds_mla", "").cached_blocks, 2u);
+  EXPECT_EQ(serve("deepseek-r1", "", "").cached_blocks, 2u);
+  EXPECT_EQ(serve("deepseek-v3", "", "").verify_failures, 0u);
 }
 
 // A record that verifies in its tier but is not the block asked for (forged or misfiled: other
@@ -404,7 +503,8 @@ TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
   m->SetBlockSource(store.get());
   for (int round = 0; round < 4; ++round) {
-    Stream a(static_cast<uint32_t>(round) * 1000, 4 * kBlock + 1), b(90000 + static_cast<uint32_t>(round), 4 * kBlock + 1);
+    Stream a(static_cast<uint32_t>(round) * 1000, 4 * kBlock + 1),
+        b(90000 + static_cast<uint32_t>(round), 4 * kBlock + 1);
     Serve(*m, a);
     Serve(*m, b);
     AdmitResult again = Serve(*m, a);  // Serve verifies every byte
@@ -500,7 +600,7 @@ TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
   EXPECT_EQ(store->tier_counters(0).evictions, 2u);
   EXPECT_EQ(store->tier_counters(1).evictions, 1u);
   EXPECT_EQ(store->stats().demoted, 3u + 2u + 1u);  // pool->host 3, host->disk 2, disk->Redis 1
-  EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);  // every byte compared
+  EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);        // every byte compared
   TieredStoreStats st = store->stats();
   EXPECT_EQ(st.tier_hits, 3u);
   EXPECT_EQ(st.verify_failures, 0u);
@@ -522,9 +622,9 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   Stream a(1, 3 * kBlock), b(9000, 6 * kBlock);
   Serve(*m, a);
   server.Stop();
-  Serve(*m, b);  // evicts all of a from the pool
+  Serve(*m, b);                               // evicts all of a from the pool
   EXPECT_EQ(Serve(*m, a).cached_blocks, 0u);  // a miss, not an error
-  ASSERT_TRUE(server.Start());              // restarted empty (no persistence)
+  ASSERT_TRUE(server.Start());                // restarted empty (no persistence)
   Serve(*m, b);
   Stream c(20000, 3 * kBlock);
   Serve(*m, c);

@@ -113,8 +113,7 @@ class BlockIndex {
   const Hash128& root_key() const { return root_key_; }
   // The prefix key of the block holding `tokens` after the block keyed `parent_key`
   // (root_key() for a prompt's first block).
-  Hash128 PrefixKey(const Hash128& parent_key, std::span<const uint32_t> tokens, uint32_t domain,
-                    uint64_t salt) const {
+  Hash128 PrefixKey(const Hash128& parent_key, std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) const {
     return hasher_.PrefixKey(parent_key, tokens, Extra(domain, salt));
   }
   // REQUIRES: Indexed(b).

@@ -62,7 +62,7 @@ class BlockSource {
 // the state `state_of` gives it (none when not given), between BeginCheckpoint and
 // FinishCheckpoint; returns how many, or FinishCheckpoint's error.
 Result<uint64_t> CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
-                          const std::function<std::vector<std::byte>(BlockId)>& state_of = {});
+                                  const std::function<std::vector<std::byte>(BlockId)>& state_of = {});
 
 uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
                            uint32_t domain, uint64_t salt, uint8_t priority, std::vector<PrefixRef>& chain,

@@ -53,11 +53,11 @@
 namespace tessera {
 
 struct TierCounters {
-  uint64_t records = 0;        // records held (as far as this process knows)
-  uint64_t bytes = 0;          // payload bytes held
-  uint64_t capacity_bytes = 0; // 0: unlimited here (e.g. Redis, bounded by its maxmemory policy)
-  uint64_t evictions = 0;      // records evicted for space
-  uint64_t quarantined = 0;    // records that failed the tier's own checksum (never served)
+  uint64_t records = 0;         // records held (as far as this process knows)
+  uint64_t bytes = 0;           // payload bytes held
+  uint64_t capacity_bytes = 0;  // 0: unlimited here (e.g. Redis, bounded by its maxmemory policy)
+  uint64_t evictions = 0;       // records evicted for space
+  uint64_t quarantined = 0;     // records that failed the tier's own checksum (never served)
 };
 
 // One level of the hierarchy. Implementations verify their own checksums on every read and
@@ -108,15 +108,15 @@ struct TieredStoreOptions {
 };
 
 struct TieredStoreStats {
-  uint64_t demoted = 0;          // records a tier admitted from the level above (pool or tier)
-  uint64_t written_through = 0;  // sealed blocks the persistent tier admitted at once (or at a checkpoint)
-  uint64_t tier_hits = 0;        // blocks promoted into the pool
-  uint64_t queued_hits = 0;      // of which were still queued for their tier's write
-  uint64_t verify_failures = 0;  // records that failed the checks here (quarantined)
-  uint64_t write_errors = 0;     // failed batch writes (e.g. a full disk); the records go lower
-  uint64_t through_refused = 0;  // write-through or checkpoint records the persistent tier refused
-  uint64_t batches = 0;          // asynchronous batches completed
-  uint64_t pending = 0;          // records waiting to be written
+  uint64_t demoted = 0;                 // records a tier admitted from the level above (pool or tier)
+  uint64_t written_through = 0;         // sealed blocks the persistent tier admitted at once (or at a checkpoint)
+  uint64_t tier_hits = 0;               // blocks promoted into the pool
+  uint64_t queued_hits = 0;             // of which were still queued for their tier's write
+  uint64_t verify_failures = 0;         // records that failed the checks here (quarantined)
+  uint64_t write_errors = 0;            // failed batch writes (e.g. a full disk); the records go lower
+  uint64_t through_refused = 0;         // write-through or checkpoint records the persistent tier refused
+  uint64_t batches = 0;                 // asynchronous batches completed
+  uint64_t pending = 0;                 // records waiting to be written
   std::vector<uint64_t> hits_per_tier;  // by the tier holding the record (or writing it)
   std::string last_error;
 };
@@ -206,9 +206,9 @@ class TieredStore final : public BlockSource {
   std::optional<size_t> WriteThroughTier() const;
   std::shared_ptr<const DiskRecord> RecordOf(const BlockPool& pool, BlockId b, const SealedIdentity& id) const;
   // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
-  void SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
-                     const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask)
-      const;
+  void SearchTopDown(
+      std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
+      const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask) const;
 
   TieredStoreOptions options_;
   BlockRecordInfo info_;
@@ -220,7 +220,7 @@ class TieredStore final : public BlockSource {
   std::condition_variable queue_cv_;
   std::condition_variable idle_cv_;
   std::deque<Job> jobs_;
-  std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_batch_;  // per tier
+  std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_batch_;    // per tier
   std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_through_;  // per tier
   struct Pending {
     std::shared_ptr<const DiskRecord> record;
@@ -231,7 +231,6 @@ class TieredStore final : public BlockSource {
   bool stop_ = false;
   std::thread worker_;
   uint64_t refused_at_checkpoint_ = 0;  // through_refused when the running checkpoint began
-
 
   mutable std::mutex stats_mu_;
   TieredStoreStats stats_;

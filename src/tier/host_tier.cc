@@ -79,9 +79,9 @@ Status HostTier::ReserveArena() {
   // Reserved, not committed: pages are touched (and so backed) only as records are written.
   void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    return Status(StatusCode::kOutOfBlocks, "capacity",
-                  "cannot reserve the host tier's arena of " + std::to_string(capacity_) + " bytes: " +
-                      std::strerror(errno));
+    return Status(
+        StatusCode::kOutOfBlocks, "capacity",
+        "cannot reserve the host tier's arena of " + std::to_string(capacity_) + " bytes: " + std::strerror(errno));
   }
   (void)::madvise(p, capacity_, MADV_HUGEPAGE);  // best effort: fewer page faults and TLB misses
   arena_ = std::unique_ptr<std::byte, ArenaDeleter>(static_cast<std::byte*>(p), ArenaDeleter{capacity_});
@@ -139,9 +139,9 @@ Status HostTier::Put(const Hash128& key, uint16_t format_id, std::span<const std
   const uint64_t len = payload.size();
   if (len > capacity_) {
     ++refused_;
-    return Status(StatusCode::kOutOfBlocks, "capacity",
-                  "a " + std::to_string(len) + "-byte record exceeds the host tier's " + std::to_string(capacity_) +
-                      " bytes");
+    return Status(
+        StatusCode::kOutOfBlocks, "capacity",
+        "a " + std::to_string(len) + "-byte record exceeds the host tier's " + std::to_string(capacity_) + " bytes");
   }
   if (len > 0) TESSERA_RETURN_IF_ERROR(ReserveArena());
   Erase(key);
@@ -169,8 +169,7 @@ Status HostTier::Put(const Hash128& key, uint16_t format_id, std::span<const std
 void HostTier::EvictOne() {
   auto victim = std::prev(lru_.end());
   if (on_evict_) {
-    on_evict_(victim->key, victim->format_id,
-              std::span<const std::byte>(arena_.get() + victim->offset, victim->len));
+    on_evict_(victim->key, victim->format_id, std::span<const std::byte>(arena_.get() + victim->offset, victim->len));
   }
   Drop(victim);
   ++evictions_;

@@ -263,7 +263,9 @@ class RedisAdapter final : public Tier {
 
 }  // namespace
 
-std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes) { return std::make_unique<HostTierAdapter>(capacity_bytes); }
+std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes) {
+  return std::make_unique<HostTierAdapter>(capacity_bytes);
+}
 
 Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint64_t capacity_bytes) {
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> disk, DiskTier::Open(options));
@@ -282,7 +284,8 @@ Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& op
 Result<WritePolicy> ParseWritePolicy(std::string_view name) {
   if (name == "write-back") return WritePolicy::kWriteBack;
   if (name == "write-through") return WritePolicy::kWriteThrough;
-  return InvalidArgument("write-policy", "unknown policy \"" + std::string(name) + "\" (known: write-back, write-through)");
+  return InvalidArgument("write-policy",
+                         "unknown policy \"" + std::string(name) + "\" (known: write-back, write-through)");
 }
 
 // ---- Block records ---------------------------------------------------------------------------
@@ -340,15 +343,15 @@ Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<
                                          const ChainLink& link) {
   const size_t data = DataOffset(info.block_tokens);
   if (payload.size() < data + info.page_bytes) {
-    return Status(StatusCode::kDataLoss, "record",
-                  "length " + std::to_string(payload.size()) + ", expected at least " +
-                      std::to_string(data + info.page_bytes));
+    return Status(
+        StatusCode::kDataLoss, "record",
+        "length " + std::to_string(payload.size()) + ", expected at least " + std::to_string(data + info.page_bytes));
   }
   const uint64_t state_bytes = Read<uint64_t>(payload, 96);
   if (state_bytes != payload.size() - data - info.page_bytes) {
-    return Status(StatusCode::kDataLoss, "record",
-                  "length " + std::to_string(payload.size()) + " does not match its state length " +
-                      std::to_string(state_bytes));
+    return Status(
+        StatusCode::kDataLoss, "record",
+        "length " + std::to_string(payload.size()) + " does not match its state length " + std::to_string(state_bytes));
   }
   if (Read<uint32_t>(payload, 0) != kRecordMagic || Read<uint16_t>(payload, 4) != kRecordVersion) {
     return Status(StatusCode::kDataLoss, "record", "not a block record of version 2");
@@ -388,9 +391,8 @@ Result<std::unique_ptr<TieredStore>> TieredStore::Create(const BlockPool& pool, 
   for (size_t t = 0; t < tiers.size(); ++t) {
     auto slot = std::make_unique<Slot>();
     slot->tier = std::move(tiers[t]);
-    slot->tier->SetEvictionListener([self, t](const DiskRecord& r) {
-      self->Demote(t + 1, std::make_shared<const DiskRecord>(r));
-    });
+    slot->tier->SetEvictionListener(
+        [self, t](const DiskRecord& r) { self->Demote(t + 1, std::make_shared<const DiskRecord>(r)); });
     s->tiers_.push_back(std::move(slot));
   }
   s->open_batch_.resize(s->tiers_.size());
@@ -565,9 +567,9 @@ void TieredStore::Flush() {
   }
 }
 
-void TieredStore::SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
-                                const std::function<void(Tier&, size_t, std::span<const Hash128>,
-                                                         std::span<const size_t>)>& ask) const {
+void TieredStore::SearchTopDown(
+    std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
+    const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask) const {
   for (size_t t = 0; t < tiers_.size(); ++t) {
     std::vector<Hash128> keys;
     std::vector<size_t> where;
@@ -692,18 +694,22 @@ std::vector<MetricFamily> TieredStore::CollectMetrics() const {
        "Records refused by the store's identity checks (quarantined, never served).",
        "counter",
        {{"", st.verify_failures}}},
-      {"tessera_tier_write_errors_total", "Batch writes a tier refused (e.g. a full disk).", "counter",
+      {"tessera_tier_write_errors_total",
+       "Batch writes a tier refused (e.g. a full disk).",
+       "counter",
        {{"", st.write_errors}}},
       {"tessera_tier_batches_total", "Asynchronous write batches completed.", "counter", {{"", st.batches}}},
       {"tessera_tier_pending_records", "Records queued for a write.", "gauge", {{"", st.pending}}},
   };
   MetricFamily hits{"tessera_tier_promotions_total",
-                    "Blocks promoted into the pool after verification, by the tier that held them.", "counter", {}};
+                    "Blocks promoted into the pool after verification, by the tier that held them.",
+                    "counter",
+                    {}};
   MetricFamily records{"tessera_tier_records", "Records held per tier (Redis: written by this process).", "gauge", {}};
   MetricFamily bytes{"tessera_tier_bytes", "Payload bytes held per tier.", "gauge", {}};
   MetricFamily evictions{"tessera_tier_evictions_total", "Records a tier evicted for space.", "counter", {}};
-  MetricFamily quarantined{"tessera_tier_quarantined_total",
-                           "Records that failed a tier's own checksum (never served).", "counter", {}};
+  MetricFamily quarantined{
+      "tessera_tier_quarantined_total", "Records that failed a tier's own checksum (never served).", "counter", {}};
   for (size_t i = 0; i < tiers_.size(); ++i) {
     const std::string label = "tier=\"" + std::string(tiers_[i]->tier->name()) + "\"";
     const TierCounters c = tier_counters(i);

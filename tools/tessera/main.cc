@@ -8,9 +8,9 @@
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
 // written); 1 any other failure.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -249,8 +249,9 @@ struct SimulateArgs {
                     "recompute | snapshot | retain (models with windows; default: all three)");
     app->add_option("--disk", disk,
                     "a disk tier in DIR behind the pool; a second run over DIR starts cold and hits from disk");
-    app->add_option("--tier-write", tier_write,
-                    "write-through (default: every sealed block at seal) | write-back (what the pool evicts, the rest at exit)");
+    app->add_option(
+        "--tier-write", tier_write,
+        "write-through (default: every sealed block at seal) | write-back (what the pool evicts, the rest at exit)");
     app->add_option("--host-tier-bytes", host_tier_bytes, "a host tier of this size above the disk (e.g. 64MiB)");
   }
 
