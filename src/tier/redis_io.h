@@ -59,9 +59,10 @@ inline constexpr size_t kMaxLineBytes = 4096;
 // Replies to GET, SET, DEL and ASKING: one bulk string of at most `max_value_bytes`, no array
 // with elements (an empty or nil array is a wrong-typed reply, not a protocol error).
 ReplyLimits DataLimits(uint64_t max_value_bytes);
-// Replies to CLUSTER SLOTS: at most 16384 ranges (every slot its own range), each with its start,
-// end and up to 32 nodes ([ip, port, id, metadata...]), names of at most 1 KiB; 8 MiB in all.
-// The worst a hostile node can make the client hold is about 20 MiB.
+// Replies to CLUSTER SLOTS: 8 MiB, 2^18 array elements (16384 single-slot ranges with a master
+// and a replica fit), 4 levels (map > range > node > node metadata), strings of at most 1 KiB.
+// What a hostile node can make the client hold is then bounded by the elements (2^18 Replies,
+// at most twice over while vectors grow) plus the strings: about 50 MiB.
 ReplyLimits SlotMapLimits();
 
 // An incremental RESP2 parser. Feed it bytes as they arrive; it emits complete replies.
