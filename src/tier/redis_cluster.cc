@@ -74,25 +74,6 @@ std::optional<HostPort> RedirectTarget(const Reply& r) {
   return hp;
 }
 
-// What a reply that is not the expected one says, for a one-line message.
-std::string Describe(const Reply& r) {
-  switch (r.type) {
-    case Reply::Type::kError:
-      return "'" + redis_io::Printable(r.str) + "'";
-    case Reply::Type::kStatus:
-      return "status '" + redis_io::Printable(r.str) + "'";
-    case Reply::Type::kString:
-      return "a bulk string";
-    case Reply::Type::kInteger:
-      return "an integer";
-    case Reply::Type::kNil:
-      return "nil";
-    case Reply::Type::kArray:
-      return "an array";
-  }
-  return "an unknown reply";
-}
-
 }  // namespace
 
 struct RedisClusterTier::Node {
@@ -458,7 +439,7 @@ void RedisClusterTier::Execute(std::vector<Op>& ops, Clock::time_point deadline)
         if (!expected_type) {
           NodeError(node);
           ++stats_.bad_replies;
-          op.failure = node.Address() + ": unexpected reply " + Describe(reply);
+          op.failure = node.Address() + ": unexpected reply " + redis_io::Describe(reply);
           continue;
         }
         op.done = true;

@@ -341,6 +341,24 @@ Connection::Idle Connection::Check() const {
   }
 }
 
+std::string Describe(const Reply& r) {
+  switch (r.type) {
+    case Reply::Type::kError:
+      return "'" + Printable(r.str) + "'";
+    case Reply::Type::kStatus:
+      return "status '" + Printable(r.str) + "'";
+    case Reply::Type::kString:
+      return "a bulk string";
+    case Reply::Type::kInteger:
+      return "an integer";
+    case Reply::Type::kNil:
+      return "nil";
+    case Reply::Type::kArray:
+      return "an array";
+  }
+  return "an unknown reply";
+}
+
 std::string Printable(std::string_view s, size_t max) {
   std::string out;
   out.reserve(std::min(s.size(), max));

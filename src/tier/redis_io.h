@@ -146,6 +146,9 @@ class Connection {
   redisContext* ctx_ = nullptr;
 };
 
+// What `r` is, for a one-line message about a reply that was not the expected one: an error or
+// status with its (printable) text, else its type.
+std::string Describe(const Reply& r);
 // `s` fit for a one-line message: bytes outside printable ASCII become '?', at most `max` bytes.
 std::string Printable(std::string_view s, size_t max = 160);
 // The milliseconds left until `deadline` (0 when passed).

@@ -1,5 +1,7 @@
 #include "tessera/redis_tier.h"
 
+#include <algorithm>
+
 #include "tier/redis_io.h"
 #include "tier/redis_value.h"
 
@@ -29,25 +31,6 @@ std::string EscapePart(std::string_view s) {
     }
   }
   return out;
-}
-
-// What a reply that is not the expected one says, for a one-line message.
-std::string Describe(const Reply& r) {
-  switch (r.type) {
-    case Reply::Type::kError:
-      return "'" + redis_io::Printable(r.str) + "'";
-    case Reply::Type::kStatus:
-      return "status '" + redis_io::Printable(r.str) + "'";
-    case Reply::Type::kString:
-      return "a bulk string";
-    case Reply::Type::kInteger:
-      return "an integer";
-    case Reply::Type::kNil:
-      return "nil";
-    case Reply::Type::kArray:
-      return "an array";
-  }
-  return "an unknown reply";
 }
 
 }  // namespace
@@ -164,7 +147,7 @@ Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
     }
     ++refused;
     if (reply.type != Reply::Type::kError) ++stats_.bad_replies;
-    if (first_refusal.empty()) first_refusal = Describe(reply);
+    if (first_refusal.empty()) first_refusal = redis_io::Describe(reply);
   }
   stats_.puts += stored;
   stats_.errors += refused + too_large;
@@ -235,7 +218,7 @@ Status RedisTier::EraseBatch(std::span<const Hash128> keys) {
     if (reply.type == Reply::Type::kInteger) continue;
     ++refused;
     if (reply.type != Reply::Type::kError) ++stats_.bad_replies;
-    if (first_refusal.empty()) first_refusal = Describe(reply);
+    if (first_refusal.empty()) first_refusal = redis_io::Describe(reply);
   }
   if (refused == 0) return Status::Ok();
   stats_.errors += refused;

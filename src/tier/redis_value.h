@@ -77,7 +77,7 @@ inline Status ValidateOptions(std::span<const std::byte> secret, uint64_t max_va
 
 class Codec {
  public:
-  // REQUIRES: ValidateOptions(secret, max_payload_bytes).ok().
+  // Errors: as ValidateOptions; kInternal on "secret" when the crypto library lacks the MAC.
   static Result<Codec> Create(std::span<const std::byte> secret, std::string_view key_namespace,
                               uint64_t max_payload_bytes) {
     TESSERA_RETURN_IF_ERROR(ValidateOptions(secret, max_payload_bytes));
