@@ -572,7 +572,13 @@ void BM_RedisTierBatch(benchmark::State& state) {
   RedisTierOptions o;
   o.port = port;
   o.timeout_ms = 5000;
-  RedisTier t(o);
+  o.secret = std::vector<std::byte>(32, std::byte{0x42});
+  auto opened = RedisTier::Open(o);
+  if (!opened.ok()) {
+    state.SkipWithError(opened.status().ToString().c_str());
+    return;
+  }
+  RedisTier& t = **opened;
   std::vector<DiskRecord> batch;
   std::vector<Hash128> keys;
   for (int k = 0; k < kBlocksPerBatch; ++k) {

@@ -7,7 +7,10 @@
 #include <hiredis/hiredis.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -83,19 +86,18 @@ int OwnerOfSlot(uint16_t slot) {
 
 const std::string kNs = "tessera:test:fmt:0";
 
+std::vector<std::byte> Secret(uint8_t fill = 0x42) { return std::vector<std::byte>(32, std::byte{fill}); }
+
 uint16_t SlotOf(const Hash128& key) { return RedisClusterKeySlot(kNs + ":{" + key.Hex() + "}"); }
 
 // Three redis-server processes in cluster mode, one master per third of the slots.
 class Cluster {
  public:
   Cluster() {
-    std::vector<int> ports = testing::FreePorts(6);  // client ports, then cluster-bus ports
     for (int i = 0; i < 3; ++i) {
-      bus_[i] = ports[3 + i];
-      nodes_[i] = std::make_unique<RedisServer>(ports[i]);
-      nodes_[i]->AddArgs({"--cluster-enabled", "yes", "--cluster-config-file",
-                          nodes_[i]->dir() + "/nodes-" + std::to_string(i) + ".conf", "--cluster-port",
-                          std::to_string(bus_[i]), "--cluster-require-full-coverage", "no"});
+      nodes_[i] = std::make_unique<RedisServer>();  // client and bus ports chosen at Start
+      nodes_[i]->EnableCluster();
+      nodes_[i]->AddArgs({"--cluster-require-full-coverage", "no"});
     }
   }
 
@@ -105,15 +107,16 @@ class Cluster {
     for (int i = 0; i < 3; ++i) {
       if (!nodes_[i]->Start()) return ::testing::AssertionFailure() << "node " << i << " did not start";
       Reply e = Command(port(i), {"CLUSTER", "SET-CONFIG-EPOCH", std::to_string(i + 1)});
-      Reply a = Command(port(i), {"CLUSTER", "ADDSLOTSRANGE", std::to_string(kRanges[i][0]),
-                                  std::to_string(kRanges[i][1])});
+      Reply a =
+          Command(port(i), {"CLUSTER", "ADDSLOTSRANGE", std::to_string(kRanges[i][0]), std::to_string(kRanges[i][1])});
       if (!e.ok() || !a.ok()) return ::testing::AssertionFailure() << "node " << i << ": " << e.text << a.text;
       Reply id = Command(port(i), {"CLUSTER", "MYID"});
       if (!id.ok() || id.text.empty()) return ::testing::AssertionFailure() << "no id for node " << i;
       ids_[i] = id.text;
     }
     for (int i = 1; i < 3; ++i) {
-      Reply m = Command(port(0), {"CLUSTER", "MEET", "127.0.0.1", std::to_string(port(i)), std::to_string(bus_[i])});
+      Reply m = Command(
+          port(0), {"CLUSTER", "MEET", "127.0.0.1", std::to_string(port(i)), std::to_string(nodes_[i]->bus_port())});
       if (!m.ok()) return ::testing::AssertionFailure() << "MEET: " << m.text;
     }
     for (int i = 0; i < 3; ++i) {
@@ -143,6 +146,7 @@ class Cluster {
     o.key_namespace = ns;
     o.reconnect_interval_ms = 20;
     o.timeout_ms = 1000;
+    o.secret = Secret();
     return o;
   }
 
@@ -154,7 +158,6 @@ class Cluster {
 
  private:
   std::array<std::unique_ptr<RedisServer>, 3> nodes_;
-  std::array<int, 3> bus_{};
   std::array<std::string, 3> ids_;
 };
 
@@ -184,23 +187,22 @@ TEST(RedisClusterSlots, HashTagsFollowTheSpec) {
   EXPECT_NE(RedisClusterKeySlot("user1000.following"), RedisClusterKeySlot("user1000.followers"));
   EXPECT_EQ(RedisClusterKeySlot("foo{}{bar}"), RedisClusterKeySlot("foo{}{bar}"));
   EXPECT_EQ(RedisClusterKeySlot("foo{}{bar}"), RedisClusterCrc16("foo{}{bar}") % 16384);  // empty tag: whole key
-  EXPECT_EQ(RedisClusterKeySlot("foo{{bar}}zap"), RedisClusterKeySlot("{bar"));  // tag is "{bar"
-  EXPECT_EQ(RedisClusterKeySlot("foo{bar}{zap}"), RedisClusterKeySlot("bar"));   // the first tag only
-  EXPECT_EQ(RedisClusterKeySlot("foo{bar"), RedisClusterCrc16("foo{bar") % 16384);  // unclosed: whole key
+  EXPECT_EQ(RedisClusterKeySlot("foo{{bar}}zap"), RedisClusterKeySlot("{bar"));           // tag is "{bar"
+  EXPECT_EQ(RedisClusterKeySlot("foo{bar}{zap}"), RedisClusterKeySlot("bar"));            // the first tag only
+  EXPECT_EQ(RedisClusterKeySlot("foo{bar"), RedisClusterCrc16("foo{bar") % 16384);        // unclosed: whole key
   // The namespace does not change the slot; the key hex does.
   Hash128 k{1, 2};
   EXPECT_EQ(RedisClusterKeySlot("a:{" + k.Hex() + "}"), RedisClusterKeySlot("b:c:{" + k.Hex() + "}"));
 }
 
 TEST(RedisClusterSlots, AgreesWithTheServersKeyslot) {
-  ASSERT_TRUE(testing::HaveRedisServer()) << "redis-server is not installed: run scripts/install-deps.sh";
-  std::vector<int> ports = testing::FreePorts(2);  // a port above 55535 needs an explicit bus port
-  RedisServer server(ports[0]);
-  server.AddArgs({"--cluster-enabled", "yes", "--cluster-config-file", server.dir() + "/nodes.conf",
-                  "--cluster-port", std::to_string(ports[1])});
+  TESSERA_REQUIRE_REDIS_SERVER();
+  RedisServer server;
+  server.EnableCluster();  // an explicit bus port: a port above 55535 has no +10000 one
   ASSERT_TRUE(server.Start());
-  std::vector<std::string> keys{"", "a", "123456789", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap",
-                                "foo{bar}{zap}", "}{x}", "{", "}", "{}", std::string("\xff\x00\x80", 3)};
+  std::vector<std::string> keys{
+      "",  "a", "123456789", "{user1000}.following",        "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "}{x}",
+      "{", "}", "{}",        std::string("\xff\x00\x80", 3)};
   for (uint64_t i = 0; i < 200; ++i) keys.push_back(kNs + ":{" + Rec(i, 0).key.Hex() + "}");
   for (const std::string& k : keys) {
     Reply r = Command(server.port(), {"CLUSTER", "KEYSLOT", k});
@@ -230,10 +232,20 @@ TEST(RedisClusterTier, OpenRejectsBadOptionsNamingTheField) {
   o.timeout_ms = 100;
   o.connect_timeout_ms = 0;
   EXPECT_EQ(field(o), "connect_timeout_ms");
+  o.connect_timeout_ms = 100;
+  EXPECT_EQ(field(o), "secret");  // required
+  o.secret = std::vector<std::byte>(15, std::byte{1});
+  EXPECT_EQ(field(o), "secret");
+  o.secret = Secret();
+  o.max_value_bytes = 0;
+  EXPECT_EQ(field(o), "max_value_bytes");
+  o.max_value_bytes = 512ull << 20;
+  EXPECT_EQ(field(o), "max_value_bytes");
 }
 
 TEST(RedisClusterTier, UnreachableClusterIsMissOnly) {
   RedisClusterOptions o;
+  o.secret = Secret();
   o.seeds = {"127.0.0.1:" + std::to_string(RedisServer::FreePort())};
   auto t = MustOpen(o);
   ASSERT_NE(t, nullptr);
@@ -254,7 +266,7 @@ TEST(RedisClusterTier, UnreachableClusterIsMissOnly) {
 }
 
 TEST(RedisClusterTier, BatchRoundTripSpreadsOverEveryNode) {
-  ASSERT_TRUE(testing::HaveRedisServer()) << "redis-server is not installed: run scripts/install-deps.sh";
+  TESSERA_REQUIRE_REDIS_SERVER();
   Cluster cluster;
   ASSERT_TRUE(cluster.Form());
   auto t = MustOpen(cluster.Options());
@@ -301,7 +313,7 @@ TEST(RedisClusterTier, BatchRoundTripSpreadsOverEveryNode) {
   // The stored key is "<namespace>:{<key hex>}" on the node that owns its slot.
   const Hash128& k0 = recs[0].key;
   Reply raw = Command(cluster.port(OwnerOfSlot(SlotOf(k0))), {"STRLEN", kNs + ":{" + k0.Hex() + "}"});
-  EXPECT_EQ(raw.integer, static_cast<long long>(48 + recs[0].payload.size()));
+  EXPECT_EQ(raw.integer, static_cast<long long>(64 + recs[0].payload.size()));
 
   // Another namespace reads nothing of this one.
   auto other = MustOpen(cluster.Options("tessera:test:fmt:1"));
@@ -318,7 +330,7 @@ TEST(RedisClusterTier, BatchRoundTripSpreadsOverEveryNode) {
 }
 
 TEST(RedisClusterTier, ACorruptedValueIsAMissNeverWrongBytes) {
-  ASSERT_TRUE(testing::HaveRedisServer());
+  TESSERA_REQUIRE_REDIS_SERVER();
   Cluster cluster;
   ASSERT_TRUE(cluster.Form());
   auto t = MustOpen(cluster.Options());
@@ -328,7 +340,7 @@ TEST(RedisClusterTier, ACorruptedValueIsAMissNeverWrongBytes) {
   // Behind the tier's back: flip payload byte 100 of record 0, replace record 1 with a short value.
   std::string k0 = kNs + ":{" + recs[0].key.Hex() + "}";
   std::string k1 = kNs + ":{" + recs[1].key.Hex() + "}";
-  ASSERT_TRUE(Command(cluster.port(OwnerOfSlot(SlotOf(recs[0].key))), {"SETRANGE", k0, "148", "Z"}).ok());
+  ASSERT_TRUE(Command(cluster.port(OwnerOfSlot(SlotOf(recs[0].key))), {"SETRANGE", k0, "164", "Z"}).ok());
   ASSERT_TRUE(Command(cluster.port(OwnerOfSlot(SlotOf(recs[1].key))), {"SET", k1, "short"}).ok());
   auto got = t->GetBatch(Keys(recs));
   EXPECT_FALSE(got[0].has_value());
@@ -337,6 +349,47 @@ TEST(RedisClusterTier, ACorruptedValueIsAMissNeverWrongBytes) {
   EXPECT_EQ(got[2]->payload, recs[2].payload);
   EXPECT_EQ(t->stats().verify_failures, 2u);
   EXPECT_EQ(t->stats().misses, 2u);
+  EXPECT_EQ(t->stats().hits, 1u);
+}
+
+// Regression: values were checked with an unkeyed checksum, so a node's writer could plant a
+// block (a version-1 value with its checksum recomputed) that the tier returned as verified, and
+// a value copied from another namespace verified too. Now each value carries a RecordMac tag.
+TEST(RedisClusterTier, ForgedOrCopiedValuesAreVerifyFailures) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+  const std::string other_ns = "tessera:test:fmt:9";
+  auto t = MustOpen(cluster.Options());
+  auto other_tenant = MustOpen(cluster.Options(other_ns));
+  RedisClusterOptions wrong = cluster.Options();
+  wrong.secret = Secret(0x17);
+  auto other_fleet = MustOpen(wrong);
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(other_tenant, nullptr);
+  ASSERT_NE(other_fleet, nullptr);
+  std::vector<DiskRecord> recs = Recs(0, 4);
+  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{recs[3]}).ok());
+  ASSERT_TRUE(other_tenant->PutBatch(std::vector<DiskRecord>{recs[1]}).ok());
+  ASSERT_TRUE(other_fleet->PutBatch(std::vector<DiskRecord>{recs[2]}).ok());
+  auto name = [](const std::string& ns, const DiskRecord& r) { return ns + ":{" + r.key.Hex() + "}"; };
+  auto port_of = [&](const DiskRecord& r) { return cluster.port(OwnerOfSlot(SlotOf(r.key))); };
+  // 0: a forged version-1 value with a valid checksum.
+  std::vector<std::byte> evil(2000, std::byte{0x66});
+  ASSERT_TRUE(
+      Command(port_of(recs[0]), {"SET", name(kNs, recs[0]), testing::ForgeRedisValueV1(recs[0].key, 1, evil)}).ok());
+  // 1: the other tenant's value for the same key (same slot: the hash tag is the key hex).
+  Reply v1 = Command(port_of(recs[1]), {"GET", name(other_ns, recs[1])});
+  ASSERT_EQ(v1.type, REDIS_REPLY_STRING);
+  ASSERT_TRUE(Command(port_of(recs[1]), {"SET", name(kNs, recs[1]), v1.text}).ok());
+  // 2: written by another fleet under this namespace. 3: untouched.
+  auto got = t->GetBatch(Keys(recs));
+  EXPECT_FALSE(got[0].has_value());
+  EXPECT_FALSE(got[1].has_value());
+  EXPECT_FALSE(got[2].has_value());
+  ASSERT_TRUE(got[3].has_value());
+  EXPECT_EQ(got[3]->payload, recs[3].payload);
+  EXPECT_EQ(t->stats().verify_failures, 3u);
   EXPECT_EQ(t->stats().hits, 1u);
 }
 
@@ -359,7 +412,7 @@ std::vector<DiskRecord> SameSlotOnNode0(uint16_t* slot) {
 }
 
 TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
-  ASSERT_TRUE(testing::HaveRedisServer());
+  TESSERA_REQUIRE_REDIS_SERVER();
   Cluster cluster;
   ASSERT_TRUE(cluster.Form());
   uint16_t slot = 0;
@@ -429,7 +482,7 @@ TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
 }
 
 TEST(RedisClusterTier, AKilledNodeIsMissesForItsKeysAndRecovers) {
-  ASSERT_TRUE(testing::HaveRedisServer());
+  TESSERA_REQUIRE_REDIS_SERVER();
   Cluster cluster;
   ASSERT_TRUE(cluster.Form());
   auto t = MustOpen(cluster.Options());
@@ -506,12 +559,11 @@ TEST(RedisClusterTier, AKilledNodeIsMissesForItsKeysAndRecovers) {
   }
 }
 
-
 // A fleet: one host writes through to the cluster, another host (a cold manager with the same
 // prefix key) admits the same prompt and gets every block from the cluster, verified; the
 // blocks were spread over the three nodes.
 TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
-  ASSERT_TRUE(testing::HaveRedisServer());
+  TESSERA_REQUIRE_REDIS_SERVER();
   Cluster cluster;
   ASSERT_TRUE(cluster.Form());
   std::vector<std::byte> key(32, std::byte{0x5c});  // the fleet's shared prefix.key
@@ -564,6 +616,254 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
     }
   }
   m->SetBlockSource(nullptr);
+}
+
+// ---- A hostile cluster node -----------------------------------------------------------------
+//
+// A fake node (a thread on 127.0.0.1) plays the cluster. The batch budget is 200 ms; each call
+// must return within twice that with bounded memory, its keys misses (gets) or failures (puts).
+
+constexpr uint32_t kDeadlineMs = 200;
+using Clock = std::chrono::steady_clock;
+using testing::FakeRedis;
+
+// `s` with CR and LF written as \r and \n.
+std::string Shown(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '\r' ? std::string("\\r") : c == '\n' ? std::string("\\n") : std::string(1, c);
+  return out;
+}
+
+int64_t MillisSince(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+RedisClusterOptions HostileOptions(const FakeRedis& seed) {
+  RedisClusterOptions o;
+  o.seeds = {seed.address()};
+  o.key_namespace = kNs;
+  o.secret = Secret();
+  o.timeout_ms = kDeadlineMs;
+  o.connect_timeout_ms = kDeadlineMs;
+  o.reconnect_interval_ms = 0;
+  return o;
+}
+
+// A node that gives itself every slot and answers data commands with `answer(command)` ("" for
+// no answer, then it waits for the client to go).
+FakeRedis::Script OwnAllSlots(const std::atomic<int>* port,
+                              std::function<std::string(const std::vector<std::string>&)> answer) {
+  return [port, answer](FakeRedis::Conn& c) {
+    std::vector<std::string> cmd;
+    while (c.ReadCommand(&cmd)) {
+      if (cmd[0] == "CLUSTER") {
+        c.Send(FakeRedis::SlotMapTo(port->load()));
+        continue;
+      }
+      std::string reply = answer(cmd);
+      if (reply.empty()) {
+        c.WaitClosed();
+        return;
+      }
+      if (!c.Send(reply)) return;
+    }
+  };
+}
+
+// Regression: Open asked CLUSTER SLOTS with hiredis's per-read timeout, so a seed that drip-fed
+// its answer (one byte per 10 ms, here about 1 s) held Open for as long as it liked.
+TEST(RedisClusterHostile, OpenAgainstADripFeedingSeedReturnsWithinTheDeadline) {
+  std::atomic<int> port{0};
+  FakeRedis fake([&](FakeRedis::Conn& c) {
+    if (!c.ReadCommands(1)) return;
+    c.Drip(FakeRedis::SlotMapTo(port.load()), std::chrono::milliseconds(10));
+    c.WaitClosed();
+  });
+  port = fake.port();
+  auto t0 = Clock::now();
+  auto t = MustOpen(HostileOptions(fake));
+  int64_t took = MillisSince(t0);
+  ASSERT_NE(t, nullptr);
+  EXPECT_LT(took, 2 * kDeadlineMs) << took << " ms";
+  RedisClusterStats s = t->stats();
+  EXPECT_EQ(s.slot_map_failures, 1u);
+  EXPECT_EQ(s.slots_covered, 0u);
+  EXPECT_EQ(s.timeouts, 1u);
+  std::printf("[ timing ] drip-fed CLUSTER SLOTS: Open returned after %lld ms (deadline %u ms)\n",
+              static_cast<long long>(took), kDeadlineMs);
+}
+
+// Regression: a 14-byte CLUSTER SLOTS reply announcing 2^31-1 ranges made hiredis allocate
+// 16 GiB of pointers. Now it is refused on its header line.
+TEST(RedisClusterHostile, OpenAgainstAHugeSlotMapHeaderFailsFast) {
+  for (const char* bad : {"*2147483647\r\n", "*300000\r\n", "*1\r\n*1\r\n*1\r\n*1\r\n*1\r\n:1\r\n"}) {
+    const std::string reply = bad;
+    FakeRedis fake([&](FakeRedis::Conn& c) {
+      if (!c.ReadCommands(1)) return;
+      c.Send(reply);
+      c.WaitClosed();
+    });
+    uint64_t rss0 = testing::PeakRssBytes();
+    auto t0 = Clock::now();
+    auto t = MustOpen(HostileOptions(fake));
+    int64_t took = MillisSince(t0);
+    ASSERT_NE(t, nullptr);
+    EXPECT_LT(took, kDeadlineMs / 2) << bad << ": " << took << " ms";
+    EXPECT_LT(testing::PeakRssBytes() - rss0, 64u << 20) << bad;
+    EXPECT_EQ(t->stats().bad_replies, 1u) << bad;
+    EXPECT_EQ(t->stats().slots_covered, 0u) << bad;
+    std::printf("[ timing ] CLUSTER SLOTS reply %s: Open returned after %lld ms\n", Shown(bad).c_str(),
+                static_cast<long long>(took));
+  }
+}
+
+// Regression: GET replies drip-fed by a node held GetBatch past any timeout.
+TEST(RedisClusterHostile, GetBatchAgainstADripFeedingNodeReturnsWithinTheDeadline) {
+  std::atomic<int> port{0};
+  FakeRedis fake([&](FakeRedis::Conn& c) {
+    std::vector<std::string> cmd;
+    while (c.ReadCommand(&cmd)) {
+      if (cmd[0] == "CLUSTER") {
+        c.Send(FakeRedis::SlotMapTo(port.load()));
+        continue;
+      }
+      c.Drip("$100\r\n" + std::string(100, 'x') + "\r\n", std::chrono::milliseconds(10));
+      c.WaitClosed();
+      return;
+    }
+  });
+  port = fake.port();
+  auto t = MustOpen(HostileOptions(fake));
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->stats().slots_covered, 16384u);
+  std::vector<DiskRecord> recs = Recs(0, 3);
+  auto t0 = Clock::now();
+  auto got = t->GetBatch(Keys(recs));
+  int64_t took = MillisSince(t0);
+  for (const auto& g : got) EXPECT_FALSE(g.has_value());
+  EXPECT_LT(took, 2 * kDeadlineMs) << took << " ms";
+  RedisClusterStats s = t->stats();
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.timeouts, 1u);
+  EXPECT_FALSE(s.nodes[0].connected);
+  std::printf("[ timing ] drip-fed GET reply from a cluster node: returned after %lld ms (deadline %u ms)\n",
+              static_cast<long long>(took), kDeadlineMs);
+}
+
+// Regression: a bulk header far over any value, then a flood: buffered without bound.
+TEST(RedisClusterHostile, GetBatchAgainstAHugeBulkHeaderFailsFast) {
+  std::atomic<int> port{0};
+  FakeRedis fake([&](FakeRedis::Conn& c) {
+    std::vector<std::string> cmd;
+    while (c.ReadCommand(&cmd)) {
+      if (cmd[0] == "CLUSTER") {
+        c.Send(FakeRedis::SlotMapTo(port.load()));
+        continue;
+      }
+      c.Send("$99999999999\r\n");
+      c.Flood('x', 512u << 20);
+      return;
+    }
+  });
+  port = fake.port();
+  RedisClusterOptions o = HostileOptions(fake);
+  o.max_value_bytes = 1 << 20;
+  auto t = MustOpen(o);
+  ASSERT_NE(t, nullptr);
+  std::vector<DiskRecord> recs = Recs(0, 1);
+  uint64_t rss0 = testing::PeakRssBytes();
+  auto t0 = Clock::now();
+  auto got = t->GetBatch(Keys(recs));
+  int64_t took = MillisSince(t0);
+  EXPECT_FALSE(got[0].has_value());
+  EXPECT_LT(took, kDeadlineMs / 2) << took << " ms";
+  EXPECT_LT(testing::PeakRssBytes() - rss0, 64u << 20);
+  EXPECT_EQ(t->stats().bad_replies, 1u);
+  std::printf("[ timing ] $99999999999 reply from a cluster node: returned after %lld ms\n",
+              static_cast<long long>(took));
+}
+
+// Regression: a MOVED to a node that drip-feeds: the redirected retry is inside the same budget.
+TEST(RedisClusterHostile, MovedToADripFeedingNodeStaysWithinTheDeadline) {
+  std::atomic<int> slow_port{0}, port{0};
+  FakeRedis slow([&](FakeRedis::Conn& c) {
+    std::vector<std::string> cmd;
+    while (c.ReadCommand(&cmd)) {
+      if (cmd[0] == "CLUSTER") {
+        c.Send(FakeRedis::SlotMapTo(port.load()));
+        continue;
+      }
+      c.Drip("$100\r\n" + std::string(100, 'x') + "\r\n", std::chrono::milliseconds(10));
+      c.WaitClosed();
+      return;
+    }
+  });
+  slow_port = slow.port();
+  FakeRedis fake(OwnAllSlots(&port, [&](const std::vector<std::string>& cmd) {
+    return "-MOVED " + std::to_string(RedisClusterKeySlot(cmd[1])) + " 127.0.0.1:" + std::to_string(slow_port.load()) +
+           "\r\n";
+  }));
+  port = fake.port();
+  auto t = MustOpen(HostileOptions(fake));
+  ASSERT_NE(t, nullptr);
+  std::vector<DiskRecord> recs = Recs(0, 1);
+  auto t0 = Clock::now();
+  auto got = t->GetBatch(Keys(recs));
+  int64_t took = MillisSince(t0);
+  EXPECT_FALSE(got[0].has_value());
+  EXPECT_LT(took, 2 * kDeadlineMs) << took << " ms";
+  RedisClusterStats s = t->stats();
+  EXPECT_EQ(s.moved, 1u);
+  EXPECT_EQ(s.timeouts, 1u);
+  std::printf("[ timing ] MOVED to a drip-feeding node: returned after %lld ms (deadline %u ms)\n",
+              static_cast<long long>(took), kDeadlineMs);
+}
+
+// A refused SET (-OOM) is a failed put naming the node and the server's message; wrong-typed
+// replies to SET and GET are failures and misses, counted.
+TEST(RedisClusterHostile, RefusedAndWrongTypedRepliesAreFailures) {
+  std::atomic<int> port{0};
+  std::atomic<int> sets{0};
+  FakeRedis fake(OwnAllSlots(&port, [&](const std::vector<std::string>& cmd) -> std::string {
+    if (cmd[0] == "SET") return sets++ == 0 ? "-OOM command not allowed when used memory > 'maxmemory'.\r\n" : ":1\r\n";
+    if (cmd[0] == "GET") return "*0\r\n";
+    return ":1\r\n";
+  }));
+  port = fake.port();
+  auto t = MustOpen(HostileOptions(fake));
+  ASSERT_NE(t, nullptr);
+  std::vector<DiskRecord> recs = Recs(0, 2);
+  Status st = t->PutBatch(recs);
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_EQ(st.field(), "redis");
+  EXPECT_NE(st.message().find("OOM"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find(fake.address()), std::string::npos) << st.message();
+  EXPECT_EQ(t->stats().put_failures, 2u);
+  auto got = t->GetBatch(Keys(recs));
+  EXPECT_FALSE(got[0].has_value());
+  EXPECT_FALSE(got[1].has_value());
+  EXPECT_EQ(t->stats().bad_replies, 3u);  // one SET, two GETs
+  EXPECT_TRUE(t->stats().nodes[0].connected);
+}
+
+// Endpoints the cluster announces must be IP literals: resolving a name is not bounded by any
+// deadline. A map naming a host leaves those slots unowned (misses), resolving nothing.
+TEST(RedisClusterHostile, AnnouncedHostNamesAreNotResolved) {
+  FakeRedis fake([](FakeRedis::Conn& c) {
+    std::vector<std::string> cmd;
+    while (c.ReadCommand(&cmd)) {
+      c.Send("*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n" + FakeRedis::Bulk("redis.example.invalid") + ":6379\r\n" +
+             FakeRedis::Bulk(std::string(40, 'f')));
+    }
+  });
+  auto t = MustOpen(HostileOptions(fake));
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->stats().slot_map_refreshes, 1u);
+  EXPECT_EQ(t->stats().slots_covered, 0u);
+  ASSERT_EQ(t->stats().nodes.size(), 1u);  // the seed only
+  auto t0 = Clock::now();
+  EXPECT_FALSE(t->GetBatch(Keys(Recs(0, 1)))[0].has_value());
+  EXPECT_LT(MillisSince(t0), 2 * kDeadlineMs);
 }
 
 }  // namespace

@@ -4,11 +4,19 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -108,16 +116,22 @@ std::vector<int> FreePorts(size_t n) {
   return ports;
 }
 
-RedisServer::RedisServer(int port) : port_(port != 0 ? port : FreePort()) {}
+RedisServer::RedisServer(int port) : port_(port), port_fixed_(port != 0) {}
 
 RedisServer::~RedisServer() { Stop(); }
 
 void RedisServer::AddArgs(const std::vector<std::string>& args) { args_.insert(args_.end(), args.begin(), args.end()); }
 
-bool RedisServer::Start() {
-  std::vector<std::string> args{"redis-server", "--port",     std::to_string(port_), "--bind",   "127.0.0.1",
-                                "--save",       "",           "--appendonly",        "no",       "--dir",
-                                dir_.path(),    "--loglevel", "warning"};
+void RedisServer::EnableCluster() { cluster_ = true; }
+
+RedisServer::Outcome RedisServer::Launch() {
+  std::vector<std::string> args{
+      "redis-server", "--port", std::to_string(port_), "--bind",     "127.0.0.1", "--save", "", "--appendonly",
+      "no",           "--dir",  dir_.path(),           "--loglevel", "warning"};
+  if (cluster_) {
+    args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file", dir_.path() + "/nodes.conf",
+                             "--cluster-port", std::to_string(bus_port_)});
+  }
   args.insert(args.end(), args_.begin(), args_.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -128,24 +142,60 @@ bool RedisServer::Start() {
     ::execvp("redis-server", argv.data());
     ::_exit(127);
   }
-  if (pid_ < 0) return false;
-  for (int i = 0; i < 200; ++i) {  // up to 2 s
+  if (pid_ < 0) return Outcome::kExited;
+  const std::string mine = "process_id:" + std::to_string(pid_) + "\r\n";
+  for (int i = 0; i < 500; ++i) {                     // up to 5 s
     if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {  // exited: bad arguments, port taken
       pid_ = -1;
-      return false;
+      return Outcome::kExited;
     }
-    redisContext* c = redisConnect("127.0.0.1", port_);
+    timeval tv{0, 200 * 1000};
+    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
     if (c != nullptr && c->err == 0) {
-      redisReply* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-      bool up = r != nullptr && r->type == REDIS_REPLY_STATUS;
+      redisSetTimeout(c, timeval{1, 0});
+      // Another test's server may answer on a port taken before ours bound it: it must be ours.
+      redisReply* r = static_cast<redisReply*>(redisCommand(c, "INFO server"));
+      bool up = r != nullptr && r->type == REDIS_REPLY_STRING &&
+                std::string_view(r->str, r->len).find(mine) != std::string_view::npos;
       if (r != nullptr) freeReplyObject(r);
       redisFree(c);
-      if (up) return true;
+      if (up) return Outcome::kUp;
     } else if (c != nullptr) {
       redisFree(c);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  return Outcome::kTimeout;
+}
+
+bool RedisServer::Start() {
+  if (!HaveRedisServer()) {
+    ADD_FAILURE() << "redis-server is not on PATH: run scripts/install-deps.sh";
+    return false;
+  }
+  Stop();
+  const int attempts = port_fixed_ ? 1 : 8;
+  Outcome last = Outcome::kExited;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    if (!port_fixed_) {
+      std::vector<int> ports = FreePorts(cluster_ ? 2 : 1);
+      port_ = ports[0];
+      if (cluster_) bus_port_ = ports[1];
+      std::error_code ec;
+      std::filesystem::remove(dir_.path() + "/nodes.conf", ec);  // a config from a failed start
+    } else if (cluster_ && bus_port_ == 0) {
+      bus_port_ = FreePort();
+    }
+    last = Launch();
+    if (last == Outcome::kUp) {
+      port_fixed_ = true;
+      return true;
+    }
+    Stop();
+    if (last != Outcome::kExited) break;  // a server that hangs will not do better on another port
+  }
+  ADD_FAILURE() << "redis-server on port " << port_ << (last == Outcome::kExited ? " exited" : " never answered")
+                << (port_fixed_ ? "" : " (after retrying on fresh ports)");
   return false;
 }
 
@@ -154,6 +204,182 @@ void RedisServer::Stop() {
   ::kill(pid_, SIGKILL);
   ::waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+std::string ForgeRedisValueV1(const Hash128& key, uint16_t format_id, const std::vector<std::byte>& payload) {
+  struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t format_id;
+    uint64_t key_lo, key_hi, payload_len, checksum, reserved;
+  } h{0x44525354,
+      1,
+      format_id,
+      key.lo,
+      key.hi,
+      payload.size(),
+      XXH3_64bits_withSeed(payload.data(), payload.size(), key.lo ^ key.hi),
+      0};
+  static_assert(sizeof h == 48);
+  std::string v(sizeof h + payload.size(), '\0');
+  std::memcpy(v.data(), &h, sizeof h);
+  if (!payload.empty()) std::memcpy(v.data() + sizeof h, payload.data(), payload.size());
+  return v;
+}
+
+uint64_t PeakRssBytes() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;
+}
+
+// ---- FakeRedis ---------------------------------------------------------------------------------
+
+namespace {
+constexpr int kPollSliceMs = 5;  // how often a waiting script looks at the stop flag
+}
+
+FakeRedis::FakeRedis(Script script) : script_(std::move(script)) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  bool ok = listen_fd_ >= 0 && ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::listen(listen_fd_, 16) == 0 && ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  EXPECT_TRUE(ok) << "fake redis: cannot listen on 127.0.0.1";
+  port_ = ok ? ntohs(a.sin_port) : 0;
+  if (ok) thread_ = std::thread([this] { Serve(); });
+}
+
+FakeRedis::~FakeRedis() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void FakeRedis::Serve() {
+  while (!stop_.load()) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, kPollSliceMs) <= 0) continue;
+    int fd = ::accept(listen_fd_, nullptr, nullptr);
+    if (fd < 0) continue;
+    connections_.fetch_add(1);
+    Conn conn(fd, &stop_);
+    script_(conn);
+    ::close(fd);
+  }
+}
+
+std::string FakeRedis::Bulk(std::string_view s) {
+  return "$" + std::to_string(s.size()) + "\r\n" + std::string(s) + "\r\n";
+}
+
+std::string FakeRedis::SlotMapTo(int port) {
+  return "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n" + Bulk("127.0.0.1") + ":" + std::to_string(port) + "\r\n" +
+         Bulk(std::string(40, 'f'));
+}
+
+bool FakeRedis::Conn::Fill() {
+  while (!stop_->load()) {
+    pollfd p{fd_, POLLIN, 0};
+    int r = ::poll(&p, 1, kPollSliceMs);
+    if (r <= 0) continue;
+    char buf[65536];
+    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    buf_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+  return false;
+}
+
+bool FakeRedis::Conn::ReadCommand(std::vector<std::string>* args) {
+  // *<n>\r\n then n times $<len>\r\n<bytes>\r\n; only the tiers under test talk to this server.
+  auto line = [&](std::string* out) {
+    size_t pos;
+    while ((pos = buf_.find("\r\n")) == std::string::npos) {
+      if (!Fill()) return false;
+    }
+    *out = buf_.substr(0, pos);
+    buf_.erase(0, pos + 2);
+    return true;
+  };
+  std::string header;
+  if (!line(&header) || header.empty() || header[0] != '*') return false;
+  size_t n = std::stoul(header.substr(1));
+  args->clear();
+  for (size_t i = 0; i < n; ++i) {
+    std::string len_line;
+    if (!line(&len_line) || len_line.empty() || len_line[0] != '$') return false;
+    size_t len = std::stoul(len_line.substr(1));
+    while (buf_.size() < len + 2) {
+      if (!Fill()) return false;
+    }
+    args->push_back(buf_.substr(0, len));
+    buf_.erase(0, len + 2);
+  }
+  return true;
+}
+
+bool FakeRedis::Conn::ReadCommands(size_t n) {
+  std::vector<std::string> args;
+  for (size_t i = 0; i < n; ++i) {
+    if (!ReadCommand(&args)) return false;
+  }
+  return true;
+}
+
+bool FakeRedis::Conn::WaitWritable() {
+  while (!stop_->load()) {
+    pollfd p{fd_, POLLOUT, 0};
+    int r = ::poll(&p, 1, kPollSliceMs);
+    if (r > 0) return (p.revents & (POLLERR | POLLHUP)) == 0;
+  }
+  return false;
+}
+
+bool FakeRedis::Conn::Send(std::string_view bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    if (!WaitWritable()) return false;
+    ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool FakeRedis::Conn::Drip(std::string_view bytes, std::chrono::milliseconds gap) {
+  for (char b : bytes) {
+    if (!Send(std::string_view(&b, 1))) return false;
+    // The drip is this server's behaviour, not the test's synchronisation: sleep in slices so
+    // that a stopping test is not held up.
+    auto until = std::chrono::steady_clock::now() + gap;
+    while (std::chrono::steady_clock::now() < until) {
+      if (stop_->load()) return false;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          until - std::chrono::steady_clock::now(), std::chrono::milliseconds(kPollSliceMs)));
+    }
+  }
+  return true;
+}
+
+uint64_t FakeRedis::Conn::Flood(char byte, uint64_t max_bytes) {
+  const std::string chunk(64 * 1024, byte);
+  uint64_t sent = 0;
+  while (sent < max_bytes) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), max_bytes - sent));
+    if (!Send(std::string_view(chunk.data(), n))) break;
+    sent += n;
+  }
+  return sent;
+}
+
+void FakeRedis::Conn::WaitClosed() {
+  while (Fill()) buf_.clear();
 }
 
 }  // namespace tessera::testing

@@ -1,11 +1,19 @@
 // Shared helpers for the test suite.
 #pragma once
 
-#include <string>
 #include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "tessera/geometry.h"
+#include "tessera/hash.h"
 #include "tessera/ledger.h"
 
 namespace tessera::testing {
@@ -42,15 +50,24 @@ struct CommandResult {
 // Runs the tessera binary with `args` (a shell-quoted string).
 CommandResult RunTessera(const std::string& args);
 
-// Whether redis-server is on PATH.
+// Whether redis-server is on PATH. Redis tests fail, never skip, without it (a CI image that
+// lacks it must not pass them silently): start them with TESSERA_REQUIRE_REDIS_SERVER().
 bool HaveRedisServer();
-// `n` distinct TCP ports on 127.0.0.1 that were free when asked.
+#define TESSERA_REQUIRE_REDIS_SERVER()               \
+  ASSERT_TRUE(::tessera::testing::HaveRedisServer()) \
+      << "redis-server is not on PATH: run scripts/install-deps.sh (Redis tests fail rather than skip without it)"
+
+// `n` distinct TCP ports on 127.0.0.1 that were free when asked. Nothing reserves them: another
+// process may take one before it is bound (RedisServer retries on a fresh port when that happens).
 std::vector<int> FreePorts(size_t n);
 
-// A real redis-server on 127.0.0.1 and a free port (or `port`), with no persistence and its
-// --dir in a fresh temporary directory; started and stopped (SIGKILL) by the test.
+// A real redis-server on 127.0.0.1, with no persistence and its --dir in a fresh temporary
+// directory; started and stopped (SIGKILL) by the test.
 class RedisServer {
  public:
+  // port 0: Start() picks a free port and, when another process takes it before the server binds
+  // it (FreePorts cannot reserve it; a race under `ctest -j`), picks another and retries. Once a
+  // start succeeded the port is kept, so a restart comes back at the same address.
   explicit RedisServer(int port = 0);
   ~RedisServer();
   RedisServer(const RedisServer&) = delete;
@@ -59,17 +76,92 @@ class RedisServer {
 
   // Extra command-line arguments for the next Start().
   void AddArgs(const std::vector<std::string>& args);
-  // Starts the server and waits (up to 2 s) until it answers PING.
+  // Cluster mode: a cluster config file in dir() and the cluster bus on its own free port
+  // (bus_port()), chosen together with the client port.
+  void EnableCluster();
+  // Starts the server and waits (up to 5 s) until it answers PING as this process. false when it
+  // could not start (the reason is reported as a test failure).
   bool Start();
   void Stop();
   int port() const { return port_; }
+  int bus_port() const { return bus_port_; }
   const std::string& dir() const { return dir_.path(); }
 
  private:
+  enum class Outcome { kUp, kExited, kTimeout };
+  Outcome Launch();
+
   int port_;
+  int bus_port_ = 0;
+  bool port_fixed_;
+  bool cluster_ = false;
   pid_t pid_ = -1;
   TempDir dir_;
   std::vector<std::string> args_;
+};
+
+// A Redis value in the version-1 format (a 48-byte header — magic, version 1, format id, key,
+// payload length, xxh3-64 of the payload seeded with the key — then the payload): unkeyed, so
+// anyone with write access to a server could compute it. Tests plant such forgeries.
+std::string ForgeRedisValueV1(const Hash128& key, uint16_t format_id, const std::vector<std::byte>& payload);
+
+// Peak resident memory of this process so far, in bytes (getrusage).
+uint64_t PeakRssBytes();
+
+// A scripted — typically hostile — "Redis server" on 127.0.0.1 and a free port: a thread accepts
+// connections one at a time and runs `script` on each, then closes it. Scripts read the
+// client's commands and answer with whatever bytes the test needs, as slowly as it likes; every
+// wait inside watches for the client closing and for the server stopping, so a script never
+// outlives its test.
+class FakeRedis {
+ public:
+  class Conn {
+   public:
+    // The next command (a RESP array of bulk strings); false when the client closed.
+    bool ReadCommand(std::vector<std::string>* args);
+    // Reads `n` commands, discarding them; false when the client closed first.
+    bool ReadCommands(size_t n);
+    // Sends `bytes`; false when the client has gone.
+    bool Send(std::string_view bytes);
+    // Sends `bytes` one byte every `gap` (a drip-feed); false when the client has gone.
+    bool Drip(std::string_view bytes, std::chrono::milliseconds gap);
+    // Sends `byte` as fast as the client reads, up to `max_bytes`; the bytes sent.
+    uint64_t Flood(char byte, uint64_t max_bytes);
+    // Waits until the client closes the connection.
+    void WaitClosed();
+
+   private:
+    friend class FakeRedis;
+    Conn(int fd, const std::atomic<bool>* stop) : fd_(fd), stop_(stop) {}
+    bool Fill();
+    bool WaitWritable();
+    int fd_;
+    const std::atomic<bool>* stop_;
+    std::string buf_;
+  };
+  using Script = std::function<void(Conn&)>;
+
+  explicit FakeRedis(Script script);
+  ~FakeRedis();
+  FakeRedis(const FakeRedis&) = delete;
+  FakeRedis& operator=(const FakeRedis&) = delete;
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int connections() const { return connections_.load(); }
+
+  // "$<n>\r\n<s>\r\n"
+  static std::string Bulk(std::string_view s);
+  // A CLUSTER SLOTS reply giving every slot to 127.0.0.1:`port`.
+  static std::string SlotMapTo(int port);
+
+ private:
+  void Serve();
+  int listen_fd_ = -1;
+  int port_ = 0;
+  Script script_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> connections_{0};
+  std::thread thread_;
 };
 
 }  // namespace tessera::testing

@@ -544,7 +544,7 @@ TEST(TieredStore, BlocksStillQueuedForTheirWriteAreHits) {
 }
 
 TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
-  ASSERT_TRUE(testing::HaveRedisServer()) << "redis-server is not installed: run scripts/install-deps.sh";
+  TESSERA_REQUIRE_REDIS_SERVER();
   RedisServer server;
   ASSERT_TRUE(server.Start());
   TempDir dir;
@@ -555,8 +555,11 @@ TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
   tiers.push_back(Disk(dir.path(), 0, 4096 + (rec + 4095) / 4096 * 4096 + 100));
   RedisTierOptions ro;
   ro.port = server.port();
+  ro.secret = std::vector<std::byte>(32, std::byte{0x42});
   ro.key_namespace = RedisNamespace("seed-fixture", "mla-bf16", 0);
-  tiers.push_back(MakeRedisTier(ro));
+  auto redis = MakeRedisTier(ro);
+  ASSERT_TRUE(redis.ok()) << redis.status().ToString();
+  tiers.push_back(std::move(redis).value());
   auto store = Store(*m, std::move(tiers));
   m->SetBlockSource(store.get());
   Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
@@ -576,7 +579,7 @@ TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
 // evicts A3, A2, A1 in that order: A3 ends in Redis, A2 on disk, A1 in host. Coming back, every
 // block is verified, wherever it was by then.
 TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
-  ASSERT_TRUE(testing::HaveRedisServer());
+  TESSERA_REQUIRE_REDIS_SERVER();
   RedisServer server;
   ASSERT_TRUE(server.Start());
   TempDir dir;
@@ -587,7 +590,10 @@ TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
   tiers.push_back(Disk(dir.path(), rec + 4096));
   RedisTierOptions ro;
   ro.port = server.port();
-  tiers.push_back(MakeRedisTier(ro));
+  ro.secret = std::vector<std::byte>(32, std::byte{0x42});
+  auto redis = MakeRedisTier(ro);
+  ASSERT_TRUE(redis.ok()) << redis.status().ToString();
+  tiers.push_back(std::move(redis).value());
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
   m->SetBlockSource(store.get());
   Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
@@ -608,15 +614,18 @@ TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
 }
 
 TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
-  ASSERT_TRUE(testing::HaveRedisServer());
+  TESSERA_REQUIRE_REDIS_SERVER();
   RedisServer server;
   ASSERT_TRUE(server.Start());
   auto m = Manager(6);
   RedisTierOptions ro;
   ro.port = server.port();
+  ro.secret = std::vector<std::byte>(32, std::byte{0x42});
   ro.reconnect_interval_ms = 0;
   std::vector<std::unique_ptr<Tier>> tiers;
-  tiers.push_back(MakeRedisTier(ro));
+  auto redis = MakeRedisTier(ro);
+  ASSERT_TRUE(redis.ok()) << redis.status().ToString();
+  tiers.push_back(std::move(redis).value());
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
   m->SetBlockSource(store.get());
   Stream a(1, 3 * kBlock), b(9000, 6 * kBlock);

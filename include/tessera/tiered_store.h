@@ -93,7 +93,8 @@ std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes);
 // the segment files, seeded from the records found on open (oldest first).
 Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint64_t capacity_bytes);
 // A Redis server (RedisTier). Capacity and LRU are the server's (maxmemory, allkeys-lru).
-std::unique_ptr<Tier> MakeRedisTier(const RedisTierOptions& options);
+// Errors: as RedisTier::Open (options naming the field, e.g. a missing "secret").
+Result<std::unique_ptr<Tier>> MakeRedisTier(const RedisTierOptions& options);
 // A Redis Cluster (RedisClusterTier): keys spread over the nodes' slots. Errors: as
 // RedisClusterTier::Open (options naming the field).
 Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& options);

@@ -1,13 +1,12 @@
 #include "tessera/redis_cluster.h"
 
-#include <hiredis/hiredis.h>
-#include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <ctime>
 
+#include "tier/redis_io.h"
 #include "tier/redis_value.h"
 
 namespace tessera {
@@ -35,6 +34,8 @@ uint16_t RedisClusterKeySlot(std::string_view key) {
 
 namespace {
 
+using redis_io::Reply;
+
 struct HostPort {
   std::string host;
   int port = 0;
@@ -53,37 +54,32 @@ std::optional<HostPort> ParseHostPort(std::string_view s) {
   return HostPort{std::string(host), p};
 }
 
-timeval Timeval(uint32_t ms) {
-  return timeval{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+// An IPv4 or IPv6 literal: connecting to it needs no name resolution (which no deadline bounds).
+bool IsIpLiteral(const std::string& host) {
+  in6_addr buf{};
+  return ::inet_pton(AF_INET, host.c_str(), &buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
 }
 
-bool StartsWith(const redisReply* r, std::string_view prefix) {
-  return r->type == REDIS_REPLY_ERROR && r->str != nullptr && std::string_view(r->str, r->len).starts_with(prefix);
+bool StartsWith(const Reply& r, std::string_view prefix) {
+  return r.type == Reply::Type::kError && std::string_view(r.str).starts_with(prefix);
 }
 
-// "MOVED <slot> <host:port>" / "ASK <slot> <host:port>": the target.
-std::optional<HostPort> RedirectTarget(const redisReply* r) {
-  std::string_view text(r->str, r->len);
+// "MOVED <slot> <host:port>" / "ASK <slot> <host:port>": the target, when it is an IP literal.
+std::optional<HostPort> RedirectTarget(const Reply& r) {
+  std::string_view text(r.str);
   size_t last = text.rfind(' ');
   if (last == std::string_view::npos) return std::nullopt;
-  return ParseHostPort(text.substr(last + 1));
+  std::optional<HostPort> hp = ParseHostPort(text.substr(last + 1));
+  if (!hp || !IsIpLiteral(hp->host)) return std::nullopt;
+  return hp;
 }
-
-using redis_value::SigpipeGuard;
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const {
-    if (r != nullptr) freeReplyObject(r);
-  }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 
 }  // namespace
 
 struct RedisClusterTier::Node {
   std::string host;
   int port = 0;
-  redisContext* ctx = nullptr;
+  redis_io::Connection conn;
   bool ever_connected = false;
   std::chrono::steady_clock::time_point last_attempt{};
   uint64_t errors = 0;
@@ -101,8 +97,8 @@ struct RedisClusterTier::Op {
   int32_t target = -1;
   bool asking = false;
   bool retry = false;  // redirected in the first round
-  bool done = false;   // a reply that is not an error; `reply` holds it
-  ReplyPtr reply;
+  bool done = false;   // a reply of the type the command gives; `reply` holds it
+  Reply reply;
   std::string failure;  // why not done
 };
 
@@ -111,68 +107,94 @@ Result<std::unique_ptr<RedisClusterTier>> RedisClusterTier::Open(RedisClusterOpt
   for (const std::string& s : options.seeds) {
     if (!ParseHostPort(s)) return InvalidArgument("seeds", "'" + s + "' is not host:port");
   }
+  if (options.seeds.size() > kRedisClusterMaxNodes) {
+    return InvalidArgument("seeds", "at most " + std::to_string(kRedisClusterMaxNodes) + " seeds");
+  }
   if (options.key_namespace.find_first_of("{}") != std::string::npos)
     return InvalidArgument("key_namespace", "must not contain '{' or '}' (the key hex is the hash tag)");
   if (options.timeout_ms == 0) return InvalidArgument("timeout_ms", "must be positive");
   if (options.connect_timeout_ms == 0) return InvalidArgument("connect_timeout_ms", "must be positive");
-  std::unique_ptr<RedisClusterTier> tier(new RedisClusterTier(std::move(options)));
+  TESSERA_ASSIGN_OR_RETURN(redis_value::Codec codec,
+                           redis_value::Codec::Create(options.secret, options.key_namespace, options.max_value_bytes));
+  auto owned = std::make_unique<const redis_value::Codec>(std::move(codec));
+  std::unique_ptr<RedisClusterTier> tier(new RedisClusterTier(std::move(options), std::move(owned)));
   for (const std::string& s : tier->options_.seeds) {
     std::optional<HostPort> hp = ParseHostPort(s);
     tier->NodeFor(hp->host, hp->port);
   }
-  tier->RefreshSlotMap(false);  // an unreachable cluster leaves the tier miss-only, not an error
+  // An unreachable or misbehaving cluster leaves the tier miss-only, not an error.
+  tier->RefreshSlotMap(false, std::nullopt);
   return tier;
 }
 
-RedisClusterTier::RedisClusterTier(RedisClusterOptions options) : options_(std::move(options)) { slots_.fill(-1); }
+RedisClusterTier::RedisClusterTier(RedisClusterOptions options, std::unique_ptr<const redis_value::Codec> codec)
+    : options_(std::move(options)), codec_(std::move(codec)) {
+  // The codec holds what it needs of the secret; do not keep a second copy around.
+  std::fill(options_.secret.begin(), options_.secret.end(), std::byte{0});
+  options_.secret.clear();
+  slots_.fill(-1);
+}
 
 RedisClusterTier::~RedisClusterTier() {
   for (auto& n : nodes_) DropNode(*n);
 }
 
-std::string RedisClusterTier::KeyOf(const Hash128& key) const { return options_.key_namespace + ":{" + key.Hex() + "}"; }
+std::string RedisClusterTier::KeyOf(const Hash128& key) const {
+  return options_.key_namespace + ":{" + key.Hex() + "}";
+}
 
-size_t RedisClusterTier::NodeFor(const std::string& host, int port) {
+int32_t RedisClusterTier::NodeFor(const std::string& host, int port) {
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    if (nodes_[i]->host == host && nodes_[i]->port == port) return i;
+    if (nodes_[i]->host == host && nodes_[i]->port == port) return static_cast<int32_t>(i);
   }
+  if (nodes_.size() >= kRedisClusterMaxNodes) return -1;
   auto n = std::make_unique<Node>();
   n->host = host;
   n->port = port;
   nodes_.push_back(std::move(n));
-  return nodes_.size() - 1;
+  return static_cast<int32_t>(nodes_.size() - 1);
 }
 
-void RedisClusterTier::DropNode(Node& node) {
-  if (node.ctx != nullptr) redisFree(node.ctx);
-  node.ctx = nullptr;
-}
+void RedisClusterTier::DropNode(Node& node) { node.conn.Close(); }
 
 void RedisClusterTier::NodeError(Node& node) {
   ++node.errors;
   ++stats_.errors;
 }
 
-bool RedisClusterTier::EnsureConnected(Node& node) {
-  if (node.ctx != nullptr) return true;
-  auto now = std::chrono::steady_clock::now();
-  if (node.last_attempt.time_since_epoch().count() != 0 &&
-      now - node.last_attempt < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
+void RedisClusterTier::ConversationFailed(Node& node, const redis_io::Conversation& c) {
+  NodeError(node);
+  if (c.failure == redis_io::Conversation::Failure::kTimeout) ++stats_.timeouts;
+  if (c.failure == redis_io::Conversation::Failure::kBadReply) ++stats_.bad_replies;
+  DropNode(node);
+}
+
+bool RedisClusterTier::EnsureConnected(Node& node, Clock::time_point deadline) {
+  if (node.conn.is_open()) {
+    switch (node.conn.Check()) {
+      case redis_io::Connection::Idle::kReady:
+        return true;
+      case redis_io::Connection::Idle::kUnsolicited:  // out of step: what follows cannot be trusted
+        ++stats_.bad_replies;
+        NodeError(node);
+        break;
+      case redis_io::Connection::Idle::kClosed:  // e.g. the node's idle timeout: reconnect now
+        break;
+    }
+    DropNode(node);
+  } else if (node.last_attempt.time_since_epoch().count() != 0 &&
+             Clock::now() - node.last_attempt < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
     return false;
   }
-  node.last_attempt = now;
-  redisContext* c = redisConnectWithTimeout(node.host.c_str(), node.port, Timeval(options_.connect_timeout_ms));
-  if (c == nullptr || c->err != 0) {
-    if (c != nullptr) redisFree(c);
+  std::chrono::milliseconds left =
+      std::min(redis_io::Remaining(deadline), std::chrono::milliseconds(options_.connect_timeout_ms));
+  if (left.count() <= 0) return false;  // no time left: not an attempt
+  node.last_attempt = Clock::now();
+  std::string why;
+  if (!node.conn.Open(node.host, node.port, left, &why)) {
     NodeError(node);
     return false;
   }
-  if (redisSetTimeout(c, Timeval(options_.timeout_ms)) != REDIS_OK) {
-    redisFree(c);
-    NodeError(node);
-    return false;
-  }
-  node.ctx = c;
   if (node.ever_connected) {
     ++node.recoveries;
     ++stats_.recoveries;
@@ -181,68 +203,99 @@ bool RedisClusterTier::EnsureConnected(Node& node) {
   return true;
 }
 
-bool RedisClusterTier::RefreshSlotMap(bool rate_limited) {
-  auto now = std::chrono::steady_clock::now();
+namespace {
+
+struct Range {
+  uint32_t start, end;
+  HostPort owner;
+};
+
+// The ranges of a CLUSTER SLOTS reply, [[start, end, [ip, port, id, ...], replicas...], ...];
+// nullopt when it is not one. `answered_by` stands in for an empty host ("the node that
+// answered"). Ranges whose owner is unknown ("?") or not an IP literal are left out (unowned).
+std::optional<std::vector<Range>> ParseSlotMap(const Reply& reply, const std::string& answered_by) {
+  if (reply.type != Reply::Type::kArray) return std::nullopt;
+  std::vector<Range> ranges;
+  for (const Reply& entry : reply.elements) {
+    if (entry.type != Reply::Type::kArray || entry.elements.size() < 3 ||
+        entry.elements[0].type != Reply::Type::kInteger || entry.elements[1].type != Reply::Type::kInteger ||
+        entry.elements[2].type != Reply::Type::kArray || entry.elements[2].elements.size() < 2) {
+      return std::nullopt;
+    }
+    int64_t start = entry.elements[0].integer, end = entry.elements[1].integer;
+    const Reply& master = entry.elements[2];
+    if (start < 0 || end < start || end >= kRedisClusterSlots || master.elements[0].type != Reply::Type::kString ||
+        master.elements[1].type != Reply::Type::kInteger || master.elements[1].integer < 1 ||
+        master.elements[1].integer > 65535) {
+      return std::nullopt;
+    }
+    std::string host = master.elements[0].str;
+    if (host.empty()) host = answered_by;
+    if (host == "?" || (host != answered_by && !IsIpLiteral(host))) continue;
+    ranges.push_back(Range{static_cast<uint32_t>(start), static_cast<uint32_t>(end),
+                           HostPort{std::move(host), static_cast<int>(master.elements[1].integer)}});
+  }
+  return ranges;
+}
+
+}  // namespace
+
+bool RedisClusterTier::RefreshSlotMap(bool rate_limited, std::optional<Clock::time_point> batch_deadline) {
+  auto now = Clock::now();
   if (rate_limited && last_refresh_attempt_.time_since_epoch().count() != 0 &&
       now - last_refresh_attempt_ < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
     return false;
   }
+  if (batch_deadline && now >= *batch_deadline) return false;  // no time left: not an attempt
   last_refresh_attempt_ = now;
-  SigpipeGuard sigpipe;
   // Ask nodes with a live connection first, then the others (seeds first: they were added first).
   std::vector<size_t> order(nodes_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return nodes_[i]->ctx != nullptr; });
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return nodes_[i]->conn.is_open(); });
   for (size_t i : order) {
+    if (batch_deadline && Clock::now() >= *batch_deadline) break;
     Node& node = *nodes_[i];
-    if (!EnsureConnected(node)) continue;
-    ReplyPtr reply(static_cast<redisReply*>(redisCommand(node.ctx, "CLUSTER SLOTS")));
-    if (reply == nullptr) {
-      NodeError(node);
-      DropNode(node);
+    if (!EnsureConnected(
+            node, batch_deadline.value_or(Clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms)))) {
       continue;
     }
-    if (reply->type != REDIS_REPLY_ARRAY) {
-      NodeError(node);
+    redis_io::Conversation c;
+    c.fd = node.conn.fd();
+    redis_io::AppendCommand(&c.request, {"CLUSTER", "SLOTS"});
+    c.expected = 1;
+    c.limits = redis_io::SlotMapLimits();
+    redis_io::Exchange(c, batch_deadline.value_or(Clock::now() + std::chrono::milliseconds(options_.timeout_ms)));
+    if (!c.ok()) {
+      ConversationFailed(node, c);
       continue;
     }
-    // [[start, end, [ip, port, id, ...], replicas...], ...]
-    struct Range {
-      uint32_t start, end;
-      HostPort owner;
-    };
-    std::vector<Range> ranges;
-    bool valid = true;
-    for (size_t e = 0; e < reply->elements && valid; ++e) {
-      const redisReply* entry = reply->element[e];
-      if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 3 || entry->element[0]->type != REDIS_REPLY_INTEGER ||
-          entry->element[1]->type != REDIS_REPLY_INTEGER || entry->element[2]->type != REDIS_REPLY_ARRAY ||
-          entry->element[2]->elements < 2) {
-        valid = false;
-        break;
-      }
-      long long start = entry->element[0]->integer, end = entry->element[1]->integer;
-      const redisReply* master = entry->element[2];
-      if (start < 0 || end < start || end >= kRedisClusterSlots || master->element[0]->type != REDIS_REPLY_STRING ||
-          master->element[1]->type != REDIS_REPLY_INTEGER || master->element[1]->integer < 1 ||
-          master->element[1]->integer > 65535) {
-        valid = false;
-        break;
-      }
-      std::string host(master->element[0]->str, master->element[0]->len);
-      if (host == "?") continue;        // the owner's endpoint is unknown: leave the range unowned
-      if (host.empty()) host = node.host;  // "the node that answered"
-      ranges.push_back(Range{static_cast<uint32_t>(start), static_cast<uint32_t>(end),
-                             HostPort{std::move(host), static_cast<int>(master->element[1]->integer)}});
-    }
-    if (!valid) {
+    std::optional<std::vector<Range>> ranges = ParseSlotMap(c.replies[0], node.host);
+    if (!ranges) {
       NodeError(node);
+      ++stats_.bad_replies;
+      continue;
+    }
+    // Every owner must fit in the node table before the map changes.
+    size_t unknown = 0;
+    std::vector<std::pair<std::string, int>> seen;
+    for (const Range& r : *ranges) {
+      std::pair<std::string, int> hp{r.owner.host, r.owner.port};
+      if (std::find(seen.begin(), seen.end(), hp) != seen.end()) continue;
+      seen.push_back(hp);
+      bool known = std::any_of(nodes_.begin(), nodes_.end(),
+                               [&](const auto& n) { return n->host == hp.first && n->port == hp.second; });
+      if (!known) ++unknown;
+      if (nodes_.size() + unknown > kRedisClusterMaxNodes) break;
+    }
+    if (nodes_.size() + unknown > kRedisClusterMaxNodes) {
+      NodeError(node);
+      ++stats_.bad_replies;
       continue;
     }
     slots_.fill(-1);
     uint32_t covered = 0;
-    for (const Range& r : ranges) {
-      auto owner = static_cast<int32_t>(NodeFor(r.owner.host, r.owner.port));
+    for (const Range& r : *ranges) {
+      int32_t owner = NodeFor(r.owner.host, r.owner.port);
       for (uint32_t s = r.start; s <= r.end; ++s) {
         if (slots_[s] < 0) ++covered;
         slots_[s] = owner;
@@ -257,14 +310,14 @@ bool RedisClusterTier::RefreshSlotMap(bool rate_limited) {
   return false;
 }
 
-void RedisClusterTier::Execute(std::vector<Op>& ops) {
-  SigpipeGuard sigpipe;
+void RedisClusterTier::Execute(std::vector<Op>& ops, Clock::time_point deadline) {
   bool unowned = std::any_of(ops.begin(), ops.end(), [&](const Op& op) { return slots_[op.slot] < 0; });
-  if (unowned) RefreshSlotMap(true);
+  if (unowned) RefreshSlotMap(true, deadline);
   for (Op& op : ops) {
     op.target = slots_[op.slot];
     if (op.target < 0) op.failure = "slot " + std::to_string(op.slot) + " has no known owner";
   }
+  const redis_io::ReplyLimits limits = redis_io::DataLimits(codec_->max_value_bytes());
   bool connection_lost = false;
   bool moved_seen = false;
   for (int round = 0; round < 2; ++round) {
@@ -286,95 +339,72 @@ void RedisClusterTier::Execute(std::vector<Op>& ops) {
         op.failure = why;
       }
     };
-    // Append every group's commands, then write them all, then read the replies: the nodes work
-    // on their pipelines at the same time.
-    std::vector<bool> active(groups.size(), false);
+    // One pipeline per node; all of them are written and read at once, under the batch deadline.
+    std::vector<redis_io::Conversation> convs(groups.size());
+    std::vector<redis_io::Conversation*> active;
     for (size_t n = 0; n < groups.size(); ++n) {
       if (groups[n].empty()) continue;
       Node& node = *nodes_[n];
-      if (!EnsureConnected(node)) {
+      if (!EnsureConnected(node, deadline)) {
         fail_group(groups[n], 0, node.Address() + " unreachable");
         connection_lost = true;
         continue;
       }
-      bool ok = true;
+      redis_io::Conversation& c = convs[n];
+      c.fd = node.conn.fd();
+      c.limits = limits;
       for (size_t i : groups[n]) {
         Op& op = ops[i];
-        if (round == 1 && op.asking) ok = ok && redisAppendCommand(node.ctx, "ASKING") == REDIS_OK;
+        if (round == 1 && op.asking) {
+          redis_io::AppendCommand(&c.request, {"ASKING"});
+          ++c.expected;
+        }
         switch (op.kind) {
           case OpKind::kGet:
-            ok = ok && redisAppendCommand(node.ctx, "GET %b", op.key.data(), op.key.size()) == REDIS_OK;
+            redis_io::AppendCommand(&c.request, {"GET", op.key});
             break;
           case OpKind::kSet:
-            ok = ok && redisAppendCommand(node.ctx, "SET %b %b", op.key.data(), op.key.size(), op.value.data(),
-                                          op.value.size()) == REDIS_OK;
+            redis_io::AppendCommand(&c.request, {"SET", op.key, op.value});
             break;
           case OpKind::kDel:
-            ok = ok && redisAppendCommand(node.ctx, "DEL %b", op.key.data(), op.key.size()) == REDIS_OK;
+            redis_io::AppendCommand(&c.request, {"DEL", op.key});
             break;
         }
+        ++c.expected;
       }
-      if (!ok) {
-        NodeError(node);
-        DropNode(node);
-        fail_group(groups[n], 0, node.Address() + ": could not queue commands");
-        continue;
-      }
-      active[n] = true;
+      active.push_back(&c);
     }
+    redis_io::Exchange(active, deadline);
     for (size_t n = 0; n < groups.size(); ++n) {
-      if (!active[n]) continue;
-      Node& node = *nodes_[n];
-      int done = 0;
-      while (done == 0) {
-        if (redisBufferWrite(node.ctx, &done) != REDIS_OK) {
-          std::string why = node.Address() + ": " + node.ctx->errstr;
-          NodeError(node);
-          DropNode(node);
-          fail_group(groups[n], 0, why);
-          connection_lost = true;
-          active[n] = false;
-          break;
-        }
-      }
-    }
-    for (size_t n = 0; n < groups.size(); ++n) {
-      if (!active[n]) continue;
+      redis_io::Conversation& c = convs[n];
+      if (c.fd < 0) continue;  // not asked this round
       Node& node = *nodes_[n];
       const std::vector<size_t>& group = groups[n];
+      const std::string lost_why = c.ok() ? std::string() : node.Address() + ": " + c.error;
+      size_t next = 0;  // the next reply of this pipeline
       for (size_t k = 0; k < group.size(); ++k) {
         Op& op = ops[group[k]];
         op.retry = false;
-        void* raw = nullptr;
-        bool got = true;
-        if (round == 1 && op.asking) {
-          got = redisGetReply(node.ctx, &raw) == REDIS_OK && raw != nullptr;
-          if (raw != nullptr) freeReplyObject(raw);  // +OK (an error here shows in the next reply)
-          raw = nullptr;
-        }
-        got = got && redisGetReply(node.ctx, &raw) == REDIS_OK && raw != nullptr;
-        if (!got) {
-          if (raw != nullptr) freeReplyObject(raw);
-          std::string why = node.Address() + ": " + node.ctx->errstr;
-          NodeError(node);
-          DropNode(node);
-          fail_group(group, k, why);
-          connection_lost = true;
+        // ASKING's own reply is not looked at: an error there shows in the command's reply.
+        const size_t at = next + (round == 1 && op.asking ? 1 : 0);
+        if (at >= c.replies.size()) {
+          fail_group(group, k, lost_why);
           break;
         }
-        ReplyPtr reply(static_cast<redisReply*>(raw));
-        bool moved = StartsWith(reply.get(), "MOVED ");
-        bool ask = StartsWith(reply.get(), "ASK ");
+        next = at + 1;
+        Reply& reply = c.replies[at];
+        bool moved = StartsWith(reply, "MOVED ");
+        bool ask = StartsWith(reply, "ASK ");
         if (moved || ask) {
-          std::optional<HostPort> to = RedirectTarget(reply.get());
-          if (!to) {
+          std::optional<HostPort> to = RedirectTarget(reply);
+          int32_t target = to ? NodeFor(to->host, to->port) : -1;
+          if (!to || target < 0) {
             NodeError(node);
-            op.failure = node.Address() + ": malformed redirect '" + std::string(reply->str, reply->len) + "'";
+            op.failure = node.Address() + ": redirect not followed '" + redis_io::Printable(reply.str) + "'";
           } else if (round == 1) {
             NodeError(node);
-            op.failure = node.Address() + ": redirected twice in one batch ('" + std::string(reply->str, reply->len) + "')";
+            op.failure = node.Address() + ": redirected twice in one batch ('" + redis_io::Printable(reply.str) + "')";
           } else {
-            auto target = static_cast<int32_t>(NodeFor(to->host, to->port));
             ++stats_.redirections;
             if (moved) {
               ++stats_.moved;
@@ -389,21 +419,43 @@ void RedisClusterTier::Execute(std::vector<Op>& ops) {
           }
           continue;
         }
-        if (reply->type == REDIS_REPLY_ERROR) {
+        if (reply.type == Reply::Type::kError) {
           NodeError(node);
-          op.failure = node.Address() + ": " + std::string(reply->str, reply->len);
+          op.failure = node.Address() + ": " + redis_io::Printable(reply.str);
+          continue;
+        }
+        bool expected_type = false;
+        switch (op.kind) {
+          case OpKind::kGet:
+            expected_type = reply.type == Reply::Type::kString || reply.type == Reply::Type::kNil;
+            break;
+          case OpKind::kSet:
+            expected_type = reply.IsStatus("OK");
+            break;
+          case OpKind::kDel:
+            expected_type = reply.type == Reply::Type::kInteger;
+            break;
+        }
+        if (!expected_type) {
+          NodeError(node);
+          ++stats_.bad_replies;
+          op.failure = node.Address() + ": unexpected reply " + redis_io::Describe(reply);
           continue;
         }
         op.done = true;
         op.failure.clear();
         op.reply = std::move(reply);
       }
+      if (!c.ok()) {
+        ConversationFailed(node, c);
+        connection_lost = true;
+      }
     }
     if (round == 0 && (moved_seen || connection_lost)) {
       // A MOVED means the map is stale: reload it now, once per batch (the retries already know
       // their node). A lost node may have failed over: reload, at most once per reconnect
-      // interval.
-      RefreshSlotMap(!moved_seen);
+      // interval. Either way within the batch's deadline.
+      RefreshSlotMap(!moved_seen, deadline);
     }
   }
 }
@@ -425,22 +477,30 @@ std::string Summary(size_t failed, size_t total, const char* what, const std::ve
 }  // namespace
 
 Status RedisClusterTier::PutBatch(std::span<const DiskRecord> records) {
-  std::vector<Op> ops(records.size());
-  for (size_t i = 0; i < records.size(); ++i) {
-    ops[i].kind = OpKind::kSet;
-    ops[i].key = KeyOf(records[i].key);
-    ops[i].slot = RedisClusterKeySlot(ops[i].key);
-    ops[i].value = redis_value::Encode(records[i]);
-  }
-  Execute(ops);
+  std::vector<Op> ops;
+  ops.reserve(records.size());
   std::vector<std::string> reasons;
+  for (const DiskRecord& r : records) {
+    std::optional<std::string> value = codec_->Encode(r);
+    if (!value) {
+      ++stats_.put_failures;
+      reasons.push_back("payload over max_value_bytes (" + std::to_string(codec_->max_payload_bytes()) + ")");
+      continue;
+    }
+    Op& op = ops.emplace_back();
+    op.kind = OpKind::kSet;
+    op.key = KeyOf(r.key);
+    op.slot = RedisClusterKeySlot(op.key);
+    op.value = std::move(*value);
+  }
+  // The deadline covers the network, not the encoding.
+  Execute(ops, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
   for (const Op& op : ops) {
-    bool stored = op.done && op.reply->type == REDIS_REPLY_STATUS;
-    if (stored) {
+    if (op.done) {
       ++stats_.puts;
     } else {
       ++stats_.put_failures;
-      reasons.push_back(op.done ? "unexpected reply to SET" : op.failure);
+      reasons.push_back(op.failure);
     }
   }
   if (reasons.empty()) return Status::Ok();
@@ -454,13 +514,13 @@ std::vector<std::optional<DiskRecord>> RedisClusterTier::GetBatch(std::span<cons
     ops[i].key = KeyOf(keys[i]);
     ops[i].slot = RedisClusterKeySlot(ops[i].key);
   }
-  Execute(ops);
+  Execute(ops, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
   std::vector<std::optional<DiskRecord>> out(keys.size());
   stats_.gets += keys.size();
   for (size_t i = 0; i < keys.size(); ++i) {
     const Op& op = ops[i];
-    if (op.done && op.reply->type == REDIS_REPLY_STRING) {
-      out[i] = redis_value::Decode(keys[i], op.reply->str, op.reply->len);
+    if (op.done && op.reply.type == Reply::Type::kString) {
+      out[i] = codec_->Decode(keys[i], op.reply.str);
       if (!out[i].has_value()) ++stats_.verify_failures;
     }
     if (out[i].has_value()) {
@@ -479,14 +539,14 @@ Status RedisClusterTier::EraseBatch(std::span<const Hash128> keys) {
     ops[i].key = KeyOf(keys[i]);
     ops[i].slot = RedisClusterKeySlot(ops[i].key);
   }
-  Execute(ops);
+  Execute(ops, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
   std::vector<std::string> reasons;
   for (const Op& op : ops) {
-    if (op.done && op.reply->type == REDIS_REPLY_INTEGER) {
+    if (op.done) {
       ++stats_.erases;
     } else {
       ++stats_.erase_failures;
-      reasons.push_back(op.done ? "unexpected reply to DEL" : op.failure);
+      reasons.push_back(op.failure);
     }
   }
   if (reasons.empty()) return Status::Ok();
@@ -497,7 +557,7 @@ RedisClusterStats RedisClusterTier::stats() const {
   RedisClusterStats s = stats_;
   s.nodes.clear();
   for (const auto& n : nodes_) {
-    s.nodes.push_back(RedisClusterNodeStats{n->Address(), n->ctx != nullptr, n->errors, n->recoveries});
+    s.nodes.push_back(RedisClusterNodeStats{n->Address(), n->conn.is_open(), n->errors, n->recoveries});
   }
   return s;
 }

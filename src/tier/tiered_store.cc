@@ -272,8 +272,9 @@ Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint6
   return std::unique_ptr<Tier>(std::make_unique<DiskTierAdapter>(std::move(disk), capacity_bytes));
 }
 
-std::unique_ptr<Tier> MakeRedisTier(const RedisTierOptions& options) {
-  return std::make_unique<RedisAdapter<RedisTier>>(std::make_unique<RedisTier>(options), "redis");
+Result<std::unique_ptr<Tier>> MakeRedisTier(const RedisTierOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> redis, RedisTier::Open(options));
+  return std::unique_ptr<Tier>(std::make_unique<RedisAdapter<RedisTier>>(std::move(redis), "redis"));
 }
 
 Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& options) {
