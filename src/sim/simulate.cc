@@ -20,6 +20,34 @@ namespace {
 
 constexpr uint32_t kVocab = 129280;  // DeepSeek-V3's vocabulary size
 constexpr size_t kMaxSecurityEvents = 8;
+// The pages the simulation may map: capacity x block bytes. The pool's memory is mapped up
+// front and touched as blocks are written (and copied whole on copy-on-write), so an option that
+// multiplies it (agents, capacity, block span) is bounded here rather than by the machine.
+constexpr uint64_t kMaxPoolBytes = uint64_t{64} << 30;
+
+// Bytes of one block over every paged cache, from a ledger of the same options (the pools take
+// their page layouts from it).
+Checked BlockBytes(const Ledger& probe) {
+  Checked bytes(0);
+  for (const CacheLine& line : probe.lines) {
+    if (line.in_pages) bytes += Checked(line.layers) * line.page.page_bytes;
+  }
+  return bytes;
+}
+
+// Names the option that drove the pool past the bound: an explicit capacity, else an explicit
+// block span, else the agent count the default capacity follows.
+Status CheckPoolBytes(const Ledger& probe, uint64_t capacity_blocks, const AgentScenario& s) {
+  Checked pool = BlockBytes(probe) * capacity_blocks;
+  if (pool.overflowed() || pool.value() > kMaxPoolBytes) {
+    const char* field = s.capacity_blocks > 0 ? "capacity-blocks" : s.block_tokens ? "block-tokens" : "agents";
+    return OutOfRange(
+        field, std::to_string(capacity_blocks) + " blocks of " + std::to_string(BlockBytes(probe).value()) +
+                   " B exceed the " + std::to_string(kMaxPoolBytes) +
+                   " B of pages a simulation maps (fewer agents, a smaller --capacity-blocks or --block-tokens)");
+  }
+  return Status::Ok();
+}
 
 uint64_t Mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -99,7 +127,9 @@ class Simulation {
     };
   }
 
-  // Admits `prompt`, allocates and writes what was not cached. False when the pool ran out.
+  // Admits `prompt`, allocates and writes what was not cached. False when the pool ran out; the
+  // request is then dropped whole (an engine would not run a prompt it could not place), so no
+  // live request holds fewer tokens than its prompt.
   bool AdmitAndWrite(Agent& a, std::span<const uint32_t> prompt, uint64_t* hit_tokens) {
     Extend(a, prompt);
     Result<AdmitResult> r = m_->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
@@ -107,7 +137,10 @@ class Simulation {
     a.id = r->id;
     a.live = true;
     if (hit_tokens != nullptr) *hit_tokens += r->cached_tokens;
-    return Write(a, r->cached_tokens);
+    if (Write(a, r->cached_tokens)) return true;
+    m_->Free(a.id).IgnoreError();
+    a.live = false;
+    return false;
   }
 
   // Writes tokens[from..] into the request.
@@ -305,6 +338,17 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
     if (need > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
     o.capacity_blocks = static_cast<uint32_t>(need);
   }
+  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, o.capacity_blocks, s));
+  // The per-request arena (window rings, compressor state) is mapped for every request too.
+  Checked arena(0);
+  for (const CacheLine& line : probe.lines) {
+    if (!line.in_pages) arena += Checked(line.layers) * line.slots * line.format.record_bytes();
+  }
+  arena = arena * requests;
+  if (arena.overflowed() || arena.value() > kMaxPoolBytes) {
+    return OutOfRange("sliding_window", "the window state of " + std::to_string(requests) + " requests exceeds the " +
+                                            std::to_string(kMaxPoolBytes) + " B a simulation maps");
+  }
   // With a disk directory: one tier per strategy (their records carry different state).
   const std::string dir = s.disk_dir.empty() ? "" : s.disk_dir + "/" + std::string(SwaStrategyName(strategy));
   if (!dir.empty()) {
@@ -491,6 +535,7 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
       return OutOfRange("agents", "the workload needs too many blocks");
     mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
+  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, mo.capacity_blocks, s));
   if (!s.disk_dir.empty()) {
     TESSERA_ASSIGN_OR_RETURN(mo.hash_key, LoadOrCreateTierKey(s.disk_dir));
   }
@@ -594,7 +639,9 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
       uint64_t end = std::min<uint64_t>(pair_prompt.size(), (pos / bt + 1) * bt);
       for (size_t k = first; k < first + 2; ++k) {
         Agent& a = agents[k];
-        if (!a.live || m->Tokens(a.id) > pos) continue;
+        // Only a request exactly at `pos` takes the chunk (a cached prefix starts it further on;
+        // a failed append leaves it behind, and the chunk must not land at another position).
+        if (!a.live || m->Tokens(a.id) != pos) continue;
         std::span<const uint32_t> chunk = std::span<const uint32_t>(a.tokens).subspan(pos, end - pos);
         if (!m->Append(a.id, chunk, sim.WriterFor(a)).ok()) ++out.out_of_blocks;
       }
@@ -622,7 +669,10 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   for (uint64_t i = 0; i < shared_full_blocks; ++i) {
     std::set<uint32_t> copies;
     for (size_t k : forked) {
-      if (agents[k].live) copies.insert(m->BlockTable(agents[k].id)[i].value);
+      // A fork whose own blocks could not be allocated still names the shared ones, but check:
+      // a table shorter than the shared context is possible when the pool is tiny.
+      std::span<const BlockId> table = agents[k].live ? m->BlockTable(agents[k].id) : std::span<const BlockId>();
+      if (i < table.size()) copies.insert(table[i].value);
     }
     out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
   }
@@ -728,7 +778,8 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
     }
     j["swa_strategies"] = st;
   }
-  if (format == OutputFormat::kJson) return j.dump(2) + "\n";
+  if (format == OutputFormat::kJson)
+    return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   std::ostringstream out;
   out << "simulate agents: " << r.model << " (" << r.kv_format << "), " << r.block_tokens << "-token blocks of "
       << FormatBytes(r.block_bytes) << ", capacity " << r.capacity_blocks << " blocks\n";
@@ -737,7 +788,7 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
         it.key() == "swa_strategies") {
       continue;
     }
-    std::string value = it.value().dump();
+    std::string value = it.value().dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     if (it.key() == "bytes_saved" || it.key() == "bytes_verified" || it.key() == "block_bytes") {
       value = FormatBytes(it.value().get<uint64_t>());
     }
