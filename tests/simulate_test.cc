@@ -151,7 +151,18 @@ TEST(Simulate, PoolBytesAreBounded) {
   s.block_tokens = std::nullopt;
   r = RunAgentScenario(Preset("deepseek-v3"), s);
   ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(),
+            "agents");  // 4,096 forks of a 1m-token context: 48 GB of token copies, whatever the pool.
+  s = Small();
+  s.agents = 4096;
+  s.shared_tokens = 1 << 20;
+  s.capacity_blocks = 16;
+  r = RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().field(), "agents");
+  s = Small();
+  s.unique_tokens = (1 << 20) + 1;
+  EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "unique-tokens");
 }
 
 Geometry TinyV4() {

@@ -24,6 +24,8 @@ constexpr size_t kMaxSecurityEvents = 8;
 // front and touched as blocks are written (and copied whole on copy-on-write), so an option that
 // multiplies it (agents, capacity, block span) is bounded here rather than by the machine.
 constexpr uint64_t kMaxPoolBytes = uint64_t{64} << 30;
+// Tokens of every request of the workload together (each costs 12 B of host memory).
+constexpr uint64_t kMaxWorkloadTokens = uint64_t{1} << 26;
 
 // Bytes of one block over every paged cache, from a ledger of the same options (the pools take
 // their page layouts from it).
@@ -499,8 +501,19 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   if (s.agents > 4096 || s.independent > 4096) return InvalidArgument("agents", "at most 4096 agents of each kind");
   if (s.tenants == 0) return InvalidArgument("tenants", "must be positive");
   if (s.shared_tokens < 8) return InvalidArgument("shared-tokens", "must be at least 8");
-  if (s.shared_tokens > (1u << 20) || s.unique_tokens > (1u << 20) || s.preamble_tokens > (1u << 20)) {
-    return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
+  if (s.shared_tokens > (1u << 20)) return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
+  if (s.unique_tokens > (1u << 20)) return InvalidArgument("unique-tokens", "token counts above 1m are not simulated");
+  if (s.preamble_tokens > (1u << 20)) {
+    return InvalidArgument("preamble-tokens", "token counts above 1m are not simulated");
+  }
+  // Every request keeps its tokens and a prefix hash per token on the host (12 B a token), and
+  // each forked agent copies the shared context's: bound the workload, not each count alone
+  // (4,096 agents of a 1m-token context were 48 GB before the pool saw a block).
+  Checked workload = (Checked(1) + s.agents) * (Checked(s.shared_tokens) + s.unique_tokens) +
+                     (Checked(s.independent) + 4) * (Checked(s.preamble_tokens) + s.shared_tokens + s.unique_tokens);
+  if (workload.overflowed() || workload.value() > kMaxWorkloadTokens) {
+    return OutOfRange("agents", "the workload holds " + std::to_string(workload.value()) + " tokens, above the " +
+                                    std::to_string(kMaxWorkloadTokens) + " a simulation keeps");
   }
   if (s.hash_bits == 0 || s.hash_bits > 128) return InvalidArgument("hash-bits", "must be in 1..128");
   if (s.host_tier_bytes > 0 && s.disk_dir.empty()) {
