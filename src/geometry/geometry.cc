@@ -99,8 +99,8 @@ std::string Describe(const json& v) {
   return s;
 }
 
-// The deepest nesting of [ and { in `text`, outside strings; stops counting past `limit`.
-// Returns the byte offset where `limit` was exceeded, or npos.
+// The byte offset where the nesting of [ and { (outside strings) first goes past `limit`, or
+// npos. Malformed text is left for the parser to reject.
 size_t DepthExceededAt(std::string_view text, int limit) {
   int depth = 0;
   bool in_string = false, escaped = false;
