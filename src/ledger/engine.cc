@@ -168,7 +168,9 @@ Result<VllmHybridGroups> PlanVllmHybrid(const std::vector<CacheLine>& lines, con
   for (size_t i = 0; i < plan.buckets.size(); ++i) plan.buckets[i].groups = CeilDiv(bucket_tuples[i], best_t);
   plan.tuples = static_cast<uint32_t>(best_t);
   Checked cost = sum_pages * best_t;
-  if (cost.overflowed()) return OutOfRange("context", "vLLM's block id (a tuple of pages) overflows 64 bits");
+  if (cost.overflowed()) {
+    return OutOfRange("block-tokens", "the pages of one vLLM block id (a tuple in every layer slot) overflow 64 bits");
+  }
   plan.block_cost = cost.value();
   return plan;
 }

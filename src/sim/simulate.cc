@@ -595,6 +595,8 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
 
   // 2. Forked agents: each shares the context and appends its own task.
   std::vector<size_t> forked;
+  // Without the orchestrator's context there is nothing to fork: each agent counts as not placed.
+  if (!orchestrator.live) out.out_of_blocks += s.agents;
   for (uint32_t i = 0; i < s.agents && orchestrator.live; ++i) {
     Result<RequestId> child = m->Fork(agents[0].id);
     if (!child.ok()) {
