@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the dev build, a bounded libFuzzer run of the segment parser
-# (clang), then the whole suite under ASan+UBSan and under TSan.
+# Builds and runs every test: the dev build, bounded libFuzzer runs of the segment parser and of
+# the config.json reader (clang), then the whole suite under ASan+UBSan and under TSan.
 # Usage: scripts/test-all.sh [preset...]   (default: dev fuzz asan tsan)
-#        TESSERA_FUZZ_SECONDS=N sets the fuzzing time (default 15).
+#        TESSERA_FUZZ_SECONDS=N sets the fuzzing time per target (default 15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,13 +14,19 @@ for p in "${presets[@]}"; do
   echo "=== preset ${p}: configure and build"
   cmake --preset "$p" >/dev/null
   if [ "$p" = fuzz ]; then
-    cmake --build "build/$p" -j "$jobs" --target segment_fuzz
-    corpus=$(mktemp -d)
-    cp fuzz/corpus/* "$corpus"/
-    echo "=== preset ${p}: segment_fuzz for ${TESSERA_FUZZ_SECONDS:-15} s"
-    "build/$p/fuzz/segment_fuzz" -max_total_time="${TESSERA_FUZZ_SECONDS:-15}" -rss_limit_mb=4096 \
-      -print_final_stats=1 "$corpus" 2>&1 | tail -n 4
-    rm -rf "$corpus"
+    cmake --build "build/$p" -j "$jobs" --target segment_fuzz config_fuzz
+    # Each target runs for TESSERA_FUZZ_SECONDS on a scratch copy of its seed corpus.
+    for target in segment_fuzz config_fuzz; do
+      seeds=fuzz/corpus
+      extra=()
+      if [ "$target" = config_fuzz ]; then seeds=fuzz/config_corpus; extra=(-dict=fuzz/config.dict -timeout=10); fi
+      corpus=$(mktemp -d)
+      cp "$seeds"/* "$corpus"/
+      echo "=== preset ${p}: ${target} for ${TESSERA_FUZZ_SECONDS:-15} s"
+      "build/$p/fuzz/$target" -max_total_time="${TESSERA_FUZZ_SECONDS:-15}" -rss_limit_mb=4096 \
+        -print_final_stats=1 "${extra[@]}" "$corpus" 2>&1 | tail -n 4
+      rm -rf "$corpus"
+    done
     continue
   fi
   cmake --build "build/$p" -j "$jobs"

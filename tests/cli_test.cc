@@ -1,7 +1,12 @@
 // End to end through the tessera binary: exit codes, one-line errors naming the field, and
 // no partial output files.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -155,6 +160,28 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCall{"receipt_unknown_preset", "receipt --model nope --context 8k", "model"}),
     [](const ::testing::TestParamInfo<BadCall>& param_info) { return std::string(param_info.param.name); });
 
+INSTANTIATE_TEST_SUITE_P(
+    Inputs, CliBadInput,
+    ::testing::Values(
+        // Numbers are digits (or digits grouped in threes), nothing else: "1,2" read as 12.
+        BadCall{"observed_1_comma_2", "ledger --model deepseek-v3 --context 100 --observed 1,2", "observed"},
+        BadCall{"batch_plus", "ledger --model deepseek-v3 --context 8k --batch +3", "batch"},
+        BadCall{"context_space", "ledger --model deepseek-v3 --context ' 4'", "context"},
+        BadCall{"tp_hex", "ledger --model deepseek-v3 --context 8k --tp 0x10", "tp"},
+        BadCall{"context_exponent", "ledger --model deepseek-v3 --context 1e3", "context"},
+        BadCall{"observed_overflow", "ledger --model deepseek-v3 --context 8k --observed 99999999999999999999",
+                "observed"},
+        BadCall{"prefill_chunk_comma", "ledger --model deepseek-v3 --context 8k --prefill-chunk 1,2k", "prefill-chunk"},
+        BadCall{"block_tokens_underscore", "ledger --model deepseek-v3 --context 8k --block-tokens 6_4",
+                "block-tokens"},
+        BadCall{"receipt_spec_comma", "receipt --model deepseek-v3 --context 8k --spec-tokens 1,0", "spec-tokens"},
+        // Input files are regular files of bounded size.
+        BadCall{"config_dev_zero", "ledger --config /dev/zero --context 8k", "config"},
+        BadCall{"config_dev_null", "ledger --config /dev/null --context 8k", "config"},
+        BadCall{"trace_dev_zero", "ledger --model deepseek-v3 --context 8k --observed-trace /dev/zero", "trace"},
+        BadCall{"receipt_trace_dir", "receipt --model deepseek-v3 --context 8k --observed-trace @DIR", "trace"}),
+    [](const ::testing::TestParamInfo<BadCall>& param_info) { return std::string(param_info.param.name); });
+
 TEST(Cli, BadConfigFilesNameTheirField) {
   TempDir dir;
   struct Case {
@@ -181,6 +208,132 @@ TEST(Cli, BadConfigFilesNameTheirField) {
   std::string cfg = dir.Write("v4.json", R"({"num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512,
       "qk_rope_head_dim": 64, "sliding_window": 128, "compress_ratios": [0, 128]})");
   ExpectInputError(RunTessera("ledger --config " + cfg + " --context 8k --block-tokens 192"), "block-tokens");
+}
+
+// A FIFO as --config (or --observed-trace) blocked forever waiting for a writer.
+TEST(Cli, FifoInputsAreRefusedWithoutBlocking) {
+  TempDir dir;
+  std::string fifo = dir.path() + "/config.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto start = std::chrono::steady_clock::now();
+  ExpectInputError(RunTessera("ledger --config " + fifo + " --context 8k"), "config");
+  ExpectInputError(RunTessera("simulate --config " + fifo), "config");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --observed-trace " + fifo), "trace");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// Hostile config numbers and shapes through the binary: one line naming the field, exit 2.
+TEST(Cli, HostileConfigsNameTheirField) {
+  TempDir dir;
+  const std::string v4 = R"("num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512, "qk_rope_head_dim": 64,
+      "compress_ratios": [4, 128], "index_head_dim": 128, "index_n_heads": 64, "index_topk": 512)";
+  struct Case {
+    std::string json;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"{\"num_hidden_layers\": " + std::string(100000, '[') + std::string(100000, ']') + "}", "config"},
+      {"{" + v4 + R"(, "sliding_window": 2})", "sliding_window"},
+      {"{" + v4 + R"(, "sliding_window": 128, "num_nextn_predict_layers": 4294967295})", "num_nextn_predict_layers"},
+      {R"({"num_hidden_layers": 2, "num_attention_heads": 1073741824, "num_key_value_heads": 1073741824,
+           "head_dim": 1073741824})",
+       "head_dim"},
+  };
+  for (const Case& c : cases) {
+    std::string cfg = dir.Write("config.json", c.json);
+    ExpectInputError(RunTessera("ledger --config " + cfg + " --context 8k"), c.field);
+  }
+  // The V4 window case ran, and counted verify failures under recompute.
+  std::string cfg = dir.Write("v4.json", "{" + v4 + R"(, "sliding_window": 2})");
+  ExpectInputError(RunTessera("simulate --config " + cfg + " --agents 2 --shared-tokens 512"), "sliding_window");
+}
+
+// A config path that is not UTF-8: the JSON renderer threw (exit 1, nothing printed). Invalid
+// bytes come out as U+FFFD.
+TEST(Cli, NonUtf8ConfigPathRendersAsJson) {
+  TempDir dir;
+  std::string cfg = dir.Write("cfg-\xff\xfe.json", *PresetConfigText("deepseek-v3"));
+  CommandResult r = RunTessera("ledger --config '" + cfg + "' --context 8k --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["model"].get<std::string>().find("cfg-\xef\xbf\xbd\xef\xbf\xbd.json"), std::string::npos);
+  std::string prefix = dir.path() + "/receipt";
+  CommandResult rc = RunTessera("receipt --config '" + cfg + "' --context 8k --out " + prefix);
+  ASSERT_EQ(rc.exit_code, 0) << rc.err;
+  std::ifstream in(prefix + ".json");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NO_THROW(nlohmann::json::parse(text.str()));
+}
+
+// --out replaced whatever was at the path with a regular file: a symbolic link (to /dev/stdout,
+// or anywhere), a directory's entry. Now: exit 2 naming "out", and the path is left as it was.
+TEST(Cli, OutNeverReplacesALinkOrADevice) {
+  TempDir dir;
+  std::string target = dir.Write("target.txt", "keep");
+  std::string link = dir.path() + "/out.json";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --out " + link), "out");
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  std::string to_stdout = dir.path() + "/stdout.json";
+  ASSERT_EQ(::symlink("/dev/stdout", to_stdout.c_str()), 0);
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --out " + to_stdout), "out");
+  EXPECT_TRUE(std::filesystem::is_symlink(to_stdout));
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --out " + dir.path()), "out");
+  // Receipts: a link at PREFIX.json stops both files.
+  std::string prefix = dir.path() + "/r";
+  ASSERT_EQ(::symlink(target.c_str(), (prefix + ".json").c_str()), 0);
+  ExpectInputError(RunTessera("receipt --model deepseek-v3 --context 8k --out " + prefix), "out");
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".md"));
+  std::ifstream in(target);
+  std::string kept;
+  std::getline(in, kept);
+  EXPECT_EQ(kept, "keep");
+  // Replacing a regular file is what --out is for.
+  std::string plain = dir.Write("plain.json", "old");
+  EXPECT_EQ(RunTessera("ledger --model deepseek-v3 --context 8k --out " + plain).exit_code, 0);
+}
+
+// A failed write to standard output (a full disk) exited 0 with the output cut short.
+TEST(Cli, FailedWriteToStdoutExitsOne) {
+  for (const std::string args : {"ledger --model deepseek-v3 --context 8k", "report", "layout --model deepseek-v3",
+                                 "stats --model deepseek-v2-lite --agents 1 --shared-tokens 64 --unique-tokens 8"}) {
+    TempDir dir;
+    std::string err = dir.path() + "/stderr";
+    std::string cmd = std::string(TESSERA_BINARY) + " " + args + " >/dev/full 2>" + err;
+    int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << args;
+    EXPECT_EQ(WEXITSTATUS(status), 1) << args;
+    std::ifstream e(err);
+    std::stringstream text;
+    text << e.rdbuf();
+    EXPECT_NE(text.str().find("standard output"), std::string::npos) << args << ": " << text.str();
+  }
+}
+
+// A vLLM prefill peak walked every chunk: 2^50 tokens ran for minutes.
+TEST(Cli, VllmPrefillPeakOfAHugeContextIsImmediate) {
+  auto start = std::chrono::steady_clock::now();
+  CommandResult r = RunTessera(
+      "ledger --model deepseek-v4-pro --context 1125899906842624 --engine vllm "
+      "--prefill-chunk 1 --format json");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 2) << r.err;
+}
+
+// A pool smaller than the shared context (16 blocks of 64 tokens by default) crashed: SIGSEGV in
+// the block-table access of forked agents.
+TEST(Cli, SimulateAndStatsWithATinyPool) {
+  for (int capacity : {1, 2, 7, 15, 16}) {
+    CommandResult r =
+        RunTessera("simulate --agents 4 --capacity-blocks " + std::to_string(capacity) + " --format json");
+    ASSERT_EQ(r.exit_code, 0) << capacity << ": " << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["verify_failures"], 0);
+    EXPECT_EQ(RunTessera("stats --agents 4 --capacity-blocks " + std::to_string(capacity)).exit_code, 0) << capacity;
+  }
+  ExpectInputError(RunTessera("simulate --capacity-blocks 4000000000"), "capacity-blocks");
+  ExpectInputError(RunTessera("simulate --block-tokens 1048576"), "block-tokens");
 }
 
 TEST(Cli, SimulateAgents) {

@@ -1,6 +1,9 @@
 // Engine profiles: vLLM and SGLang page sizes and groupings, and Tessera's own.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <random>
+
 #include "ledger/engine.h"
 #include "tessera/ledger.h"
 #include "test_support.h"
@@ -162,6 +165,62 @@ TEST(EngineHelpers, WindowBlocksHeld) {
   EXPECT_EQ(detail::WindowBlocksHeld(192, 128, 64), 2u);
   EXPECT_EQ(detail::Entries(1000, 128).value(), 7u);
   EXPECT_EQ(detail::Entries(1000, 1).value(), 1000u);
+}
+
+// The loop the prefill peak used to run, one step per chunk: the oracle for the closed form.
+uint64_t PrefillPeakByLoop(uint64_t n, uint64_t chunk, uint32_t full, const std::vector<detail::VllmWindowBucket>& bs) {
+  uint64_t peak = 0;
+  for (uint64_t end = std::min(chunk, n); end > 0; end = end == n ? 0 : std::min(end + chunk, n)) {
+    uint64_t size = end % chunk == 0 ? chunk : end % chunk;
+    uint64_t held = CeilDiv(end, full);
+    for (const auto& b : bs) held += b.groups * detail::WindowBlocksHeld(end, b.window - 1 + size, b.block_tokens);
+    peak = std::max(peak, held);
+  }
+  return peak;
+}
+
+TEST(EngineVllm, PrefillPeakClosedFormEqualsTheStepByStepLoop) {
+  std::mt19937_64 rng(20240611);
+  auto pick = [&rng](std::initializer_list<uint64_t> v) { return *(v.begin() + rng() % v.size()); };
+  int cases = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const uint32_t full = static_cast<uint32_t>(pick({64, 128, 256, 512, 100}));
+    std::vector<detail::VllmWindowBucket> bs;
+    const uint64_t nb = rng() % 4;
+    for (uint64_t i = 0; i < nb; ++i) {
+      bs.push_back({static_cast<uint32_t>(pick({64, 4, 8, 16})), pick({1, 2, 3, 4, 8, 63, 64, 65, 127, 128, 1000}),
+                    1 + rng() % 6});
+    }
+    const uint64_t chunk = pick({1, 2, 3, 5, 7, 63, 64, 65, 100, 256, 1000, 8192});
+    const uint64_t n = trial % 5 == 0 ? pick({1, 2, 63, 64, 65, 127, 128, 129, 8191, 8192, 8193}) : 1 + rng() % 6000;
+    if (n / chunk > 20000) continue;
+    ++cases;
+    Checked closed = detail::VllmPrefillPeakBlocks(n, chunk, full, bs);
+    ASSERT_FALSE(closed.overflowed());
+    ASSERT_EQ(closed.value(), PrefillPeakByLoop(n, chunk, full, bs))
+        << "n " << n << " chunk " << chunk << " full " << full << " buckets " << bs.size();
+  }
+  EXPECT_GT(cases, 3000);
+}
+
+// A 2^50-token context ran 2^37 prefill steps (2^50 with --prefill-chunk 1): minutes. The
+// closed form answers at once, or says which input overflowed.
+TEST(EngineVllm, PrefillPeakOfAHugeContextIsImmediate) {
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{8192}}) {
+    LedgerOptions o = Context(uint64_t{1} << 50, "", Engine::kVllm);
+    o.prefill_chunk_tokens = chunk;
+    auto start = std::chrono::steady_clock::now();
+    Result<Ledger> l = ComputeLedger(Preset("deepseek-v4-pro"), o);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << chunk;
+    if (l.ok()) {
+      EXPECT_GE(l->phases[1].bytes, l->phases[2].bytes);
+    } else {
+      EXPECT_EQ(l.status().code(), StatusCode::kOutOfRange) << l.status().ToString();
+    }
+  }
+  // At 1M tokens the closed form reproduces what the loop computed (PhasesOfA1MTokenV4ProRequest).
+  Ledger m = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kVllm));
+  EXPECT_EQ(m.phases[1].bytes, 11035329408ULL);
 }
 
 TEST(EngineErrors, UnknownEngineNamesTheField) {

@@ -1,11 +1,16 @@
 #include "tessera/file_io.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "base/file_io_testing.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -47,6 +52,124 @@ TEST(FileIo, NothingPartialOnFailure) {
     ++entries;
   }
   EXPECT_EQ(entries, 0);
+}
+
+int Entries(const std::string& dir) {
+  int n = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir)) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// The second of two renames fails: the pair already on disk stays as it was (before, the first
+// target had been replaced and then deleted).
+int g_renames = 0;
+int FailSecondRename(const char* from, const char* to) {
+  if (++g_renames == 2) {
+    errno = EIO;
+    return -1;
+  }
+  return ::rename(from, to);
+}
+
+TEST(FileIo, FailedSecondRenameKeepsThePreviousPair) {
+  testing::TempDir dir;
+  std::string md = dir.path() + "/r.md", json = dir.path() + "/r.json";
+  ASSERT_TRUE(WriteFilesAtomically({{md, "old md"}, {json, "old json"}}).ok());
+  g_renames = 0;
+  detail::SetRenameForTesting(&FailSecondRename);
+  Status st = WriteFilesAtomically({{md, "new md"}, {json, "new json"}});
+  detail::SetRenameForTesting(nullptr);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.field(), "out");
+  EXPECT_NE(st.message().find("r.json"), std::string::npos) << st.message();
+  EXPECT_EQ(Slurp(md), "old md");
+  EXPECT_EQ(Slurp(json), "old json");
+  EXPECT_EQ(Entries(dir.path()), 2);  // no temporaries, no backups
+  // A new pair where nothing existed: nothing is left behind.
+  std::string md2 = dir.path() + "/s.md", json2 = dir.path() + "/s.json";
+  g_renames = 0;
+  detail::SetRenameForTesting(&FailSecondRename);
+  EXPECT_FALSE(WriteFilesAtomically({{md2, "new md"}, {json2, "new json"}}).ok());
+  detail::SetRenameForTesting(nullptr);
+  EXPECT_FALSE(std::filesystem::exists(md2));
+  EXPECT_EQ(Entries(dir.path()), 2);
+  // And when every rename succeeds the new pair replaces the old one, no backups left.
+  ASSERT_TRUE(WriteFilesAtomically({{md, "new md"}, {json, "new json"}}).ok());
+  EXPECT_EQ(Slurp(md), "new md");
+  EXPECT_EQ(Slurp(json), "new json");
+  EXPECT_EQ(Entries(dir.path()), 2);
+}
+
+// --out never replaces what is not a regular file: a symbolic link (to /dev/stdout or anywhere),
+// a directory, a FIFO. The link, and what it points to, are left as they were.
+TEST(FileIo, RefusesToReplaceAnythingButARegularFile) {
+  testing::TempDir dir;
+  std::string target = dir.Write("target.txt", "keep me");
+  std::string link = dir.path() + "/link.json";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  Status st = WriteFilesAtomically({{link, "new"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.field(), "out");
+  EXPECT_NE(st.message().find("symbolic link"), std::string::npos) << st.message();
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_EQ(Slurp(target), "keep me");
+
+  std::string stdout_link = dir.path() + "/stdout";
+  ASSERT_EQ(::symlink("/dev/stdout", stdout_link.c_str()), 0);
+  EXPECT_FALSE(WriteFilesAtomically({{stdout_link, "x"}}).ok());
+  EXPECT_TRUE(std::filesystem::is_symlink(stdout_link));
+
+  std::string sub = dir.path() + "/sub";
+  std::filesystem::create_directory(sub);
+  st = WriteFilesAtomically({{sub, "x"}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::filesystem::is_directory(sub));
+
+  std::string fifo = dir.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  st = WriteFilesAtomically({{fifo, "x"}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+
+  // Of a pair, one bad target stops both.
+  std::string md = dir.path() + "/pair.md";
+  EXPECT_FALSE(WriteFilesAtomically({{md, "x"}, {link, "y"}}).ok());
+  EXPECT_FALSE(std::filesystem::exists(md));
+  EXPECT_EQ(Entries(dir.path()), 5);  // target, link, stdout, sub, fifo: nothing new
+}
+
+TEST(FileIo, ReadsRegularFilesOnly) {
+  testing::TempDir dir;
+  std::string p = dir.Write("config.json", "{}");
+  EXPECT_EQ(*ReadRegularFile(p, "config"), "{}");
+  // A link to a regular file is read (Hugging Face hub snapshots are links into blobs/).
+  std::string link = dir.path() + "/link.json";
+  ASSERT_EQ(::symlink(p.c_str(), link.c_str()), 0);
+  EXPECT_EQ(*ReadRegularFile(link, "config"), "{}");
+
+  std::string fifo = dir.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto start = std::chrono::steady_clock::now();
+  for (const std::string& bad : {fifo, std::string("/dev/zero"), std::string("/dev/null"), dir.path()}) {
+    Result<std::string> r = ReadRegularFile(bad, "config");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(r.status().field(), "config") << bad;
+    EXPECT_NE(r.status().message().find("not a regular file"), std::string::npos) << r.status().message();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // nothing blocked
+
+  std::string big = dir.Write("big.json", std::string(1000, ' '));
+  Result<std::string> r = ReadRegularFile(big, "trace", 999);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(r.status().field(), "trace");
+  EXPECT_EQ(ReadRegularFile(big, "trace", 1000)->size(), 1000u);
+  EXPECT_EQ(ReadRegularFile(dir.path() + "/missing", "config").status().code(), StatusCode::kIoError);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "tessera/codec.h"
 #include "tessera/layout.h"
+#include "tessera/ledger.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -95,6 +96,33 @@ TEST(Format, EveryCatalogFormatBuildsForSomePreset) {
     for (const Geometry& g : models) built = built || BuildFormat(info.name, g).ok();
     EXPECT_TRUE(built) << info.name;
   }
+}
+
+// heads x head_dim within 64 bits, but x 16 bits per element past them: the record of an MHA
+// model with 2^30 KV heads of 2^30 dims wrapped to 0 B.
+TEST(Format, RecordsThatDoNotFitIn64BitsAreRefused) {
+  Geometry mha = testing::FromJson(R"({"num_hidden_layers": 2, "num_attention_heads": 1073741824,
+      "num_key_value_heads": 1073741824, "head_dim": 1073741824})");
+  for (const char* name : {"mha-bf16", "mha-fp8"}) {
+    Result<RecordFormat> f = BuildFormat(name, mha);
+    ASSERT_FALSE(f.ok()) << name << " record " << f->record_bytes() << " B";
+    EXPECT_EQ(f.status().code(), StatusCode::kOutOfRange);
+    EXPECT_EQ(f.status().field(), "head_dim");
+  }
+  Result<Ledger> l = ComputeLedger(mha, testing::Context(1));
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().field(), "head_dim");
+  // Expanded MLA: 2^32 - 1 query heads of 2^32 - 1 dims.
+  Geometry mla = testing::FromJson(R"({"num_hidden_layers": 2, "num_attention_heads": 4294967295,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 4294967231, "qk_rope_head_dim": 64, "v_head_dim": 4294967295})");
+  Result<RecordFormat> e = BuildFormat("expanded-bf16", mla);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(e.status().field(), "head_dim");
+  // The largest that fits still builds, exactly.
+  Geometry wide = testing::FromJson(R"({"num_hidden_layers": 2, "num_attention_heads": 65536,
+      "num_key_value_heads": 65536, "head_dim": 65536})");
+  EXPECT_EQ(BuildFormat("mha-bf16", wide)->record_bytes(), 2ULL * 65536 * 65536 * 2);
 }
 
 TEST(Format, Fp8DsMlaNeedsWholeScaleGroups) {

@@ -45,5 +45,14 @@ TEST(Fraction, OverflowIsReported) {
   EXPECT_EQ(sum.ToString(), "overflow");
 }
 
+// A denominator above 2^60 (a ratio of two byte counts from a hostile config): ten times the
+// remainder needs more than 64 bits. Wrapped, 2^62 / (2^63 + 1) printed as "0.00".
+TEST(Fraction, DecimalDigitsOfAHugeDenominator) {
+  Fraction almost_half(uint64_t{1} << 62, (uint64_t{1} << 63) + 1);
+  EXPECT_EQ(almost_half.ToDecimal(12), "~0.500000");
+  EXPECT_EQ(Fraction(uint64_t{3} << 62, uint64_t{1} << 63).ToDecimal(4), "1.5");
+  EXPECT_EQ(Fraction(UINT64_MAX - 1, UINT64_MAX).ToDecimal(4), "~1.000000");
+}
+
 }  // namespace
 }  // namespace tessera

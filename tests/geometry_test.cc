@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "test_support.h"
 
 namespace tessera {
@@ -188,7 +190,44 @@ INSTANTIATE_TEST_SUITE_P(
                   "index_head_dim"},
         BadConfig{"malformed json", "{\"num_hidden_layers\": 2,, }", "config"},
         BadConfig{"not an object", "[1, 2, 3]", "config"},
-        BadConfig{"model_type not a string", "{\"model_type\": 3, \"num_hidden_layers\": 2}", "model_type"}),
+        BadConfig{"model_type not a string", "{\"model_type\": 3, \"num_hidden_layers\": 2}", "model_type"},
+        // A number beyond double's range: nlohmann throws out_of_range (not parse_error).
+        BadConfig{"number beyond double", "{\"num_hidden_layers\": 1e400, " MLA_BASE ", \"qk_rope_head_dim\": 64}",
+                  "config"},
+        // MTP layers near 2^32: main + MTP wrapped to a handful of layers (32-bit sum).
+        BadConfig{"mtp near 2^32",
+                  "{\"num_hidden_layers\": 2, " MLA_BASE
+                  ", \"qk_rope_head_dim\": 64, \"num_nextn_predict_layers\": 4294967295}",
+                  "num_nextn_predict_layers"},
+        BadConfig{"mtp past the layer bound",
+                  "{\"num_hidden_layers\": 100000, \"num_attention_heads\": 8, \"hidden_size\": 1024, "
+                  "\"num_nextn_predict_layers\": 1}",
+                  "num_nextn_predict_layers"},
+        // qk_nope + qk_rope wrapped to 63 in 32 bits.
+        BadConfig{"mla head dims wrap",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"kv_lora_rank\": 512, "
+                  "\"qk_nope_head_dim\": 4294967295, \"v_head_dim\": 128, \"qk_rope_head_dim\": 64}",
+                  "qk_nope_head_dim"},
+        // 2 x coff x head_dim floats per compressor slot: 2^32 for a 2^30-dim CSA head.
+        BadConfig{"v4 compressor slot wraps",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 1073741824, "
+                  "\"qk_rope_head_dim\": 64, \"sliding_window\": 128, \"compress_ratios\": [4, 128], "
+                  "\"index_head_dim\": 128, \"index_n_heads\": 64, \"index_topk\": 512}",
+                  "head_dim"},
+        BadConfig{"v4 indexer compressor slot wraps",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, "
+                  "\"qk_rope_head_dim\": 64, \"sliding_window\": 128, \"compress_ratios\": [4, 128], "
+                  "\"index_head_dim\": 1073741824, \"index_n_heads\": 64, \"index_topk\": 512}",
+                  "index_head_dim"},
+        // Recompute re-runs the last `sliding_window` tokens; a CSA compressor needs the 4 before
+        // a boundary. A window of 2 resumed with wrong compressor state.
+        BadConfig{"v4 window shorter than a csa group",
+                  "{\"num_hidden_layers\": 2, \"num_attention_heads\": 64, \"head_dim\": 512, "
+                  "\"qk_rope_head_dim\": 64, \"sliding_window\": 3, \"compress_ratios\": [4, 128], "
+                  "\"index_head_dim\": 128, \"index_n_heads\": 64, \"index_topk\": 512}",
+                  "sliding_window"},
+        BadConfig{"nested value in a checked field", "{\"num_hidden_layers\": [[[[[[[[[[1]]]]]]]]]]}",
+                  "num_hidden_layers"}),
     [](const ::testing::TestParamInfo<BadConfig>& param_info) {
       std::string n = param_info.param.name;
       for (char& c : n) {
@@ -196,6 +235,71 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// A value nested far deeper than any config.json, in a field the reader checks: quoting it in
+// the error walked it recursively (a stack overflow). Refused before parsing, naming "config".
+TEST(Geometry, DeeplyNestedValuesAreRefusedBeforeParsing) {
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  for (const std::string& json :
+       {"{\"num_hidden_layers\": " + deep + "}", "{\"compress_ratios\": " + deep + ", \"num_hidden_layers\": 2}", deep,
+        "{\"a\": " + std::string(100000, '{') + std::string(100000, '}') + "}"}) {
+    Result<Geometry> g = GeometryFromConfigJson(json, "deep.json");
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().field(), "config");
+    EXPECT_NE(g.status().message().find("nests deeper than"), std::string::npos) << g.status().message();
+  }
+  // Brackets inside strings are text, not nesting.
+  std::string quoted = "{\"note\": \"" + std::string(1000, '[') + "\\\"" + std::string(1000, '{') + "\", " +
+                       "\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"hidden_size\": 1024}";
+  EXPECT_TRUE(GeometryFromConfigJson(quoted, "quoted.json").ok());
+  // Real configs nest a few levels (quantization_config): fine.
+  std::string nested =
+      "{\"quantization_config\": {\"a\": {\"b\": {\"c\": [[1]]}}}, \"num_hidden_layers\": 2, "
+      "\"num_attention_heads\": 8, \"hidden_size\": 1024}";
+  EXPECT_TRUE(GeometryFromConfigJson(nested, "nested.json").ok());
+}
+
+TEST(Geometry, ConfigTextIsBounded) {
+  std::string big = "{\"num_hidden_layers\": 2, \"num_attention_heads\": 8, \"hidden_size\": 1024, \"pad\": \"" +
+                    std::string(16 << 20, 'x') + "\"}";
+  Result<Geometry> g = GeometryFromConfigJson(big, "big.json");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(g.status().field(), "config");
+}
+
+// --config reads regular files only: a FIFO blocked forever, /dev/zero read until out of memory.
+TEST(Geometry, ConfigMustBeARegularFile) {
+  for (const char* path : {"/dev/zero", "/dev/null", "/"}) {
+    Result<Geometry> g = LoadConfigFile(path);
+    ASSERT_FALSE(g.ok()) << path;
+    EXPECT_EQ(g.status().field(), "config") << path;
+    EXPECT_NE(g.status().message().find("not a regular file"), std::string::npos) << g.status().message();
+  }
+}
+
+// The MTP layer count flowed into a loop over main + MTP layers: 2^32 - 1 of them.
+TEST(Geometry, HybridMtpNear2To32IsRefusedQuickly) {
+  auto start = std::chrono::steady_clock::now();
+  Result<Geometry> g = GeometryFromConfigJson(R"({"num_hidden_layers": 2, "num_attention_heads": 64,
+      "head_dim": 512, "qk_rope_head_dim": 64, "sliding_window": 128, "compress_ratios": [0, 128],
+      "num_nextn_predict_layers": 4294967295})",
+                                              "mtp.json");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().field(), "num_nextn_predict_layers");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+}
+
+TEST(Geometry, V4WindowOfOneCsaGroupIsEnough) {
+  Geometry g = FromJson(R"({"num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512,
+      "qk_rope_head_dim": 64, "sliding_window": 4, "compress_ratios": [4, 128],
+      "index_head_dim": 128, "index_n_heads": 64, "index_topk": 512})");
+  EXPECT_EQ(g.sliding_window, 4u);
+  // Without CSA layers nothing overlaps a boundary: any window will do.
+  Geometry hca = FromJson(R"({"num_hidden_layers": 2, "num_attention_heads": 64, "head_dim": 512,
+      "qk_rope_head_dim": 64, "sliding_window": 1, "compress_ratios": [0, 128]})");
+  EXPECT_EQ(hca.sliding_window, 1u);
+}
 
 TEST(Geometry, GenericHybridModelWorks) {
   // A V4-like model the presets do not ship: every compress ratio kind, MTP entry listed.

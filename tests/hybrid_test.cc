@@ -366,6 +366,63 @@ TEST(Hybrid, ContentDedupOfIdenticalConcurrentRequests) {
   EXPECT_EQ(m->BlockTable(a.id)[1], m->BlockTable(b.id)[1]);
 }
 
+// Tiny() with a sliding window of `window` tokens, built by hand (the config reader refuses
+// windows shorter than a CSA group).
+Geometry TinyWithWindow(uint32_t window) {
+  Geometry g = Tiny();
+  g.sliding_window = window;
+  for (LayerSpec& l : g.layers) {
+    for (CacheSpec& c : l.caches) {
+      if (c.role == CacheRole::kWindow) c.slots = window;
+    }
+  }
+  return g;
+}
+
+// Recompute re-runs the last `window` tokens of a cached prefix, and that is all that rebuilds
+// the compressor rows: a CSA compressor still needs the 4 rows before the boundary, so with a
+// window of 2 the resumed state was wrong (simulate counted verify failures). Refused, naming
+// the window; snapshot and retain copy those rows and resume exactly with any window.
+TEST(Hybrid, RecomputeNeedsAWindowCoveringACsaGroup) {
+  for (uint32_t window : {1u, 2u, 3u}) {
+    HybridOptions o;
+    o.strategy = SwaStrategy::kRecompute;
+    Result<std::unique_ptr<HybridManager>> m = HybridManager::Create(TinyWithWindow(window), o);
+    ASSERT_FALSE(m.ok()) << window;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(m.status().field(), "sliding_window");
+  }
+  HybridOptions four;
+  EXPECT_TRUE(HybridManager::Create(TinyWithWindow(4), four).ok());
+
+  for (SwaStrategy s : {SwaStrategy::kSnapshot, SwaStrategy::kRetain}) {
+    SCOPED_TRACE(std::string(SwaStrategyName(s)));
+    Geometry g = TinyWithWindow(2);
+    std::vector<uint32_t> toks = Tokens(512 + 40);
+    std::vector<uint32_t> prefix(toks.begin(), toks.begin() + 512);
+    HybridOptions o;
+    o.strategy = s;
+    o.capacity_blocks = 16;
+    std::unique_ptr<HybridManager> m = Make(g, o);
+    HybridAdmit first = *m->Admit({}, RequestSpec{});
+    ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
+    ASSERT_TRUE(m->Append(first.id, prefix, Writers()).ok());
+    ASSERT_TRUE(m->Free(first.id).ok());
+    ResumeAndContinue(*m, *m->Admit(toks, RequestSpec{}), g, s, toks, 512);
+  }
+}
+
+// The window ring has window + draft slots, counted in 32 bits: a 2^32 - 1 window with a draft
+// token wrapped to a ring of 0 slots.
+TEST(Hybrid, WindowPlusDraftSlotsAreChecked) {
+  HybridOptions o;
+  o.strategy = SwaStrategy::kSnapshot;
+  o.spec_tokens = 1;
+  Result<std::unique_ptr<HybridManager>> m = HybridManager::Create(TinyWithWindow(UINT32_MAX), o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().field(), "sliding_window");
+}
+
 TEST(Hybrid, BadInput) {
   EXPECT_EQ(HybridManager::Create(Preset("deepseek-v3"), HybridOptions{}).status().field(), "model");
   HybridOptions o;

@@ -366,6 +366,17 @@ TEST(LedgerErrors, OverflowIsCheckedNotWrapped) {
   EXPECT_EQ(c.status().field(), "context");
 }
 
+// The MHA-equivalent baseline, 2 x heads x head_dim x 2 B, from two 32-bit config numbers:
+// it wrapped, and the ledger printed a ratio against a wrapped figure.
+TEST(LedgerErrors, MhaBaselineOverflowIsChecked) {
+  Geometry g = testing::FromJson(R"({"num_hidden_layers": 2, "num_attention_heads": 4294967295,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 4294967295})");
+  Result<Ledger> l = ComputeLedger(g, Context(8));
+  ASSERT_FALSE(l.ok()) << l->mha_bytes_per_token_per_layer;
+  EXPECT_EQ(l.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(l.status().field(), "head_dim");
+}
+
 TEST(LedgerErrors, LargestBatchThatFitsStillComputes) {
   Geometry g = Preset("deepseek-v3");
   LedgerOptions o = Context(1048576);

@@ -44,6 +44,17 @@ TEST(Receipt, RecordsInputsFormatsAndSha) {
   EXPECT_GE(j["checks"].size(), 5u);
 }
 
+TEST(Receipt, NonUtf8SourcePathDoesNotThrow) {
+  Result<Geometry> g = GeometryFromConfigJson(*PresetConfigText("deepseek-v3"), "cfg-\xff.json");
+  ASSERT_TRUE(g.ok());
+  ReceiptRequest req{"cfg-\xff.json", Context(4096), std::nullopt, false};
+  Result<Receipt> r = Result<Receipt>(Status(StatusCode::kInternal, "", "not run"));
+  ASSERT_NO_THROW(r = BuildReceipt(*g, req));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  nlohmann::json j = nlohmann::json::parse(r->json);
+  EXPECT_EQ(j["inputs"]["model_source"], "cfg-\xef\xbf\xbd.json");
+}
+
 TEST(Receipt, Deterministic) {
   Geometry g = Preset("deepseek-v3");
   ReceiptRequest req{"preset deepseek-v3", Context(4096), std::nullopt, false};

@@ -86,5 +86,29 @@ TEST(Reconcile, TraceFileIsSummed) {
   EXPECT_EQ(ReadAllocationTrace(dir.path() + "/missing").status().code(), StatusCode::kIoError);
 }
 
+// The number ended at a comma: "7,027,200 kv" summed as 7, and "1,2" as 1. Grouped digits are
+// read whole; anything else is refused with the line.
+TEST(Reconcile, TraceNumbersAreReadWholeOrRefused) {
+  testing::TempDir dir;
+  std::string grouped = dir.Write("grouped.txt", "7,027,200 kv\n1_000\n");
+  EXPECT_EQ(*ReadAllocationTrace(grouped), 7028200u);
+  for (const char* line : {"1,2 kv\n", "12,34\n", "+5\n", "0x10\n", "1e3\n"}) {
+    std::string bad = dir.Write("bad.txt", line);
+    Result<uint64_t> r = ReadAllocationTrace(bad);
+    ASSERT_FALSE(r.ok()) << line << " read as " << r.value();
+    EXPECT_EQ(r.status().field(), "trace");
+    EXPECT_NE(r.status().message().find("line 1"), std::string::npos);
+  }
+}
+
+// A trace is a regular file of bounded size: a FIFO blocked forever, /dev/zero never ended.
+TEST(Reconcile, TraceMustBeARegularFile) {
+  for (const char* path : {"/dev/zero", "/dev/null", "/"}) {
+    Result<uint64_t> r = ReadAllocationTrace(path);
+    ASSERT_FALSE(r.ok()) << path;
+    EXPECT_EQ(r.status().field(), "trace") << path;
+  }
+}
+
 }  // namespace
 }  // namespace tessera

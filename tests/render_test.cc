@@ -25,6 +25,20 @@ TEST(Render, JsonTotalsAreExactIntegers) {
   EXPECT_EQ(j["mha_equivalent_bytes"].get<uint64_t>(), 523986010112ULL);
 }
 
+// A config path is whatever bytes the file system holds; the model name is that path. dump()
+// threw type_error 316 on the invalid UTF-8 and the exception left the library.
+TEST(Render, JsonOfANonUtf8ModelNameIsValidJson) {
+  Result<Geometry> g = GeometryFromConfigJson(*PresetConfigText("deepseek-v4-flash"), "/tmp/\xff\xfe-\xc3(.json");
+  ASSERT_TRUE(g.ok());
+  Ledger l = MustLedger(*g, Context(8192));
+  std::string text;
+  ASSERT_NO_THROW(text = RenderLedger(l, OutputFormat::kJson));
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["model"], "/tmp/\xef\xbf\xbd\xef\xbf\xbd-\xef\xbf\xbd(.json");  // U+FFFD for each bad byte
+  ASSERT_NO_THROW(text = RenderLayout(l, OutputFormat::kJson));
+  EXPECT_NO_THROW(nlohmann::json::parse(text));
+}
+
 TEST(Render, JsonFractionsAreExact) {
   Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "v4-seed"));
   nlohmann::json j = nlohmann::json::parse(RenderLedger(l, OutputFormat::kJson));

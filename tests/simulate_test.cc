@@ -108,6 +108,63 @@ TEST(Simulate, BadOptionsNameTheField) {
   EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "block-tokens");
 }
 
+// A pool smaller than the shared context: the orchestrator cannot be written, and its forks
+// used to index its (short) block table past the end (SIGSEGV). Every capacity runs to the end
+// without a wrong byte; what did not fit is counted.
+TEST(Simulate, PoolSmallerThanTheSharedContextRunsToTheEnd) {
+  for (const char* model : {"deepseek-v3", "llama-3.1-8b"}) {
+    for (uint32_t capacity = 1; capacity <= 17; ++capacity) {
+      SCOPED_TRACE(std::string(model) + " capacity " + std::to_string(capacity));
+      AgentScenario s;  // defaults: 1,024 shared tokens = 16 blocks of 64
+      s.agents = 4;
+      s.independent = 2;
+      s.capacity_blocks = capacity;
+      Result<SimulationResult> r = RunAgentScenario(Preset(model), s);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->verify_failures, 0u);
+      EXPECT_EQ(r->cross_tenant_shares, 0u);
+      EXPECT_LE(r->shared_context_copies, 1u);
+      if (capacity < 16) {
+        EXPECT_GT(r->out_of_blocks, 0u);
+      }
+    }
+  }
+}
+
+// What the options multiply into mapped pages is bounded: a 2^20-token block span took 32 GiB a
+// block, and copy-on-write touched all of it.
+TEST(Simulate, PoolBytesAreBounded) {
+  AgentScenario s = Small();
+  s.block_tokens = 1 << 20;
+  Result<SimulationResult> r = RunAgentScenario(Preset("deepseek-v3"), s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(r.status().field(), "block-tokens");
+  s = Small();
+  s.capacity_blocks = 4000000000u;
+  r = RunAgentScenario(Preset("deepseek-v3"), s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(), "capacity-blocks");
+  s = Small();
+  s.agents = 4096;
+  s.independent = 4096;
+  s.block_tokens = std::nullopt;
+  r = RunAgentScenario(Preset("deepseek-v3"), s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(),
+            "agents");  // 4,096 forks of a 1m-token context: 48 GB of token copies, whatever the pool.
+  s = Small();
+  s.agents = 4096;
+  s.shared_tokens = 1 << 20;
+  s.capacity_blocks = 16;
+  r = RunAgentScenario(Preset("deepseek-v2-lite"), s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(), "agents");
+  s = Small();
+  s.unique_tokens = (1 << 20) + 1;
+  EXPECT_EQ(RunAgentScenario(Preset("deepseek-v2-lite"), s).status().field(), "unique-tokens");
+}
+
 Geometry TinyV4() {
   return testing::FromJson(R"({"model_type": "deepseek_v4", "num_hidden_layers": 4, "num_attention_heads": 8,
       "num_key_value_heads": 1, "head_dim": 128, "qk_rope_head_dim": 64, "sliding_window": 128,
@@ -148,6 +205,20 @@ TEST(SimulateHybrid, EveryStrategyResumesAndVerifies) {
     }
   }
   EXPECT_EQ(r.cross_tenant_shares, 0u);
+}
+
+TEST(SimulateHybrid, TinyPoolRunsToTheEnd) {
+  for (uint32_t capacity : {1u, 2u, 3u}) {
+    AgentScenario s;
+    s.agents = 2;
+    s.independent = 1;
+    s.shared_tokens = 600;
+    s.unique_tokens = 30;
+    s.capacity_blocks = capacity;
+    Result<SimulationResult> r = RunAgentScenario(TinyV4(), s);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->verify_failures, 0u) << capacity;
+  }
 }
 
 }  // namespace

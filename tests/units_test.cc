@@ -22,7 +22,8 @@ TEST(Units, BadTokenCountsNameTheField) {
   }
   Result<uint64_t> huge = ParseTokenCount("99999999999999999999", "context");
   ASSERT_FALSE(huge.ok());
-  EXPECT_EQ(huge.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(huge.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(huge.status().field(), "context");
   Result<uint64_t> huge_m = ParseTokenCount("99999999999999m", "context");
   ASSERT_FALSE(huge_m.ok());
   EXPECT_EQ(huge_m.status().code(), StatusCode::kOutOfRange);
@@ -34,6 +35,33 @@ TEST(Units, ParseUnsigned) {
   EXPECT_FALSE(ParseUnsigned("-1", "batch").ok());
   EXPECT_EQ(ParseUnsigned("-1", "batch").status().field(), "batch");
   EXPECT_FALSE(ParseUnsigned("18446744073709551616", "batch").ok());
+  EXPECT_EQ(*ParseUnsigned("18446744073709551615", "batch"), UINT64_MAX);
+  EXPECT_EQ(*ParseUnsigned("9,210,691,584", "observed"), 9210691584u);
+  EXPECT_EQ(*ParseUnsigned("999,999", "observed"), 999999u);
+  EXPECT_EQ(*ParseUnsigned("007", "batch"), 7u);
+}
+
+// Anything but plain digits (or digits grouped in threes) is refused, naming the field: a
+// separator dropped or a prefix skipped would read another number than the one written.
+TEST(Units, OnlyDigitsOrThousandsGroupsParse) {
+  for (const char* bad : {"1,2", "12,34", "1,2345", ",123", "123,", "1,,234", "1,234_567", "1_2", "1234,567", "+3",
+                          " 4", "4 ", "0x10", "1e3", "1.0", "\t5", "5\n", "\xef\xbc\x95"}) {
+    Result<uint64_t> r = ParseUnsigned(bad, "observed");
+    ASSERT_FALSE(r.ok()) << bad << " parsed as " << r.value();
+    EXPECT_EQ(r.status().field(), "observed") << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_FALSE(ParseTokenCount(bad, "context").ok()) << bad;
+    EXPECT_FALSE(ParseByteSize(bad, "host-tier-bytes").ok()) << bad;
+  }
+  for (const char* bad : {"1,2k", "+8k", " 1m", "0x10k", "1e3k"}) {
+    Result<uint64_t> r = ParseTokenCount(bad, "context");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().field(), "context") << bad;
+  }
+  Result<uint64_t> over = ParseUnsigned("18,446,744,073,709,551,616", "observed");
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(over.status().field(), "observed");
 }
 
 TEST(Units, BinaryAndDecimalAreBothLabeled) {

@@ -7,6 +7,10 @@
 
 namespace tessera {
 
+namespace {
+__extension__ typedef unsigned __int128 Uint128;
+}  // namespace
+
 Fraction::Fraction(uint64_t num, uint64_t den) : num_(num), den_(den) {
   assert(den > 0 && "Fraction denominator must be positive");
   uint64_t g = Gcd(num_, den_);
@@ -59,10 +63,11 @@ std::string Fraction::ToDecimal(int max_places) const {
   if (rem == 0) return out;
   out += '.';
   for (int i = 0; i < max_places && rem != 0; ++i) {
-    // rem < den_, and den_ stays far below 2^60 for every figure the ledger prints.
-    rem *= 10;
-    out += static_cast<char>('0' + rem / den_);
-    rem %= den_;
+    // rem < den_ < 2^64, so 10 x rem needs up to 68 bits: a ratio of two byte counts from a
+    // hostile config can have any 64-bit denominator.
+    const Uint128 wide = static_cast<Uint128>(rem) * 10;
+    out += static_cast<char>('0' + static_cast<int>(wide / den_));
+    rem = static_cast<uint64_t>(wide % den_);
   }
   if (rem != 0) {
     char buf[64];

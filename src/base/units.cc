@@ -72,17 +72,45 @@ std::string FormatBytes(uint64_t bytes) {
 
 Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view field) {
   std::string f(field);
+  // Quoted in errors: bound what is echoed back, and keep it one line.
+  auto shown = [&text] {
+    std::string s(text.substr(0, 40));
+    for (char& c : s) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    return "\"" + s + (text.size() > 40 ? "...\"" : "\"");
+  };
   if (text.empty()) return InvalidArgument(f, "expected a non-negative integer, got an empty value");
-  if (text[0] == '-') return InvalidArgument(f, "must not be negative (got \"" + std::string(text) + "\")");
+  if (text[0] == '-') return InvalidArgument(f, "must not be negative (got " + shown() + ")");
+  // Digits only, optionally grouped in thousands with one kind of separator ("9,210,691,584",
+  // "9_210_691_584"), the way the ledger prints byte counts. Any other separator placement
+  // ("1,2", "12,34") is refused: dropping the separator would silently read another number.
+  char sep = 0;
+  size_t group = 0;  // digits since the last separator
+  bool grouped = false;
   Checked v(0);
   for (char c : text) {
-    if (c == '_' || c == ',') continue;
-    if (!std::isdigit(static_cast<unsigned char>(c))) {
-      return InvalidArgument(f, "expected a non-negative integer, got \"" + std::string(text) + "\"");
+    if (c == '_' || c == ',') {
+      bool first_group_ok = !grouped && group >= 1 && group <= 3;
+      bool later_group_ok = grouped && group == 3;
+      if ((sep != 0 && c != sep) || !(first_group_ok || later_group_ok)) {
+        return InvalidArgument(f, "expected digits, optionally grouped in threes (9,210,691,584), got " + shown());
+      }
+      sep = c;
+      grouped = true;
+      group = 0;
+      continue;
     }
+    if (c < '0' || c > '9') {
+      return InvalidArgument(f, "expected a non-negative integer, got " + shown());
+    }
+    ++group;
     v = v * 10 + Checked(static_cast<uint64_t>(c - '0'));
   }
-  if (v.overflowed()) return OutOfRange(f, "\"" + std::string(text) + "\" does not fit in 64 bits");
+  if (grouped && group != 3) {
+    return InvalidArgument(f, "expected digits, optionally grouped in threes (9,210,691,584), got " + shown());
+  }
+  if (v.overflowed()) return OutOfRange(f, shown() + " does not fit in 64 bits");
   return v.value();
 }
 
@@ -101,7 +129,9 @@ Result<uint64_t> ParseByteSize(std::string_view text, std::string_view field) {
   }
   Result<uint64_t> base = ParseUnsigned(text, field);
   if (!base.ok()) {
-    return InvalidArgument(f, "expected a byte size like 4096, 64MiB or 2GB, got \"" + std::string(text) + "\"");
+    if (base.status().code() == StatusCode::kOutOfRange) return base.status();
+    return InvalidArgument(
+        f, "expected a byte size like 4096, 64MiB or 2GB, got \"" + std::string(text.substr(0, 40)) + "\"");
   }
   Checked v = Checked(*base) * multiplier;
   if (v.overflowed()) return OutOfRange(f, "byte size does not fit in 64 bits");
@@ -121,7 +151,8 @@ Result<uint64_t> ParseTokenCount(std::string_view text, std::string_view field) 
   }
   Result<uint64_t> base = ParseUnsigned(text, field);
   if (!base.ok()) {
-    return InvalidArgument(f, "expected a token count like 8192, 128k or 1m, got \"" + std::string(text) +
+    if (base.status().code() == StatusCode::kOutOfRange) return base.status();
+    return InvalidArgument(f, "expected a token count like 8192, 128k or 1m, got \"" + std::string(text.substr(0, 40)) +
                                   (multiplier == 1 ? "" : "<suffix>") + "\"");
   }
   Checked v = Checked(*base) * multiplier;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 
+#include "tessera/checked.h"
 #include "tessera/codec.h"
 
 namespace tessera {
@@ -190,13 +191,19 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
 
   if (name == "mha-bf16" || name == "mha-fp8") {
     ElementType t = name == "mha-bf16" ? ElementType::kBf16 : ElementType::kFp8E4M3;
+    // 32-bit heads times a 32-bit head_dim: up to 64 bits, then bits and bytes on top. Checked
+    // below with the record's total; a wrapped width would price a record at 0 B.
     uint64_t width = static_cast<uint64_t>(g.mha_heads()) * g.mha_head_dim();
     f.regions = {{"k", t, width, 0}, {"v", t, width, 0}};
   } else if (name == "expanded-bf16") {
     TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    uint64_t heads = g.num_attention_heads;
-    f.regions = {{"k", ElementType::kBf16, heads * (g.qk_nope_head_dim + rope), 0},
-                 {"v", ElementType::kBf16, heads * g.v_head_dim, 0}};
+    Checked heads(g.num_attention_heads);
+    Checked k = heads * (Checked(g.qk_nope_head_dim) + rope), v = heads * g.v_head_dim;
+    if (k.overflowed() || v.overflowed()) {
+      return OutOfRange("head_dim",
+                        std::string(name) + " records of " + g.name + " (heads x head dims) do not fit in 64 bits");
+    }
+    f.regions = {{"k", ElementType::kBf16, k.value(), 0}, {"v", ElementType::kBf16, v.value(), 0}};
   } else if (name == "mla-bf16" || name == "mla-fp16") {
     TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
     ElementType t = name == "mla-bf16" ? ElementType::kBf16 : ElementType::kFp16;
@@ -247,6 +254,16 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
       return InvalidArgument(std::string(field),
                              std::string(name) + " region \"" + r.name + "\" would be empty for " + g.name);
     }
+  }
+  // Region::bits() and record_bytes() multiply and add unchecked: every record built here is
+  // checked once, so that a format that exists has a record size that fits in 64 bits.
+  Checked bits(0);
+  for (const Region& r : f.regions) bits += Checked(r.count) * ElementBits(r.type);
+  if (bits.overflowed()) {
+    const bool mha = f.use == FormatUse::kKv;
+    return OutOfRange(mha ? "head_dim" : std::string(field),
+                      std::string(name) + " records of " + g.name + " do not fit in 64 bits" +
+                          (mha ? " (heads x head_dim is " + std::to_string(f.regions[0].count) + ")" : ""));
   }
   return f;
 }

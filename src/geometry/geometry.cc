@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "data/embedded.h"
+#include "tessera/checked.h"
+#include "tessera/file_io.h"
 
 namespace tessera {
 
@@ -81,10 +81,50 @@ std::string Sha256Hex(std::string_view data) {
 
 namespace {
 
+// Bounds on the text itself, checked before it is parsed: a config.json is a few KiB with objects
+// nested a handful of levels (quantization_config). Deeper nesting is refused up front because
+// nlohmann's dump and copy recurse once per level.
+constexpr size_t kMaxConfigBytes = kMaxInputFileBytes;
+constexpr int kMaxConfigDepth = 64;
+// Main plus MTP layers, as the LayerSpec list is that long.
+constexpr uint64_t kMaxLayers = 100000;
+
+// A value quoted in an error: scalars as JSON (cut to 40 characters), containers by kind only,
+// so that a message never walks (or recurses into) a large or deep value.
 std::string Describe(const json& v) {
-  std::string s = v.dump();
+  if (v.is_array()) return "a list of " + std::to_string(v.size()) + " entries";
+  if (v.is_object()) return "an object";
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return s;
+}
+
+// The byte offset where the nesting of [ and { (outside strings) first goes past `limit`, or
+// npos. Malformed text is left for the parser to reject.
+size_t DepthExceededAt(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return i;
+    } else if (c == ']' || c == '}') {
+      if (depth > 0) --depth;
+    }
+  }
+  return std::string_view::npos;
 }
 
 // Reads an optional non-negative integer field. Absent or null -> `fallback`.
@@ -169,16 +209,47 @@ Status BuildHybridLayers(const json& cfg, Geometry& g) {
     } else {
       bool sparse = r == kSparseRatio;
       uint32_t coff = sparse ? 2 : 1;
-      uint32_t slots = coff * r;
+      uint32_t slots = coff * r;  // r <= 2^20
+      // A compressor slot holds 2 x coff x dim float32 values, counted in 32 bits.
+      Checked floats = Checked(2) * coff * g.head_dim;
+      if (floats.overflowed() || floats.value() > UINT32_MAX) {
+        return OutOfRange("head_dim", "value " + std::to_string(g.head_dim) +
+                                          " is too large: a compressor slot of 2 x " + std::to_string(coff) +
+                                          " x head_dim floats does not fit in 32 bits");
+      }
       layer.kind = sparse ? LayerKind::kCsa : LayerKind::kHca;
       layer.caches.push_back({CacheRole::kCompressed, r, 0, 0});
-      layer.caches.push_back({CacheRole::kCompressorState, 0, slots, 2 * coff * g.head_dim});
+      layer.caches.push_back({CacheRole::kCompressorState, 0, slots, static_cast<uint32_t>(floats.value())});
       if (sparse) {
+        Checked ifloats = Checked(2) * coff * g.index_head_dim;
+        if (ifloats.overflowed() || ifloats.value() > UINT32_MAX) {
+          return OutOfRange("index_head_dim", "value " + std::to_string(g.index_head_dim) +
+                                                  " is too large: an indexer compressor slot of 2 x " +
+                                                  std::to_string(coff) +
+                                                  " x index_head_dim floats does not fit in 32 bits");
+        }
         layer.caches.push_back({CacheRole::kIndexer, r, 0, 0});
-        layer.caches.push_back({CacheRole::kIndexerCompressorState, 0, slots, 2 * coff * g.index_head_dim});
+        layer.caches.push_back({CacheRole::kIndexerCompressorState, 0, slots, static_cast<uint32_t>(ifloats.value())});
       }
     }
     g.layers.push_back(std::move(layer));
+  }
+  // Resuming a cached prefix under the recompute strategy re-runs the last `sliding_window`
+  // tokens, and those rows are all that rebuilds the compressor state too. At a block boundary an
+  // overlapping (CSA) compressor still needs the rows of the previous group of `ratio` tokens,
+  // so a window shorter than that group would resume with rows it never rewrote.
+  uint64_t rebuilt = 0;
+  for (const LayerSpec& l : g.layers) {
+    for (const CacheSpec& c : l.caches) {
+      if (c.role == CacheRole::kCompressorState && c.slots > l.compress_ratio) {
+        rebuilt = std::max<uint64_t>(rebuilt, c.slots - l.compress_ratio);
+      }
+    }
+  }
+  if (g.sliding_window < rebuilt) {
+    return InvalidArgument("sliding_window", std::to_string(g.sliding_window) + " is shorter than the " +
+                                                 std::to_string(rebuilt) +
+                                                 "-token compressor group a resumed prefix must rebuild");
   }
   return Status::Ok();
 }
@@ -186,11 +257,23 @@ Status BuildHybridLayers(const json& cfg, Geometry& g) {
 }  // namespace
 
 Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_view source) {
+  if (json_text.size() > kMaxConfigBytes) {
+    return OutOfRange("config", std::string(source) + " is " + std::to_string(json_text.size()) + " B, more than the " +
+                                    std::to_string(kMaxConfigBytes) + " B a config.json may hold");
+  }
+  if (size_t at = DepthExceededAt(json_text, kMaxConfigDepth); at != std::string_view::npos) {
+    return InvalidArgument("config", std::string(source) + " nests deeper than " + std::to_string(kMaxConfigDepth) +
+                                         " levels (byte " + std::to_string(at) + ")");
+  }
   json cfg;
   try {
     cfg = json::parse(json_text.begin(), json_text.end());
   } catch (const json::parse_error& e) {
     return InvalidArgument("config", std::string(source) + " is not valid JSON (byte " + std::to_string(e.byte) + ")");
+  } catch (const json::exception& e) {
+    // A number beyond double's range (out_of_range 406) and the like.
+    return InvalidArgument("config",
+                           std::string(source) + " is not usable JSON (nlohmann error " + std::to_string(e.id) + ")");
   }
   if (!cfg.is_object()) return InvalidArgument("config", std::string(source) + " must hold a JSON object");
 
@@ -208,8 +291,14 @@ Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_
   TESSERA_ASSIGN_OR_RETURN(g.num_mtp_layers, ReadCount(cfg, "num_nextn_predict_layers", 0, false, true));
   TESSERA_ASSIGN_OR_RETURN(uint32_t max_pos, ReadCount(cfg, "max_position_embeddings", 0, false, true));
   g.max_position_embeddings = max_pos;
-  if (g.num_layers > 100000)
+  if (g.num_layers > kMaxLayers)
     return OutOfRange("num_hidden_layers", "value " + std::to_string(g.num_layers) + " is implausibly large");
+  // Main plus MTP layers are counted in 32 bits and listed one by one.
+  if (uint64_t{g.num_layers} + g.num_mtp_layers > kMaxLayers) {
+    return OutOfRange("num_nextn_predict_layers", "value " + std::to_string(g.num_mtp_layers) +
+                                                      " is implausibly large (main plus MTP layers above " +
+                                                      std::to_string(kMaxLayers) + ")");
+  }
 
   g.is_hybrid = Has(cfg, "compress_ratios");
   g.is_mla = Has(cfg, "kv_lora_rank") || g.is_hybrid;
@@ -246,6 +335,9 @@ Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_
     TESSERA_ASSIGN_OR_RETURN(g.qk_nope_head_dim, ReadCount(cfg, "qk_nope_head_dim", 0, true, false));
     TESSERA_ASSIGN_OR_RETURN(g.v_head_dim, ReadCount(cfg, "v_head_dim", 0, true, false));
     g.latent_dim = g.kv_lora_rank;
+    if (uint64_t{g.qk_nope_head_dim} + g.qk_rope_head_dim > UINT32_MAX) {
+      return OutOfRange("qk_nope_head_dim", "qk_nope_head_dim + qk_rope_head_dim does not fit in 32 bits");
+    }
     g.head_dim = g.qk_nope_head_dim + g.qk_rope_head_dim;
     if (Has(cfg, "head_dim")) {
       TESSERA_ASSIGN_OR_RETURN(uint32_t hd, ReadCount(cfg, "head_dim", 0, false, false));
@@ -309,12 +401,8 @@ Result<Geometry> GeometryFromConfigJson(std::string_view json_text, std::string_
 }
 
 Result<Geometry> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError("config", "cannot open " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return IoError("config", "cannot read " + path);
-  return GeometryFromConfigJson(text.str(), path);
+  TESSERA_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, "config", kMaxConfigBytes));
+  return GeometryFromConfigJson(text, path);
 }
 
 std::vector<std::string> PresetNames() {

@@ -76,6 +76,25 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
   lo.swa_strategy = o.strategy;
   TESSERA_ASSIGN_OR_RETURN(Ledger layout, ComputeLedger(g, lo));
 
+  // Recompute rebuilds a resumed request's compressor rows from the `window` tokens it re-runs:
+  // the window must cover the previous group an overlapping compressor still reads (the config
+  // reader refuses such models; a Geometry built by hand is checked here).
+  if (o.strategy == SwaStrategy::kRecompute) {
+    for (const LayerSpec& l : g.layers) {
+      for (const CacheSpec& c : l.caches) {
+        if (c.role == CacheRole::kCompressorState && c.slots > l.compress_ratio &&
+            g.sliding_window < c.slots - l.compress_ratio) {
+          return InvalidArgument("sliding_window", std::to_string(g.sliding_window) + " is shorter than the " +
+                                                       std::to_string(c.slots - l.compress_ratio) +
+                                                       "-token compressor group recompute must rebuild");
+        }
+      }
+    }
+  }
+  if (uint64_t{g.sliding_window} + o.spec_tokens > UINT32_MAX) {
+    return OutOfRange("sliding_window", "window plus draft tokens does not fit in 32 bits");
+  }
+
   std::unique_ptr<HybridManager> m(new HybridManager());
   m->options_ = o;
   m->layout_ = layout;
@@ -119,7 +138,6 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
     return -1;
   };
   std::vector<uint32_t> next_layer(m->pool_->groups().size(), 0);
-  uint64_t offset = 0;
   const bool retain = o.strategy == SwaStrategy::kRetain;
   const uint32_t doubling = o.spec_tokens > 0 ? 2 : 1;
   for (const LayerSpec& spec : g.layers) {
@@ -157,22 +175,30 @@ Result<std::unique_ptr<HybridManager>> HybridManager::Create(const Geometry& g, 
   for (const CacheLine& line : layout.lines) {
     if (line.role == CacheRole::kWindow) m->window_record_bytes_ = line.format.record_bytes();
   }
+  // Slab offsets: the ledger checked the arena's total, but the window ring here has draft slots
+  // too and retain's chunk is sized apart, so the sums are checked again.
+  Checked slab(0);
   for (LayerState& ls : m->layers_) {
     if (!retain) {
-      ls.window_offset = offset;
-      offset += uint64_t{m->ring_slots_} * m->window_record_bytes_;
+      ls.window_offset = slab.value();
+      slab += Checked(m->ring_slots_) * m->window_record_bytes_;
     }
     if (ls.state_slots > 0) {
-      ls.state_offset = offset;
-      offset += uint64_t{ls.state_slots} * ls.state_floats * sizeof(float);
+      ls.state_offset = slab.value();
+      slab += Checked(ls.state_slots) * ls.state_floats * sizeof(float);
     }
     if (ls.istate_slots > 0) {
-      ls.istate_offset = offset;
-      offset += uint64_t{ls.istate_slots} * ls.istate_floats * sizeof(float);
+      ls.istate_offset = slab.value();
+      slab += Checked(ls.istate_slots) * ls.istate_floats * sizeof(float);
     }
   }
+  Checked chunk = Checked(m->window_) * m->window_record_bytes_ * m->layers_.size();
+  if (slab.overflowed() || chunk.overflowed()) {
+    return OutOfRange("sliding_window", "per-request window state overflows 64 bits");
+  }
+  const uint64_t offset = slab.value();
   m->slab_bytes_ = offset;
-  m->chunk_bytes_ = uint64_t{m->window_} * m->window_record_bytes_ * m->layers_.size();
+  m->chunk_bytes_ = chunk.value();
   Checked arena = Checked(offset) * o.max_requests;
   if (arena.overflowed()) return OutOfRange("max-requests", "arena bytes overflow");
   m->arena_bytes_ = std::max<uint64_t>(arena.value(), 1);

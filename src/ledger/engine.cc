@@ -120,17 +120,11 @@ struct VllmHybridGroups {
   uint32_t full_block_tokens = 0;
   uint64_t block_cost = 0;
   uint32_t tuples = 0;  // T
-  struct Bucket {
-    uint32_t block_tokens;
-    uint64_t window;
-    uint64_t tuples;
-    uint64_t groups;
-  };
-  std::vector<Bucket> buckets;
+  std::vector<VllmWindowBucket> buckets;
 };
 
-VllmHybridGroups PlanVllmHybrid(const std::vector<CacheLine>& lines, const std::vector<Policy>& policies,
-                                uint32_t full_block_tokens) {
+Result<VllmHybridGroups> PlanVllmHybrid(const std::vector<CacheLine>& lines, const std::vector<Policy>& policies,
+                                        uint32_t full_block_tokens) {
   VllmHybridGroups plan;
   plan.full_block_tokens = full_block_tokens;
   std::map<uint64_t, uint64_t> full_classes;  // page bytes -> layers
@@ -144,35 +138,40 @@ VllmHybridGroups PlanVllmHybrid(const std::vector<CacheLine>& lines, const std::
       buckets[{p.block_tokens, p.window}][lines[i].page.page_bytes] += lines[i].layers;
     }
   }
-  uint64_t sum_pages = 0;
+  Checked sum_pages(0);
   uint64_t lower = 1;
   for (const auto& [page, layers] : full_classes) {
     sum_pages += page;
     lower = std::max(lower, layers);
   }
   uint64_t upper = lower;
-  std::vector<VllmHybridGroups::Bucket> out;
+  std::vector<uint64_t> bucket_tuples;
   for (const auto& [key, classes] : buckets) {
     uint64_t tuples = 0;
     for (const auto& [page, layers] : classes) tuples = std::max(tuples, layers);
-    out.push_back({key.first, key.second, tuples, 0});
+    plan.buckets.push_back({key.first, key.second, 0});
+    bucket_tuples.push_back(tuples);
     upper = std::max(upper, tuples);
   }
   // T: the tuple count >= the full group's that wastes the fewest layer slots across buckets.
+  // (Layer counts: at most the model's layers, so this loop and its sums stay small.)
   uint64_t best_t = lower;
   uint64_t best_waste = UINT64_MAX;
   for (uint64_t t = lower; t <= upper; ++t) {
     uint64_t waste = 0;
-    for (const auto& b : out) waste += CeilDiv(b.tuples, t) * t - b.tuples;
+    for (uint64_t tuples : bucket_tuples) waste += CeilDiv(tuples, t) * t - tuples;
     if (waste < best_waste) {
       best_waste = waste;
       best_t = t;
     }
   }
-  for (auto& b : out) b.groups = CeilDiv(b.tuples, best_t);
+  for (size_t i = 0; i < plan.buckets.size(); ++i) plan.buckets[i].groups = CeilDiv(bucket_tuples[i], best_t);
   plan.tuples = static_cast<uint32_t>(best_t);
-  plan.block_cost = sum_pages * best_t;
-  plan.buckets = std::move(out);
+  Checked cost = sum_pages * best_t;
+  if (cost.overflowed()) {
+    return OutOfRange("block-tokens", "the pages of one vLLM block id (a tuple in every layer slot) overflow 64 bits");
+  }
+  plan.block_cost = cost.value();
   return plan;
 }
 
@@ -184,6 +183,50 @@ struct RankCost {
 };
 
 }  // namespace
+
+Checked VllmPrefillHeld(uint64_t end, uint64_t size, uint32_t full_block_tokens,
+                        std::span<const VllmWindowBucket> buckets) {
+  Checked held = Checked(CeilDiv(end, full_block_tokens));
+  for (const VllmWindowBucket& b : buckets) {
+    // window >= 1 (a bucket exists only for windowed groups). Saturating is exact: a window of at
+    // least `end` tokens holds every block so far.
+    Checked window = Checked(b.window) - 1 + size;
+    held +=
+        Checked(b.groups) * WindowBlocksHeld(end, window.overflowed() ? UINT64_MAX : window.value(), b.block_tokens);
+  }
+  return held;
+}
+
+// The steps of a prefill of n tokens end at chunk, 2 chunk, ..., k chunk (k = n / chunk, each
+// step `chunk` tokens) and, when chunk does not divide n, at n (n % chunk tokens).
+//
+// Over the full steps, held(i) = ceil(i chunk / F) + sum_b groups_b WBH(i chunk, w_b, B_b) with
+// w_b = window_b - 1 + chunk fixed. Let P be a multiple of every bucket's block size B_b. Then
+// i chunk and (i + P) chunk leave the same remainder modulo every B_b, and WBH(t + j B, w, B) >=
+// WBH(t, w, B) for j >= 0 (equal once t > w: the window [t - w, t) shifted by whole blocks;
+// before that [0, t) grows to a longer interval ending at the same offset in its block), while
+// ceil(t / F) never decreases. So every full step i is matched by a step in the last P steps,
+// i + mP, holding at least as much: the maximum is among steps max(1, k - P + 1) .. k, plus the
+// last partial step. vLLM's window groups use blocks of 64 (window) and 4 or 8 (compressor
+// state) tokens, so P = lcm(B_b) is at most 64.
+Checked VllmPrefillPeakBlocks(uint64_t n, uint64_t chunk, uint32_t full_block_tokens,
+                              std::span<const VllmWindowBucket> buckets) {
+  Checked period(1);
+  for (const VllmWindowBucket& b : buckets) {
+    if (!period.overflowed()) period = Lcm(period.value(), b.block_tokens);
+  }
+  const uint64_t k = n / chunk;
+  const uint64_t first = period.overflowed() || period.value() >= k ? 1 : k - period.value() + 1;
+  Checked peak(0);
+  auto consider = [&peak](Checked held) {
+    if (held.overflowed() || held.value() > peak.value()) peak = held;
+  };
+  for (uint64_t i = first; i <= k && !peak.overflowed(); ++i) {
+    consider(VllmPrefillHeld(i * chunk, chunk, full_block_tokens, buckets));
+  }
+  if (n % chunk != 0) consider(VllmPrefillHeld(n, n % chunk, full_block_tokens, buckets));
+  return peak;
+}
 
 Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat& main_format, Ledger& ledger) {
   std::vector<CacheLine>& lines = ledger.lines;
@@ -306,7 +349,7 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
 
   std::optional<VllmHybridGroups> vllm_groups;
   if (o.engine == Engine::kVllm && g.is_hybrid) {
-    vllm_groups = PlanVllmHybrid(lines, policies, ledger.block_tokens);
+    TESSERA_ASSIGN_OR_RETURN(vllm_groups, PlanVllmHybrid(lines, policies, ledger.block_tokens));
     ledger.block_id_bytes = vllm_groups->block_cost;
     ledger.notes.push_back("vLLM block id = a tuple of pages in " + std::to_string(vllm_groups->tuples) +
                            " layer slots, " + std::to_string(vllm_groups->block_cost) +
@@ -322,16 +365,22 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
   // Window persistence per cached block boundary (Tessera; models with windows). At a boundary
   // every compression group is complete, so the live compressor rows are the previous group of
   // the overlapping (CSA) compressors; the window ring holds its last `window` tokens.
-  uint64_t window_boundary = 0, compressor_boundary = 0, window_tokens = 0;
+  Checked window_sum(0), compressor_sum(0);
+  uint64_t window_tokens = 0;
   for (const CacheLine& l : lines) {
     if (l.role == CacheRole::kWindow) {
-      window_boundary += uint64_t{l.layers} * l.slots * l.format.record_bytes();
+      window_sum += Checked(l.layers) * l.slots * l.format.record_bytes();
       window_tokens = std::max<uint64_t>(window_tokens, l.slots);
     } else if ((l.role == CacheRole::kCompressorState || l.role == CacheRole::kIndexerCompressorState) &&
                l.layer_kind == LayerKind::kCsa) {
-      compressor_boundary += uint64_t{l.layers} * (l.slots / 2) * l.format.record_bytes();
+      compressor_sum += Checked(l.layers) * (l.slots / 2) * l.format.record_bytes();
     }
   }
+  // Sizes from the config alone (window x record x layers): checked, whatever the engine pages.
+  if ((window_sum + compressor_sum).overflowed()) {
+    return OutOfRange("sliding_window", "window state per cached boundary overflows 64 bits");
+  }
+  const uint64_t window_boundary = window_sum.value(), compressor_boundary = compressor_sum.value();
   if (window_tokens > 0) {
     ledger.swa_strategies = {
         {SwaStrategy::kRecompute, 0, 0, window_tokens},
@@ -385,6 +434,7 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
         } else {
           // Retained window chunks that are no longer among the request's live chunks.
           uint64_t first_live = n > window_tokens ? (n - window_tokens) / window_tokens : 0;
+          // (first_live + 1) x window <= n, so this product cannot overflow.
           uint64_t below = CeilDiv((first_live + 1) * window_tokens, ledger.block_tokens);
           uint64_t retained = std::min(boundaries, below > 0 ? below - 1 : 0);
           kept += Checked(retained) * window_boundary;
@@ -399,7 +449,7 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
       uint64_t nk = n + o.spec_tokens;
       Checked held = Checked(CeilDiv(nk, vg.full_block_tokens));
       Checked reserve = Checked(CeilDiv(std::min(nk, max_len), vg.full_block_tokens));
-      for (const auto& b : vg.buckets) {
+      for (const VllmWindowBucket& b : vg.buckets) {
         held += Checked(b.groups) * WindowBlocksHeld(nk, b.window, b.block_tokens);
         reserve += Checked(b.groups) *
                    (CeilDiv(std::min<uint64_t>(b.window - 1 + kVllmMaxBatchedTokens, max_len), b.block_tokens) + 1);
@@ -419,15 +469,7 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
     // vLLM: a sliding-window group allocates the chunk's blocks and frees those wholly behind
     // the window only after the step, so during the step it holds window - 1 + chunk tokens.
     const VllmHybridGroups& vg = *vllm_groups;
-    Checked peak(0);
-    for (uint64_t end = std::min(chunk, n); end > 0; end = end == n ? 0 : std::min(end + chunk, n)) {
-      uint64_t size = end % chunk == 0 ? chunk : end % chunk;
-      Checked held = Checked(CeilDiv(end, vg.full_block_tokens));
-      for (const auto& b : vg.buckets) held += Checked(b.groups) * WindowBlocksHeld(end, b.window - 1 + size, b.block_tokens);
-      Checked bytes = held * vg.block_cost;
-      if (bytes.overflowed() || bytes.value() > peak.value()) peak = bytes;
-    }
-    return peak;
+    return VllmPrefillPeakBlocks(n, chunk, vg.full_block_tokens, vg.buckets) * vg.block_cost;
   };
 
   // Tokens per rank: decode context parallelism interleaves tokens over dcp ranks.

@@ -150,6 +150,10 @@ Status ValidateOptions(const Geometry& g, const LedgerOptions& o) {
                                       " (decode-context-parallel ranks are carved out of the tensor-parallel ranks)");
   }
   if (o.spec_tokens > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
+  // Engines count the context plus the draft tokens of a step, and round it up to whole blocks.
+  if (o.context_tokens > (uint64_t{1} << 62)) {
+    return OutOfRange("context", std::to_string(o.context_tokens) + " tokens is beyond 2^62");
+  }
   if (!g.is_mla && o.tp > g.num_kv_heads && o.tp % g.num_kv_heads != 0) {
     return InvalidArgument(
         "tp", std::to_string(o.tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
@@ -305,7 +309,12 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
   if (requested.overflowed()) return OutOfRange("batch", "requested bytes overflow 64 bits");
   ledger.requested_bytes = requested.value();
 
-  ledger.mha_bytes_per_token_per_layer = 2ULL * g.mha_heads() * g.mha_head_dim() * 2;
+  // K and V, bf16: 2 x heads x head_dim x 2 B, each factor from the config.
+  Checked mha_record = Checked(2) * g.mha_heads() * g.mha_head_dim() * 2;
+  if (mha_record.overflowed()) {
+    return OutOfRange("head_dim", "the MHA-equivalent record (2 x heads x head_dim x 2 B) overflows 64 bits");
+  }
+  ledger.mha_bytes_per_token_per_layer = mha_record.value();
   Checked mha = Checked(ledger.mha_bytes_per_token_per_layer) * options.context_tokens * ledger.layers_counted;
   if (mha.overflowed()) return OutOfRange("context", "MHA-equivalent bytes overflow 64 bits");
   mha = mha * options.batch;
@@ -329,7 +338,10 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
     if (line.grows) {
       s->paged_bytes_per_token = s->paged_bytes_per_token + line.bytes_per_token_per_layer;
     } else {
-      s->state_bytes += line.format.record_bytes() * line.slots;
+      // Per layer, so at most what the whole line's requested bytes were (checked above).
+      Checked state = Checked(s->state_bytes) + Checked(line.format.record_bytes()) * line.slots;
+      if (state.overflowed()) return OutOfRange("sliding_window", "per-layer state bytes overflow 64 bits");
+      s->state_bytes = state.value();
       if (line.role == CacheRole::kWindow) s->window_bytes_per_token = line.bytes_per_token_per_layer.num();
     }
   }

@@ -165,7 +165,7 @@ Result<Receipt> BuildReceipt(const Geometry& g, const ReceiptRequest& req) {
   for (const ReceiptCheck& c : receipt.checks)
     checks.push_back({{"check", c.name}, {"passed", c.passed}, {"detail", c.detail}});
   j["checks"] = checks;
-  receipt.json = j.dump(2) + "\n";
+  receipt.json = detail::DumpJson(j) + "\n";
 
   std::ostringstream md;
   md << "# Cache receipt: " << ledger.model << "\n\n";

@@ -1,10 +1,10 @@
 #include "tessera/reconcile.h"
 
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 
 #include "tessera/checked.h"
+#include "tessera/file_io.h"
 #include "tessera/units.h"
 
 namespace tessera {
@@ -45,14 +45,15 @@ Result<Reconciliation> Reconcile(const Geometry& g, const Ledger& ledger, uint64
     LedgerOptions other = ledger.options;
     other.include_mtp = !other.include_mtp;
     Result<Ledger> alt = ComputeLedger(g, other);
-    if (alt.ok()) {
+    // Differences are signed 64-bit: a figure above 2^63 is not a candidate (it would wrap).
+    if (alt.ok() && (all_ranks ? alt->committed_bytes_all_ranks : alt->committed_bytes) <= kMaxSigned) {
       uint64_t a = all_ranks ? alt->committed_bytes_all_ranks : alt->committed_bytes;
       int64_t delta = static_cast<int64_t>(a) - static_cast<int64_t>(r.predicted_bytes);
       candidates.push_back({other.include_mtp ? "+mtp_layers" : "-mtp_layers", delta});
     }
   }
   // Tensor-parallel replication: an observation summed over ranks, or of one rank.
-  if (ledger.options.tp > 1) {
+  if (ledger.options.tp > 1 && ledger.committed_bytes_all_ranks <= kMaxSigned) {
     int64_t per_rank = static_cast<int64_t>(ledger.committed_bytes);
     int64_t all = static_cast<int64_t>(ledger.committed_bytes_all_ranks);
     candidates.push_back({all_ranks ? "-other_ranks" : "+other_ranks", all_ranks ? per_rank - all : all - per_rank});
@@ -90,8 +91,9 @@ Result<Reconciliation> Reconcile(const Geometry& g, const Ledger& ledger, uint64
 }
 
 Result<uint64_t> ReadAllocationTrace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return IoError("trace", "cannot open " + path);
+  // A regular file of bounded size (not a FIFO, not /dev/zero), read whole.
+  TESSERA_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, "trace"));
+  std::istringstream in(text);
   std::string line;
   Checked total(0);
   size_t lineno = 0;
@@ -99,7 +101,9 @@ Result<uint64_t> ReadAllocationTrace(const std::string& path) {
     ++lineno;
     size_t start = line.find_first_not_of(" \t\r");
     if (start == std::string::npos || line[start] == '#') continue;
-    size_t end = line.find_first_of(" \t\r,", start);
+    // The number ends at whitespace only: "7,027,200 kv" is grouped digits, and "1,2" is refused
+    // by the parser rather than read as 1.
+    size_t end = line.find_first_of(" \t\r", start);
     std::string number = line.substr(start, end == std::string::npos ? std::string::npos : end - start);
     Result<uint64_t> v = ParseUnsigned(number, "trace");
     if (!v.ok()) {
@@ -108,7 +112,6 @@ Result<uint64_t> ReadAllocationTrace(const std::string& path) {
     }
     total += *v;
   }
-  if (in.bad()) return IoError("trace", "cannot read " + path);
   if (total.overflowed()) return OutOfRange("trace", "total of " + path + " overflows 64 bits");
   return total.value();
 }

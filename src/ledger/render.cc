@@ -246,7 +246,7 @@ ordered_json ClaimsToJson(const ClaimCheck& c) {
 }  // namespace detail
 
 std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliation* rec) {
-  if (format == OutputFormat::kJson) return detail::LedgerToJson(l, rec).dump(2) + "\n";
+  if (format == OutputFormat::kJson) return detail::DumpJson(detail::LedgerToJson(l, rec)) + "\n";
   const bool md = format == OutputFormat::kMarkdown;
   std::ostringstream out;
   if (md) {
@@ -380,7 +380,7 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
     gs.push_back(gj);
   }
   j["groups"] = gs;
-  if (format == OutputFormat::kJson) return j.dump(2) + "\n";
+  if (format == OutputFormat::kJson) return detail::DumpJson(j) + "\n";
   const bool md = format == OutputFormat::kMarkdown;
   std::ostringstream out;
   out << (md ? "## Layout: " : "layout: ") << l.model << ", kernel " << KernelName(l.options.kernel) << "\n";
@@ -401,7 +401,7 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
 }
 
 std::string RenderClaims(const ClaimCheck& c, OutputFormat format) {
-  if (format == OutputFormat::kJson) return detail::ClaimsToJson(c).dump(2) + "\n";
+  if (format == OutputFormat::kJson) return detail::DumpJson(detail::ClaimsToJson(c)) + "\n";
   const bool md = format == OutputFormat::kMarkdown;
   Table t({"claim", "subject", "claimed", "exact", "verdict", "detail"});
   for (const ClaimResult& r : c.results) {

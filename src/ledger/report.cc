@@ -98,7 +98,7 @@ Result<std::string> RenderReport(OutputFormat format) {
     ordered_json j;
     j["ledgers"] = rows;
     j["claim_check"] = detail::ClaimsToJson(claims);
-    return j.dump(2) + "\n";
+    return detail::DumpJson(j) + "\n";
   }
   return table.str() + "\n" + RenderClaims(claims, format);
 }

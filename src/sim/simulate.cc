@@ -20,6 +20,36 @@ namespace {
 
 constexpr uint32_t kVocab = 129280;  // DeepSeek-V3's vocabulary size
 constexpr size_t kMaxSecurityEvents = 8;
+// The pages the simulation may map: capacity x block bytes. The pool's memory is mapped up
+// front and touched as blocks are written (and copied whole on copy-on-write), so an option that
+// multiplies it (agents, capacity, block span) is bounded here rather than by the machine.
+constexpr uint64_t kMaxPoolBytes = uint64_t{64} << 30;
+// Tokens of every request of the workload together (each costs 12 B of host memory).
+constexpr uint64_t kMaxWorkloadTokens = uint64_t{1} << 26;
+
+// Bytes of one block over every paged cache, from a ledger of the same options (the pools take
+// their page layouts from it).
+Checked BlockBytes(const Ledger& probe) {
+  Checked bytes(0);
+  for (const CacheLine& line : probe.lines) {
+    if (line.in_pages) bytes += Checked(line.layers) * line.page.page_bytes;
+  }
+  return bytes;
+}
+
+// Names the option that drove the pool past the bound: an explicit capacity, else an explicit
+// block span, else the agent count the default capacity follows.
+Status CheckPoolBytes(const Ledger& probe, uint64_t capacity_blocks, const AgentScenario& s) {
+  Checked pool = BlockBytes(probe) * capacity_blocks;
+  if (pool.overflowed() || pool.value() > kMaxPoolBytes) {
+    const char* field = s.capacity_blocks > 0 ? "capacity-blocks" : s.block_tokens ? "block-tokens" : "agents";
+    return OutOfRange(
+        field, std::to_string(capacity_blocks) + " blocks of " + std::to_string(BlockBytes(probe).value()) +
+                   " B exceed the " + std::to_string(kMaxPoolBytes) +
+                   " B of pages a simulation maps (fewer agents, a smaller --capacity-blocks or --block-tokens)");
+  }
+  return Status::Ok();
+}
 
 uint64_t Mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -99,7 +129,9 @@ class Simulation {
     };
   }
 
-  // Admits `prompt`, allocates and writes what was not cached. False when the pool ran out.
+  // Admits `prompt`, allocates and writes what was not cached. False when the pool ran out; the
+  // request is then dropped whole (an engine would not run a prompt it could not place), so no
+  // live request holds fewer tokens than its prompt.
   bool AdmitAndWrite(Agent& a, std::span<const uint32_t> prompt, uint64_t* hit_tokens) {
     Extend(a, prompt);
     Result<AdmitResult> r = m_->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
@@ -107,7 +139,10 @@ class Simulation {
     a.id = r->id;
     a.live = true;
     if (hit_tokens != nullptr) *hit_tokens += r->cached_tokens;
-    return Write(a, r->cached_tokens);
+    if (Write(a, r->cached_tokens)) return true;
+    m_->Free(a.id).IgnoreError();
+    a.live = false;
+    return false;
   }
 
   // Writes tokens[from..] into the request.
@@ -228,7 +263,11 @@ void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, Str
     }
     ++layer_pos;
   }
-  if (live.size() < expect.size() || std::memcmp(live.data(), expect.data(), expect.size()) != 0) ++run.verify_failures;
+  // (A request whose pages could not be allocated holds no tokens: nothing to compare, and
+  // memcmp must not see the null data of empty vectors.)
+  if (live.size() < expect.size() || (!expect.empty() && std::memcmp(live.data(), expect.data(), expect.size()) != 0)) {
+    ++run.verify_failures;
+  }
   if (!m.pool().backed()) return;
   const uint64_t last_span = n / m.block_tokens() * m.block_tokens();
   for (const LayerSpec& spec : g.layers) {
@@ -304,6 +343,17 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
     uint64_t need = uint64_t{requests} * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) + 4;
     if (need > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
     o.capacity_blocks = static_cast<uint32_t>(need);
+  }
+  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, o.capacity_blocks, s));
+  // The per-request arena (window rings, compressor state) is mapped for every request too.
+  Checked arena(0);
+  for (const CacheLine& line : probe.lines) {
+    if (!line.in_pages) arena += Checked(line.layers) * line.slots * line.format.record_bytes();
+  }
+  arena = arena * requests;
+  if (arena.overflowed() || arena.value() > kMaxPoolBytes) {
+    return OutOfRange("sliding_window", "the window state of " + std::to_string(requests) + " requests exceeds the " +
+                                            std::to_string(kMaxPoolBytes) + " B a simulation maps");
   }
   // With a disk directory: one tier per strategy (their records carry different state).
   const std::string dir = s.disk_dir.empty() ? "" : s.disk_dir + "/" + std::string(SwaStrategyName(strategy));
@@ -392,7 +442,7 @@ Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s,
     uint64_t end = std::min<uint64_t>(pair.size(), pos + bt);
     for (size_t k = first; k < first + 2; ++k) {
       Agent& a = agents[k];
-      if (!a.live || m->Tokens(a.id) > pos) continue;
+      if (!a.live || m->Tokens(a.id) != pos) continue;  // exactly at `pos`, as in the MLA scenario
       if (!m->Append(a.id, std::span<const uint32_t>(pair).subspan(pos, end - pos), HybridWritersFor(a)).ok()) {
         ++out.out_of_blocks;
       }
@@ -459,8 +509,19 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   if (s.agents > 4096 || s.independent > 4096) return InvalidArgument("agents", "at most 4096 agents of each kind");
   if (s.tenants == 0) return InvalidArgument("tenants", "must be positive");
   if (s.shared_tokens < 8) return InvalidArgument("shared-tokens", "must be at least 8");
-  if (s.shared_tokens > (1u << 20) || s.unique_tokens > (1u << 20) || s.preamble_tokens > (1u << 20)) {
-    return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
+  if (s.shared_tokens > (1u << 20)) return InvalidArgument("shared-tokens", "token counts above 1m are not simulated");
+  if (s.unique_tokens > (1u << 20)) return InvalidArgument("unique-tokens", "token counts above 1m are not simulated");
+  if (s.preamble_tokens > (1u << 20)) {
+    return InvalidArgument("preamble-tokens", "token counts above 1m are not simulated");
+  }
+  // Every request keeps its tokens and a prefix hash per token on the host (12 B a token), and
+  // each forked agent copies the shared context's: bound the workload, not each count alone
+  // (4,096 agents of a 1m-token context were 48 GB before the pool saw a block).
+  Checked workload = (Checked(1) + s.agents) * (Checked(s.shared_tokens) + s.unique_tokens) +
+                     (Checked(s.independent) + 4) * (Checked(s.preamble_tokens) + s.shared_tokens + s.unique_tokens);
+  if (workload.overflowed() || workload.value() > kMaxWorkloadTokens) {
+    return OutOfRange("agents", "the workload holds " + std::to_string(workload.value()) + " tokens, above the " +
+                                    std::to_string(kMaxWorkloadTokens) + " a simulation keeps");
   }
   if (s.hash_bits == 0 || s.hash_bits > 128) return InvalidArgument("hash-bits", "must be in 1..128");
   if (s.host_tier_bytes > 0 && s.disk_dir.empty()) {
@@ -495,6 +556,7 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
       return OutOfRange("agents", "the workload needs too many blocks");
     mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
+  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, mo.capacity_blocks, s));
   std::vector<std::string> key_warnings;
   if (!s.disk_dir.empty()) {
     TESSERA_ASSIGN_OR_RETURN(TierKey key, LoadOrCreateTierKey(s.disk_dir));
@@ -545,6 +607,8 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
 
   // 2. Forked agents: each shares the context and appends its own task.
   std::vector<size_t> forked;
+  // Without the orchestrator's context there is nothing to fork: each agent counts as not placed.
+  if (!orchestrator.live) out.out_of_blocks += s.agents;
   for (uint32_t i = 0; i < s.agents && orchestrator.live; ++i) {
     Result<RequestId> child = m->Fork(agents[0].id);
     if (!child.ok()) {
@@ -602,7 +666,9 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
       uint64_t end = std::min<uint64_t>(pair_prompt.size(), (pos / bt + 1) * bt);
       for (size_t k = first; k < first + 2; ++k) {
         Agent& a = agents[k];
-        if (!a.live || m->Tokens(a.id) > pos) continue;
+        // Only a request exactly at `pos` takes the chunk (a cached prefix starts it further on;
+        // a failed append leaves it behind, and the chunk must not land at another position).
+        if (!a.live || m->Tokens(a.id) != pos) continue;
         std::span<const uint32_t> chunk = std::span<const uint32_t>(a.tokens).subspan(pos, end - pos);
         if (!m->Append(a.id, chunk, sim.WriterFor(a)).ok()) ++out.out_of_blocks;
       }
@@ -630,7 +696,10 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   for (uint64_t i = 0; i < shared_full_blocks; ++i) {
     std::set<uint32_t> copies;
     for (size_t k : forked) {
-      if (agents[k].live) copies.insert(m->BlockTable(agents[k].id)[i].value);
+      // A fork whose own blocks could not be allocated still names the shared ones, but check:
+      // a table shorter than the shared context is possible when the pool is tiny.
+      std::span<const BlockId> table = agents[k].live ? m->BlockTable(agents[k].id) : std::span<const BlockId>();
+      if (i < table.size()) copies.insert(table[i].value);
     }
     out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
   }
@@ -736,7 +805,8 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
     }
     j["swa_strategies"] = st;
   }
-  if (format == OutputFormat::kJson) return j.dump(2) + "\n";
+  if (format == OutputFormat::kJson)
+    return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   std::ostringstream out;
   out << "simulate agents: " << r.model << " (" << r.kv_format << "), " << r.block_tokens << "-token blocks of "
       << FormatBytes(r.block_bytes) << ", capacity " << r.capacity_blocks << " blocks\n";
@@ -745,7 +815,7 @@ std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
         it.key() == "swa_strategies") {
       continue;
     }
-    std::string value = it.value().dump();
+    std::string value = it.value().dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     if (it.key() == "bytes_saved" || it.key() == "bytes_verified" || it.key() == "block_bytes") {
       value = FormatBytes(it.value().get<uint64_t>());
     }

@@ -136,11 +136,17 @@ struct ModelArgs {
   std::string Source() const { return config.empty() ? "preset " + model : config; }
 };
 
-Status Emit(const std::string& text, const std::string& out) {
-  if (out.empty()) {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return Status::Ok();
+// Standard output is an output too: a short write (a full disk, a closed pipe) is a failure,
+// not a silent truncation.
+Status WriteStdout(const std::string& text) {
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
+    return IoError("out", "cannot write to standard output");
   }
+  return Status::Ok();
+}
+
+Status Emit(const std::string& text, const std::string& out) {
+  if (out.empty()) return WriteStdout(text);
   return WriteFilesAtomically({{out, text}});
 }
 
@@ -205,8 +211,8 @@ int RunReport(const std::string& format_name) {
   if (!format.ok()) return Fail(format.status());
   Result<std::string> text = RenderReport(*format);
   if (!text.ok()) return Fail(text.status());
-  std::fwrite(text->data(), 1, text->size(), stdout);
-  return 0;
+  Status st = WriteStdout(*text);
+  return st.ok() ? 0 : Fail(st);
 }
 
 // Options of `simulate` and `stats`, kept as text so that errors name the option.
@@ -306,7 +312,7 @@ int RunSimulate(const SimulateArgs& args, const std::string& format_name, bool p
   if (!r.ok()) return Fail(r.status());
   for (const std::string& w : r->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::string text = prometheus ? PrometheusText(r->metrics) : RenderSimulation(*r, *format);
-  std::fwrite(text.data(), 1, text.size(), stdout);
+  if (Status st = WriteStdout(text); !st.ok()) return Fail(st);
   // A wrong byte served or a share across tenants is a failure of the run, not of the input.
   return r->verify_failures == 0 && r->cross_tenant_shares == 0 ? 0 : 1;
 }
@@ -323,8 +329,8 @@ int RunLayout(const ModelArgs& args, const std::string& format_name) {
   Result<Ledger> l = ComputeLedger(*g, *o);
   if (!l.ok()) return Fail(l.status());
   std::string text = RenderLayout(*l, *format);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  return 0;
+  Status st = WriteStdout(text);
+  return st.ok() ? 0 : Fail(st);
 }
 
 // `tessera tier fsck DIR`: verify every record, quarantine what fails and cut a torn tail (under
