@@ -1,4 +1,6 @@
 #include "tessera/hybrid.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/tier_key.h"
 #include "tessera/tiered_store.h"
 
 #include <gtest/gtest.h>

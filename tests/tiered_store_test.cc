@@ -12,6 +12,8 @@
 
 #include "kv_stream.h"
 #include "tessera/manager.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/tier_key.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -349,14 +351,14 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
     o.dir = dir.path();
     auto disk = DiskTier::Open(o);
     ASSERT_TRUE(disk.ok());
-    Result<DiskRecord> rec = (*disk)->Get(k2);
+    Result<TierRecord> rec = (*disk)->Get(k2);
     ASSERT_TRUE(rec.ok());
-    DiskRecord forged = *rec;
+    TierRecord forged = *rec;
     uint32_t t;
     std::memcpy(&t, forged.payload.data() + 104 + 5 * 4, 4);
     ++t;
     std::memcpy(forged.payload.data() + 104 + 5 * 4, &t, 4);
-    ASSERT_TRUE((*disk)->PutBatch(std::span<const DiskRecord>(&forged, 1)).ok());
+    ASSERT_TRUE((*disk)->PutBatch(std::span<const TierRecord>(&forged, 1)).ok());
   }
   auto m = Manager(8, key);
   std::vector<std::unique_ptr<Tier>> tiers;
@@ -370,69 +372,6 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   EXPECT_NE(store->stats().last_error.find("tokens"), std::string::npos) << store->stats().last_error;
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/quarantine"));
   EXPECT_EQ(store->tier_counters(0).records, 1u);  // the forged record is out of service
-}
-
-TEST(BlockRecord, EveryIdentityFieldIsChecked) {
-  auto m = Manager(4);
-  Stream a(1, kBlock);
-  Serve(*m, a, false);
-  BlockId b = m->BlockTable(RequestId{0})[0];
-  SealedIdentity id = m->index().IdentityOf(b);
-  BlockRecordInfo info = BlockRecordInfoOf(m->pool());
-  std::vector<std::byte> rec = EncodeBlockRecord(info, m->pool(), b, id);
-  ChainLink link{id.key, id.parent_key, id.domain, id.salt, id.tokens, id.cache_identity};
-  EXPECT_EQ(id.cache_identity, m->index().root_key());
-  EXPECT_EQ(id.parent_key, m->index().root_key());  // the first block of a prompt
-  Result<BlockRecordView> page = CheckBlockRecord(info, rec, link);
-  ASSERT_TRUE(page.ok()) << page.status().ToString();
-  EXPECT_EQ(page->pages.size(), m->pool().block_bytes());
-  EXPECT_TRUE(page->state.empty());
-  EXPECT_EQ(std::memcmp(page->pages.data(), m->pool().Bytes(m->pool().BlockHandleOf(b, 0)).data(), page->pages.size()),
-            0);
-  // A state travels after the pages and comes back whole; its length is checked.
-  std::vector<std::byte> state(100, std::byte{7});
-  SealedIdentity with_state = id;
-  with_state.state = state;
-  std::vector<std::byte> rec2 = EncodeBlockRecord(info, m->pool(), b, with_state);
-  Result<BlockRecordView> page2 = CheckBlockRecord(info, rec2, link);
-  ASSERT_TRUE(page2.ok()) << page2.status().ToString();
-  EXPECT_TRUE(std::equal(page2->state.begin(), page2->state.end(), state.begin(), state.end()));
-  EXPECT_FALSE(CheckBlockRecord(info, std::span(rec2).first(rec2.size() - 1), link).ok());
-
-  auto fails = [&](ChainLink l, const char* why) {
-    Result<BlockRecordView> r = CheckBlockRecord(info, rec, l);
-    EXPECT_FALSE(r.ok()) << why;
-    if (!r.ok()) {
-      EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
-    }
-  };
-  ChainLink l = link;
-  l.key.lo ^= 1;
-  fails(l, "prefix key");
-  l = link;
-  l.parent_key.hi ^= 1;
-  fails(l, "parent key");
-  l = link;
-  l.domain = 3;
-  fails(l, "domain");
-  l = link;
-  l.salt = 9;
-  fails(l, "salt");
-  l = link;
-  l.cache_identity.lo ^= 1;
-  fails(l, "cache identity");
-  std::vector<uint32_t> other(id.tokens.begin(), id.tokens.end());
-  other.back() ^= 1;
-  l = link;
-  l.tokens = other;
-  fails(l, "tokens");
-  BlockRecordInfo wrong = info;
-  wrong.fingerprint ^= 1;
-  EXPECT_FALSE(CheckBlockRecord(wrong, rec, link).ok());
-  EXPECT_FALSE(CheckBlockRecord(info, std::span(rec).first(rec.size() - 1), link).ok());
-  std::vector<std::byte> bad_magic = rec;
-  bad_magic[0] = std::byte{0};
-  EXPECT_FALSE(CheckBlockRecord(info, bad_magic, link).ok());
 }
 
 TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
@@ -640,26 +579,6 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   Serve(*m, b);  // c evicted from the pool, still in Redis
   EXPECT_EQ(Serve(*m, c).cached_blocks, 3u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
-}
-
-TEST(TierKey, CreatedOnceWithOwnerOnlyModeAndValidated) {
-  TempDir dir;
-  Result<TierKey> k = LoadOrCreateTierKey(dir.path() + "/sub");
-  ASSERT_TRUE(k.ok()) << k.status().ToString();
-  EXPECT_EQ(k->secret.size(), 32u);
-  EXPECT_TRUE(k->warnings.empty());
-  struct stat sb {};
-  ASSERT_EQ(::stat((dir.path() + "/sub/prefix.key").c_str(), &sb), 0);
-  EXPECT_EQ(sb.st_mode & 0777, 0600u);
-  EXPECT_EQ(LoadOrCreateTierKey(dir.path() + "/sub")->secret, k->secret);
-  Result<TierKey> other = LoadOrCreateTierKey(dir.path() + "/other");
-  ASSERT_TRUE(other.ok());
-  EXPECT_NE(other->secret, k->secret);
-  std::filesystem::create_directories(dir.path() + "/bad");
-  dir.Write("bad/prefix.key", "short");
-  Result<TierKey> bad = LoadOrCreateTierKey(dir.path() + "/bad");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().field(), "dir");
 }
 
 TEST(TieredStore, RejectsNoTiersAndUnknownPolicy) {

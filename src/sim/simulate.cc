@@ -12,6 +12,8 @@
 #include "tessera/checked.h"
 #include "tessera/hybrid.h"
 #include "tessera/manager.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/tier_key.h"
 #include "tessera/units.h"
 
 namespace tessera {
