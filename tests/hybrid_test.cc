@@ -249,10 +249,10 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
     ASSERT_TRUE(m->Append(first.id, prefix, w).ok());
     ASSERT_TRUE(m->Free(first.id).ok());
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->tier_counters(0).records, 0u);  // write-back: nothing evicted yet
     EXPECT_EQ(*m->Checkpoint(), 2u);                 // a graceful shutdown, state included
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->tier_counters(0).records, 2u);
     m->SetBlockSource(nullptr);
   }

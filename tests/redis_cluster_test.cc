@@ -597,7 +597,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
     AdmitResult a = *m->Admit(prompt, {});
     ASSERT_TRUE(m->AllocateSlots(a.id, prompt.size()).ok());
     ASSERT_TRUE(m->Append(a.id, prompt, writer).ok());
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->stats().written_through, 40u);
     m->SetBlockSource(nullptr);
   }

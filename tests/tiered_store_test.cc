@@ -145,7 +145,7 @@ TEST_P(DemoteAndPromote, ThroughHostToDiskWithVerifiedBytes) {
   EXPECT_EQ(st.tier_hits, 3u);
   EXPECT_EQ(st.hits_per_tier[0], 2u);
   EXPECT_EQ(st.hits_per_tier[1], 1u);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   // The same figures as Prometheus text, with names unique across the manager and the store.
   std::vector<MetricFamily> families = m->CollectMetrics();
   for (MetricFamily& f : store->CollectMetrics()) families.push_back(std::move(f));
@@ -181,7 +181,7 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
     auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, /*async=*/true);
     m->SetBlockSource(store.get());
     Serve(*m, a);
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->stats().written_through, 5u);
     EXPECT_EQ(store->tier_counters(0).records, 5u);  // no eviction happened: write-through did it
     m->SetBlockSource(nullptr);
@@ -221,13 +221,13 @@ TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
   m->SetBlockSource(store.get());
   Stream a(1, 3 * kBlock);
   Serve(*m, a);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->tier_counters(0).records, 0u);
   EXPECT_EQ(store->stats().written_through, 0u);
   // A checkpoint (a graceful shutdown) writes the pool's sealed blocks, each once.
   EXPECT_EQ(*m->Checkpoint(), 3u);
   EXPECT_EQ(*m->Checkpoint(), 3u);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->tier_counters(0).records, 3u);
   EXPECT_EQ(store->stats().written_through, 3u);
   m->SetBlockSource(nullptr);
@@ -250,7 +250,7 @@ TEST(TieredStore, CheckpointWritesTheHostTierDownToDisk) {
     auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
     m->SetBlockSource(store.get());
     for (const Stream& s : streams) Serve(*m, s);
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_GT(store->tier_counters(0).records, 0u);
     EXPECT_EQ(store->tier_counters(1).records, 0u);
     Result<uint64_t> checkpointed = m->Checkpoint();
@@ -281,6 +281,74 @@ TEST(TieredStore, CheckpointReportsARefusedWrite) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().field(), "tier");
   EXPECT_NE(r.status().message().find("no space"), std::string::npos) << r.status().ToString();
+  m->SetBlockSource(nullptr);
+}
+
+// A checkpoint the persistent tier took, but whose evictions for space the tier below refused:
+// those blocks are lost, and the checkpoint says so (Flush's error).
+TEST(TieredStore, CheckpointReportsRecordsDroppedBelowThePersistentTier) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path(), RecordBytes(*m)));  // keeps one record, passes the others down
+  tiers.push_back(MakeHostTier(100));                  // refuses every block record
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, true);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 3 * kBlock));
+  Result<uint64_t> r = m->Checkpoint();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(), "tier");
+  EXPECT_NE(r.status().message().find("2 records were dropped"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(store->stats().through_refused, 0u);
+  EXPECT_EQ(store->tier_counters(0).records, 1u);
+  m->SetBlockSource(nullptr);
+}
+
+// Flush tells whether everything the store took since the previous Flush is in some tier. A disk
+// tier with no room for a record and no tier below: every write-through is refused and dropped.
+// The same synchronously (GetParam(): asynchronous).
+class FlushReportsDrops : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FlushReportsDrops, RefusedRecordsWithNoTierBelow) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path(), 0, /*max_bytes=*/8192));  // room for no block record
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, GetParam());
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 2 * kBlock));
+  Status flushed = store->Flush();
+  EXPECT_EQ(flushed.code(), StatusCode::kIoError);
+  EXPECT_EQ(flushed.field(), "tier");
+  EXPECT_NE(flushed.message().find("2 records were dropped"), std::string::npos) << flushed.ToString();
+  EXPECT_NE(flushed.message().find("no space"), std::string::npos) << flushed.ToString();
+  EXPECT_EQ(store->stats().dropped, 2u);
+  EXPECT_TRUE(store->Flush().ok());  // each drop is reported once
+  Serve(*m, Stream(500, kBlock));
+  flushed = store->Flush();
+  EXPECT_NE(flushed.message().find("1 records were dropped"), std::string::npos) << flushed.ToString();
+  m->SetBlockSource(nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, FlushReportsDrops, ::testing::Bool());
+
+// A refused batch that a tier below takes is counted, not lost: Flush is OK.
+TEST(TieredStore, FlushIsOkWhenATierBelowTookTheRefusedRecords) {
+  TempDir full, below;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(full.path(), 0, /*max_bytes=*/8192));
+  tiers.push_back(Disk(below.path()));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, /*async=*/true);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 2 * kBlock));
+  Status flushed = store->Flush();
+  EXPECT_TRUE(flushed.ok()) << flushed.ToString();
+  TieredStoreStats st = store->stats();
+  EXPECT_GE(st.write_errors, 1u);
+  EXPECT_EQ(st.through_refused, 2u);
+  EXPECT_EQ(st.dropped, 0u);
+  EXPECT_EQ(store->tier_counters(1).records, 2u);
   m->SetBlockSource(nullptr);
 }
 
@@ -416,6 +484,7 @@ TEST(TieredStore, DiskTierCapacityEvictsLeastRecent) {
   EXPECT_EQ(c.records, 2u);
   EXPECT_EQ(c.evictions, 3u);
   EXPECT_LE(c.bytes, c.capacity_bytes);
+  EXPECT_TRUE(store->Flush().ok());  // a cache forgetting its least recent records is no error
 }
 
 // A record larger than a whole tier is passed on to the tier below, not dropped.
@@ -449,7 +518,7 @@ TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
     AdmitResult again = Serve(*m, a);  // Serve verifies every byte
     EXPECT_EQ(again.cached_blocks, 4u);
   }
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   TieredStoreStats st = store->stats();
   EXPECT_EQ(st.pending, 0u);
   EXPECT_GT(st.batches, 0u);
@@ -476,7 +545,7 @@ TEST(TieredStore, BlocksStillQueuedForTheirWriteAreHits) {
   EXPECT_EQ(st.tier_hits, 3u);
   EXPECT_EQ(st.queued_hits, 3u);
   EXPECT_EQ(st.hits_per_tier[0], 3u);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->stats().pending, 0u);
   EXPECT_GE(store->tier_counters(0).records, 3u);
   m->SetBlockSource(nullptr);
@@ -508,6 +577,7 @@ TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
   EXPECT_EQ(st.demoted, 3u);
   EXPECT_GE(st.write_errors, 1u);
   EXPECT_NE(st.last_error.find("no space"), std::string::npos) << st.last_error;
+  EXPECT_TRUE(store->Flush().ok());           // what the disk refused went to Redis
   EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);  // bytes verified by Serve
   st = store->stats();
   EXPECT_EQ(st.hits_per_tier[0] + st.hits_per_tier[1], 3u);
@@ -538,7 +608,7 @@ TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
   Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
   Serve(*m, a);
   Serve(*m, b);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->tier_counters(0).records, 1u);  // A1
   EXPECT_EQ(store->tier_counters(1).records, 1u);  // A2
   EXPECT_EQ(store->tier_counters(2).records, 1u);  // A3 (records this process wrote there)

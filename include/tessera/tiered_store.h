@@ -12,7 +12,7 @@
 //                 (disk or Redis), so that a crash or a cold process finds it; tier 0 still
 //                 admits what the pool evicts. A tier never admits a key it already holds.
 // A batch a tier refuses (a full disk, Redis down) is counted and its records go one tier lower;
-// below the last tier they are dropped.
+// below the last tier they are dropped, and Flush reports it.
 // Promotion is inclusive: a block copied back into the pool stays in its tier.
 //
 // Records are block records (block_record.h): the tokens, parent key, tenant domain, salt, prefix
@@ -84,6 +84,7 @@ struct TieredStoreStats {
   uint64_t verify_failures = 0;         // records that failed the checks here (quarantined)
   uint64_t write_errors = 0;            // failed batch writes (e.g. a full disk); the records go lower
   uint64_t through_refused = 0;         // write-through or checkpoint records the persistent tier refused
+  uint64_t dropped = 0;                 // refused records no tier below could take (lost; Flush reports them)
   uint64_t batches = 0;                 // asynchronous batches completed
   uint64_t pending = 0;                 // records waiting to be written
   std::vector<uint64_t> hits_per_tier;  // by the tier holding the record (or writing it)
@@ -96,7 +97,7 @@ class TieredStore final : public BlockSource {
   // Errors: kInvalidArgument on "tiers" (none given) or "batch-records" (0).
   static Result<std::unique_ptr<TieredStore>> Create(const BlockPool& pool, TieredStoreOptions options,
                                                      std::vector<std::unique_ptr<Tier>> tiers);
-  // Flushes and stops the worker.
+  // Flushes (a drop is then reported to no one: call Flush first to know) and stops the worker.
   ~TieredStore() override;
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
@@ -107,17 +108,25 @@ class TieredStore final : public BlockSource {
   void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) override EXCLUDES(queue_mu_, stats_mu_);
   void BeginCheckpoint() override EXCLUDES(stats_mu_);
   // Writes every record of the memory tiers above the first persistent tier down to it (what the
-  // pool evicted into host memory would otherwise die with the process), then Flush()es. Errors:
-  // kIoError on "tier" when the persistent tier refused any record of this checkpoint, or there
-  // is no persistent tier.
+  // pool evicted into host memory would otherwise die with the process), then Flush()es. OK means
+  // every block of this checkpoint is in the first persistent tier and nothing was dropped since
+  // the previous Flush. Errors: kIoError on "tier" when there is no persistent tier, when the
+  // persistent tier refused any record of this checkpoint (even one a tier below then took), or
+  // as Flush (records dropped).
   [[nodiscard]] Status FinishCheckpoint() override EXCLUDES(queue_mu_, stats_mu_);
   size_t Probe(std::span<const ChainLink> links) override EXCLUDES(queue_mu_, stats_mu_);
   size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states = nullptr) override EXCLUDES(queue_mu_, stats_mu_);
 
   // Submits the open batches and waits until every batch submitted so far is written, with the
-  // demotions those writes caused.
-  void Flush() EXCLUDES(queue_mu_, stats_mu_);
+  // demotions those writes caused. Returns OK unless records were dropped since the previous
+  // Flush (or since Create): a tier refused a write (a full disk, the disk's max_bytes, Redis
+  // down) and no tier below it took the refused records, so no tier holds them. Then kIoError on
+  // "tier", counting them and giving the last refusal; the next Flush reports only new drops.
+  // Not errors: a refused write whose records a lower tier took (write_errors counts it), and a
+  // record a tier evicted for space past the last tier (a cache forgets; that is its policy).
+  // The same in synchronous mode, where there is nothing to wait for.
+  [[nodiscard]] Status Flush() EXCLUDES(queue_mu_, stats_mu_);
   TieredStoreStats stats() const EXCLUDES(queue_mu_, stats_mu_);
   // The store's counters and each tier's (label tier="host|disk|redis|redis-cluster"), for
   // Prometheus. REQUIRES: as tier_counters.
@@ -186,6 +195,8 @@ class TieredStore final : public BlockSource {
   mutable Mutex stats_mu_ ACQUIRED_AFTER(Slot::mu, queue_mu_);
   TieredStoreStats stats_ GUARDED_BY(stats_mu_);
   uint64_t refused_at_checkpoint_ GUARDED_BY(stats_mu_) = 0;  // through_refused when the checkpoint began
+  uint64_t dropped_at_flush_ GUARDED_BY(stats_mu_) = 0;       // stats_.dropped the last Flush reported
+  std::string drop_error_ GUARDED_BY(stats_mu_);              // the refusal behind the last drop
 };
 
 }  // namespace tessera

@@ -194,7 +194,7 @@ Result<std::unique_ptr<TieredStore>> OpenSimulationStore(const BlockPool& pool, 
 }
 
 TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
-  store.Flush();
+  const Status flushed = store.Flush();  // not OK when records were dropped: say so first
   TieredStoreStats ts = store.stats();
   TierRun t;
   t.tier_hits = ts.tier_hits;
@@ -202,7 +202,7 @@ TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
   t.tier_verify_failures = ts.verify_failures;
   t.written = ts.written_through + ts.demoted;
   t.write_errors = ts.write_errors;
-  t.last_error = ts.last_error;
+  t.last_error = flushed.ok() ? ts.last_error : flushed.ToString();
   TierCounters disk = store.tier_counters(store.tiers() - 1);
   t.disk_records = disk.records;
   t.disk_quarantined = disk.quarantined;

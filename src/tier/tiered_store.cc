@@ -36,7 +36,7 @@ TieredStore::TieredStore(const BlockPool& pool, TieredStoreOptions options, std:
 }
 
 TieredStore::~TieredStore() {
-  Flush();
+  Flush().IgnoreError();  // no one to tell here; a caller who must know has called Flush
   {
     MutexLock lock(queue_mu_);
     stop_ = true;
@@ -87,14 +87,16 @@ Status TieredStore::FinishCheckpoint() {
       if (r) Demote(*persistent, std::make_shared<const TierRecord>(std::move(*r)), /*through=*/true);
     }
   }
-  Flush();
-  MutexLock lock(stats_mu_);
-  if (stats_.through_refused > refused_at_checkpoint_) {
-    return IoError("tier", std::to_string(stats_.through_refused - refused_at_checkpoint_) +
-                               " records of the checkpoint were refused by the persistent tier (" + stats_.last_error +
-                               ")");
+  Status flushed = Flush();
+  {
+    MutexLock lock(stats_mu_);
+    if (stats_.through_refused > refused_at_checkpoint_) {
+      return IoError("tier", std::to_string(stats_.through_refused - refused_at_checkpoint_) +
+                                 " records of the checkpoint were refused by the persistent tier (" +
+                                 stats_.last_error + ")");
+    }
   }
-  return Status::Ok();
+  return flushed;
 }
 
 void TieredStore::OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
@@ -130,6 +132,7 @@ void TieredStore::SubmitLocked(size_t t) {
 
 void TieredStore::WriteJob(Job& job) {
   Slot& slot = *tiers_[job.tier];
+  const bool last = job.tier + 1 == tiers_.size();
   std::vector<std::shared_ptr<const TierRecord>> failed;
   {
     MutexLock lock(slot.mu);
@@ -154,6 +157,10 @@ void TieredStore::WriteJob(Job& job) {
         if (!held[i]) failed.push_back(job.records[i]);
       }
       if (job.through) stats_.through_refused += failed.size();
+      if (last) {  // nowhere lower to go: lost, and Flush says so
+        stats_.dropped += failed.size();
+        drop_error_ = stats_.last_error;
+      }
     }
   }
   // What a tier could not take goes one level lower (a full disk still has Redis below).
@@ -189,17 +196,26 @@ void TieredStore::Worker() {
   }
 }
 
-void TieredStore::Flush() {
-  if (!options_.asynchronous) return;  // synchronous mode never queues: nothing to wait for
-  MutexLock lock(queue_mu_);
-  for (;;) {
-    for (size_t t = 0; t < open_batch_.size(); ++t) SubmitLocked(t);
-    while (!jobs_.empty() || busy_) idle_cv_.Wait(queue_mu_);
-    bool more = false;
-    for (const auto& b : open_batch_) more = more || !b.empty();
-    for (const auto& b : open_through_) more = more || !b.empty();
-    if (!more) return;  // a batch written may have demoted records into a lower open batch
+Status TieredStore::Flush() {
+  if (options_.asynchronous) {
+    MutexLock lock(queue_mu_);
+    for (;;) {
+      for (size_t t = 0; t < open_batch_.size(); ++t) SubmitLocked(t);
+      while (!jobs_.empty() || busy_) idle_cv_.Wait(queue_mu_);
+      bool more = false;
+      for (const auto& b : open_batch_) more = more || !b.empty();
+      for (const auto& b : open_through_) more = more || !b.empty();
+      if (!more) break;  // a batch written may have demoted records into a lower open batch
+    }
   }
+  // Synchronous mode never queues: every write is done, its drops counted.
+  MutexLock lock(stats_mu_);
+  const uint64_t dropped = stats_.dropped - dropped_at_flush_;
+  dropped_at_flush_ = stats_.dropped;
+  if (dropped == 0) return Status::Ok();
+  return IoError("tier", std::to_string(dropped) +
+                             " records were dropped: a tier refused them and no tier below could take them (" +
+                             drop_error_ + ")");
 }
 
 void TieredStore::SearchTopDown(
