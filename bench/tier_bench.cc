@@ -92,8 +92,8 @@ BENCHMARK(BM_RawPwrite)->Unit(benchmark::kMillisecond)->Iterations(5)->UseRealTi
 
 void BM_DiskTierPut(benchmark::State& state) {
   FsyncPolicy policy = state.range(0) == 0 ? FsyncPolicy::kEveryBatch : FsyncPolicy::kPeriodic;
-  std::vector<DiskRecord> batch;
-  for (int k = 0; k < kBlocksPerBatch; ++k) batch.push_back(DiskRecord{Hash128{}, 1, Block(static_cast<uint64_t>(k))});
+  std::vector<TierRecord> batch;
+  for (int k = 0; k < kBlocksPerBatch; ++k) batch.push_back(TierRecord{Hash128{}, 1, Block(static_cast<uint64_t>(k))});
   for (auto _ : state) {
     state.PauseTiming();
     DiskTierOptions o;
@@ -103,7 +103,7 @@ void BM_DiskTierPut(benchmark::State& state) {
     state.ResumeTiming();
     uint64_t key = 1;
     for (int b = 0; b < kBatches; ++b) {
-      for (DiskRecord& r : batch) r.key = Hash128{key++, 0};
+      for (TierRecord& r : batch) r.key = Hash128{key++, 0};
       if (!t->PutBatch(batch).ok()) state.SkipWithError("put");
     }
     if (!t->Sync().ok()) state.SkipWithError("sync");
@@ -139,7 +139,7 @@ void BM_DiskTierGet(benchmark::State& state) {
   auto t = std::move(DiskTier::Open(o)).value();
   const int n = kBatches * kBlocksPerBatch;
   for (int k = 0; k < n; ++k) {
-    std::vector<DiskRecord> one{DiskRecord{Hash128{static_cast<uint64_t>(k) + 1, 0}, 1, Block(static_cast<uint64_t>(k))}};
+    std::vector<TierRecord> one{TierRecord{Hash128{static_cast<uint64_t>(k) + 1, 0}, 1, Block(static_cast<uint64_t>(k))}};
     (void)t->PutBatch(one);
   }
   for (auto _ : state) {
@@ -147,7 +147,7 @@ void BM_DiskTierGet(benchmark::State& state) {
     DropCache(o.dir);
     state.ResumeTiming();
     for (int k = 0; k < n; ++k) {
-      Result<DiskRecord> r = t->Get(Hash128{static_cast<uint64_t>(k) + 1, 0});
+      Result<TierRecord> r = t->Get(Hash128{static_cast<uint64_t>(k) + 1, 0});
       if (!r.ok()) state.SkipWithError("get");
       benchmark::DoNotOptimize(r);
     }
@@ -579,10 +579,10 @@ void BM_RedisTierBatch(benchmark::State& state) {
     return;
   }
   RedisTier& t = **opened;
-  std::vector<DiskRecord> batch;
+  std::vector<TierRecord> batch;
   std::vector<Hash128> keys;
   for (int k = 0; k < kBlocksPerBatch; ++k) {
-    batch.push_back(DiskRecord{Hash128{static_cast<uint64_t>(k) + 1, 9}, 1, Block(5)});
+    batch.push_back(TierRecord{Hash128{static_cast<uint64_t>(k) + 1, 9}, 1, Block(5)});
     keys.push_back(batch.back().key);
   }
   for (auto _ : state) {

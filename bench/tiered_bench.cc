@@ -21,6 +21,7 @@
 
 #include "tessera/geometry.h"
 #include "tessera/manager.h"
+#include "tessera/tier_adapters.h"
 #include "tessera/tiered_store.h"
 
 namespace {

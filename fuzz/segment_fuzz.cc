@@ -155,7 +155,7 @@ void CheckServed(DiskTier& t, bool late_written) {
     if (!known) std::abort();  // a record under a key nobody wrote: a forgery got through
   }
   for (uint64_t i = 0; i < kKnown; ++i) {
-    Result<DiskRecord> r = t.Get(KeyOf(i));
+    Result<TierRecord> r = t.Get(KeyOf(i));
     if (r.ok() && r->payload != PayloadOf(i)) std::abort();
   }
   const DiskTierStats s = t.stats();
@@ -175,8 +175,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     {
       auto t = std::move(DiskTier::Open(Options(dir))).value();
       for (uint64_t first : {uint64_t{0}, kKnown / 2}) {
-        std::vector<DiskRecord> batch;
-        for (uint64_t i = first; i < first + kKnown / 2; ++i) batch.push_back(DiskRecord{KeyOf(i), 0, PayloadOf(i)});
+        std::vector<TierRecord> batch;
+        for (uint64_t i = first; i < first + kKnown / 2; ++i) batch.push_back(TierRecord{KeyOf(i), 0, PayloadOf(i)});
         if (!t->PutBatch(batch).ok()) std::abort();
       }
     }
@@ -193,14 +193,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bool late_written = false;
   if (Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(Options(dir)); t.ok()) {
     CheckServed(**t, false);
-    std::vector<DiskRecord> late{DiskRecord{KeyOf(kLate), 0, PayloadOf(kLate)}};
+    std::vector<TierRecord> late{TierRecord{KeyOf(kLate), 0, PayloadOf(kLate)}};
     late_written = (*t)->PutBatch(late).ok();
   }
   if (Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(Options(dir)); t.ok()) {
     CheckServed(**t, late_written);
     if (late_written) {
       // Recovery left an aligned, verified end: what was appended after it is found.
-      Result<DiskRecord> r = (*t)->Get(KeyOf(kLate));
+      Result<TierRecord> r = (*t)->Get(KeyOf(kLate));
       if (!r.ok() || r->payload != PayloadOf(kLate)) std::abort();
     }
   } else if (late_written) {

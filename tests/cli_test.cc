@@ -539,9 +539,9 @@ TEST(Cli, TierFsckAndStats) {
     DiskTierOptions o;
     o.dir = tier;
     auto t = std::move(DiskTier::Open(o)).value();
-    std::vector<DiskRecord> batch;
+    std::vector<TierRecord> batch;
     for (uint64_t i = 0; i < 5; ++i)
-      batch.push_back(DiskRecord{Hash128{i + 1, i}, 0, std::vector<std::byte>(5000, std::byte{7})});
+      batch.push_back(TierRecord{Hash128{i + 1, i}, 0, std::vector<std::byte>(5000, std::byte{7})});
     ASSERT_TRUE(t->PutBatch(batch).ok());
   }
   CommandResult clean = RunTessera("tier fsck " + tier + " --format json");
@@ -595,7 +595,7 @@ TEST(Cli, TierCommandsAreReadOnlyEscapedAndLocked) {
     DiskTierOptions o;
     o.dir = odd;
     auto t = std::move(DiskTier::Open(o)).value();
-    ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{DiskRecord{Hash128{1, 2}, 0, std::vector<std::byte>(100)}}).ok());
+    ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{TierRecord{Hash128{1, 2}, 0, std::vector<std::byte>(100)}}).ok());
   }
   CommandResult r = RunTessera("tier stats '" + odd + "' --format json");
   ASSERT_EQ(r.exit_code, 0) << r.err;

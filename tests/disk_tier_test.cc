@@ -42,7 +42,7 @@ std::vector<std::byte> PayloadOf(uint64_t i) {
   return p;
 }
 
-DiskRecord Rec(uint64_t i) { return DiskRecord{Key(i), static_cast<uint16_t>(i % 7), PayloadOf(i)}; }
+TierRecord Rec(uint64_t i) { return TierRecord{Key(i), static_cast<uint16_t>(i % 7), PayloadOf(i)}; }
 
 std::unique_ptr<DiskTier> MustOpen(const DiskTierOptions& o) {
   Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(o);
@@ -62,7 +62,7 @@ size_t ExpectAllVerified(DiskTier& t, uint64_t max_key) {
   size_t n = 0;
   for (uint64_t i = 0; i < max_key; ++i) {
     if (!t.Contains(Key(i))) continue;
-    Result<DiskRecord> r = t.Get(Key(i));
+    Result<TierRecord> r = t.Get(Key(i));
     if (!r.ok()) {
       EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
       continue;
@@ -78,13 +78,13 @@ TEST(DiskTier, PutGetAndReopen) {
   {
     auto t = MustOpen(Opts(dir.path()));
     for (uint64_t i = 0; i < 300; i += 10) {
-      std::vector<DiskRecord> batch;
+      std::vector<TierRecord> batch;
       for (uint64_t k = i; k < i + 10; ++k) batch.push_back(Rec(k));
       ASSERT_TRUE(t->PutBatch(batch).ok());
     }
     EXPECT_EQ(t->stats().records, 300u);
     EXPECT_GT(t->stats().segments, 1u);
-    Result<DiskRecord> r = t->Get(Key(42));
+    Result<TierRecord> r = t->Get(Key(42));
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->payload, PayloadOf(42));
     EXPECT_EQ(r->format_id, 42 % 7);
@@ -101,10 +101,10 @@ TEST(DiskTier, NewerVersionWinsAndErasureSurvivesReopen) {
   TempDir dir;
   {
     auto t = MustOpen(Opts(dir.path()));
-    ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(1), Rec(2)}).ok());
-    DiskRecord newer = Rec(1);
+    ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2)}).ok());
+    TierRecord newer = Rec(1);
     newer.payload = PayloadOf(99);
-    ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{newer}).ok());
+    ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{newer}).ok());
     ASSERT_TRUE(t->Erase(Key(2)).ok());
     EXPECT_GT(t->stats().dead_bytes, 0u);
   }
@@ -157,7 +157,7 @@ TEST(DiskTierFaults, EveryBitFlipInAHeaderOrPayloadIsDetected) {
     auto t = MustOpen(o);
     uint64_t off = 0;
     for (uint64_t i = 0; i < 200; ++i) {
-      ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(i)}).ok());
+      ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(i)}).ok());
       uint64_t len = PayloadOf(i).size();
       placed.push_back({i, off, len});
       off += 4096 + (len + 4095) / 4096 * 4096;
@@ -192,7 +192,7 @@ TEST(DiskTierFaults, TruncationAndZeroedPagesAreDetected) {
   o.segment_bytes = 1ULL << 30;
   {
     auto t = MustOpen(o);
-    for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(i)}).ok());
+    for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(i)}).ok());
   }
   std::filesystem::path seg = Segments(dir.path()).at(0);
   uint64_t size = std::filesystem::file_size(seg);
@@ -219,9 +219,9 @@ TEST(DiskTierFaults, CorruptionAfterOpenIsCaughtOnRead) {
   TempDir dir;
   DiskTierOptions o = Opts(dir.path());
   auto t = MustOpen(o);
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(1), Rec(2)}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2)}).ok());
   Poke(Segments(dir.path()).at(0), 4096 + 10, 0x40);  // record 1's payload
-  Result<DiskRecord> r = t->Get(Key(1));
+  Result<TierRecord> r = t->Get(Key(1));
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(t->Get(Key(1)).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(t->Get(Key(2))->payload, PayloadOf(2));
@@ -233,8 +233,8 @@ TEST(DiskTierFaults, FullDiskIsAClearErrorAndServingContinues) {
   DiskTierOptions o = Opts(dir.path());
   o.max_bytes = 64 * 1024;
   auto t = MustOpen(o);
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(1), Rec(2)}).ok());
-  std::vector<DiskRecord> big;
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2)}).ok());
+  std::vector<TierRecord> big;
   for (uint64_t i = 10; i < 30; ++i) big.push_back(Rec(i));
   Status st = t->PutBatch(big);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
@@ -263,7 +263,7 @@ TEST(DiskTierFaults, KernelRefusedWriteMidBatchLeavesNothingPartial) {
     uint64_t next = 0;
     Status st = Status::Ok();
     while (st.ok() && next < 400) {
-      std::vector<DiskRecord> batch;
+      std::vector<TierRecord> batch;
       for (uint64_t k = next; k < next + 8; ++k) batch.push_back(Rec(k));
       st = (*t)->PutBatch(batch);
       if (st.ok()) next += 8;
@@ -275,7 +275,7 @@ TEST(DiskTierFaults, KernelRefusedWriteMidBatchLeavesNothingPartial) {
       if ((*t)->Contains(Key(k))) ::_exit(7);  // nothing of the failed batch is visible
     }
     for (uint64_t k = 0; k < next; ++k) {
-      Result<DiskRecord> r = (*t)->Get(Key(k));
+      Result<TierRecord> r = (*t)->Get(Key(k));
       if (!r.ok() || r->payload != PayloadOf(k)) ::_exit(8);
     }
     ::_exit(static_cast<int>(10 + next / 8));  // batches stored, for the parent
@@ -314,7 +314,7 @@ void AppendBytes(const std::filesystem::path& p, const std::string& bytes) {
 void WriteRun(const DiskTierOptions& o, uint64_t first, uint64_t count) {
   auto t = MustOpen(o);
   ASSERT_NE(t, nullptr);
-  std::vector<DiskRecord> batch;
+  std::vector<TierRecord> batch;
   for (uint64_t k = first; k < first + count; ++k) batch.push_back(Rec(k));
   ASSERT_TRUE(t->PutBatch(batch).ok());
 }
@@ -357,7 +357,7 @@ TEST_P(TornTail, IsCutAndEveryLaterRunKeepsItsRecords) {
       ASSERT_NE(t, nullptr);
       EXPECT_EQ(t->stats().quarantined, run == 1 && GetParam() != Damage::kCutPadding ? 1u : 0u) << "run " << run;
       EXPECT_EQ(std::filesystem::file_size(seg) % 4096, 0u) << "run " << run;
-      std::vector<DiskRecord> batch;
+      std::vector<TierRecord> batch;
       for (uint64_t k = 100 * run; k < 100 * run + 5; ++k) batch.push_back(Rec(k));
       ASSERT_TRUE(t->PutBatch(batch).ok());
     }
@@ -367,7 +367,7 @@ TEST_P(TornTail, IsCutAndEveryLaterRunKeepsItsRecords) {
     EXPECT_EQ(t->Contains(Key(9)), last_survives);
     for (uint64_t r = 1; r <= run; ++r) {
       for (uint64_t k = 100 * r; k < 100 * r + 5; ++k) {
-        Result<DiskRecord> got = t->Get(Key(k));
+        Result<TierRecord> got = t->Get(Key(k));
         ASSERT_TRUE(got.ok()) << "run " << run << " key " << k << ": " << got.status().ToString();
         EXPECT_EQ(got->payload, PayloadOf(k));
       }
@@ -397,7 +397,7 @@ TEST(DiskTierRecovery, WriterStoppedAtEveryStepOfABatch) {
         DiskTierOptions co = o;
         Result<std::unique_ptr<DiskTier>> t = DiskTier::Open(co);
         if (!t.ok()) ::_exit(3);
-        std::vector<DiskRecord> before{Rec(0), Rec(1), Rec(2)};
+        std::vector<TierRecord> before{Rec(0), Rec(1), Rec(2)};
         if (!(*t)->PutBatch(before).ok()) ::_exit(4);
         DiskTierOptions hooked = co;
         t->reset();
@@ -407,7 +407,7 @@ TEST(DiskTierRecovery, WriterStoppedAtEveryStepOfABatch) {
         };
         Result<std::unique_ptr<DiskTier>> h = DiskTier::Open(hooked);
         if (!h.ok()) ::_exit(5);
-        std::vector<DiskRecord> stopped{Rec(10), Rec(11), Rec(12), Rec(13)};
+        std::vector<TierRecord> stopped{Rec(10), Rec(11), Rec(12), Rec(13)};
         (void)(*h)->PutBatch(stopped);
         ::_exit(6);  // the hook did not stop it: a failure
       }
@@ -418,23 +418,23 @@ TEST(DiskTierRecovery, WriterStoppedAtEveryStepOfABatch) {
         auto t = MustOpen(o);
         ASSERT_NE(t, nullptr);
         for (uint64_t k = 0; k < 3; ++k) {
-          Result<DiskRecord> r = t->Get(Key(k));
+          Result<TierRecord> r = t->Get(Key(k));
           ASSERT_TRUE(r.ok()) << k << ": " << r.status().ToString();
           EXPECT_EQ(r->payload, PayloadOf(k));
         }
         for (uint64_t k = 10; k < 14; ++k) {
           if (!t->Contains(Key(k))) continue;
-          Result<DiskRecord> r = t->Get(Key(k));  // a header reached the disk: so did its payload
+          Result<TierRecord> r = t->Get(Key(k));  // a header reached the disk: so did its payload
           ASSERT_TRUE(r.ok()) << k << ": " << r.status().ToString();
           EXPECT_EQ(r->payload, PayloadOf(k));
         }
-        std::vector<DiskRecord> after{Rec(20), Rec(21)};
+        std::vector<TierRecord> after{Rec(20), Rec(21)};
         ASSERT_TRUE(t->PutBatch(after).ok());
       }
       auto t = MustOpen(o);
       EXPECT_EQ(t->stats().quarantined, 0u);
       for (uint64_t k : {0, 1, 2, 20, 21}) {
-        Result<DiskRecord> r = t->Get(Key(k));
+        Result<TierRecord> r = t->Get(Key(k));
         ASSERT_TRUE(r.ok()) << k << ": " << r.status().ToString();
         EXPECT_EQ(r->payload, PayloadOf(k));
       }
@@ -663,7 +663,7 @@ TEST(DiskTierLock, OneWriterOrSharedReaders) {
     EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
     EXPECT_NE(second.status().message().find("locked"), std::string::npos);
     EXPECT_EQ(DiskTier::Open(reader).status().code(), StatusCode::kFailedPrecondition);
-    ASSERT_TRUE(w->PutBatch(std::vector<DiskRecord>{Rec(1)}).ok());
+    ASSERT_TRUE(w->PutBatch(std::vector<TierRecord>{Rec(1)}).ok());
   }
   auto r1 = MustOpen(reader);
   auto r2 = MustOpen(reader);

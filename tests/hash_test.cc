@@ -222,17 +222,5 @@ TEST(HashAlgorithm, ParseAndName) {
   }
 }
 
-TEST(Hash128, HexIsHighWordFirst) {
-  EXPECT_EQ((Hash128{0x1, 0x2}).Hex(), "00000000000000020000000000000001");
-  EXPECT_EQ((Hash128{0xfedcba9876543210ULL, 0x0123456789abcdefULL}).Hex(), "0123456789abcdeffedcba9876543210");
-  EXPECT_EQ(Hash128{}.Hex().size(), 32u);
-}
-
-TEST(Hash128, HasherSeparatesWords) {
-  Hash128Hasher h;
-  EXPECT_NE(h({1, 0}), h({0, 1}));
-  EXPECT_EQ(h({3, 4}), h({3, 4}));
-}
-
 }  // namespace
 }  // namespace tessera

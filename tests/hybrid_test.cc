@@ -1,4 +1,6 @@
 #include "tessera/hybrid.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/tier_key.h"
 #include "tessera/tiered_store.h"
 
 #include <gtest/gtest.h>
@@ -247,10 +249,10 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
     ASSERT_TRUE(m->Append(first.id, prefix, w).ok());
     ASSERT_TRUE(m->Free(first.id).ok());
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->tier_counters(0).records, 0u);  // write-back: nothing evicted yet
     EXPECT_EQ(*m->Checkpoint(), 2u);                 // a graceful shutdown, state included
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->tier_counters(0).records, 2u);
     m->SetBlockSource(nullptr);
   }

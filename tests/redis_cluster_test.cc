@@ -1,6 +1,7 @@
 #include "tessera/redis_cluster.h"
 
 #include "tessera/manager.h"
+#include "tessera/tier_adapters.h"
 #include "tessera/tiered_store.h"
 
 #include <gtest/gtest.h>
@@ -57,21 +58,21 @@ Reply Command(int port, const std::vector<std::string>& args) {
   return out;
 }
 
-DiskRecord Rec(uint64_t i, size_t n = 2000) {
+TierRecord Rec(uint64_t i, size_t n = 2000) {
   std::vector<std::byte> p(n);
   for (size_t k = 0; k < n; ++k) p[k] = std::byte{static_cast<uint8_t>((i * 131 + k * 7) & 0xff)};
-  return DiskRecord{Hash128{i * 0x9e3779b97f4a7c15ULL + 1, i}, static_cast<uint16_t>(i % 7), p};
+  return TierRecord{Hash128{i * 0x9e3779b97f4a7c15ULL + 1, i}, static_cast<uint16_t>(i % 7), p};
 }
 
-std::vector<DiskRecord> Recs(uint64_t from, uint64_t to) {
-  std::vector<DiskRecord> v;
+std::vector<TierRecord> Recs(uint64_t from, uint64_t to) {
+  std::vector<TierRecord> v;
   for (uint64_t i = from; i < to; ++i) v.push_back(Rec(i));
   return v;
 }
 
-std::vector<Hash128> Keys(const std::vector<DiskRecord>& recs) {
+std::vector<Hash128> Keys(const std::vector<TierRecord>& recs) {
   std::vector<Hash128> k;
-  for (const DiskRecord& r : recs) k.push_back(r.key);
+  for (const TierRecord& r : recs) k.push_back(r.key);
   return k;
 }
 
@@ -249,7 +250,7 @@ TEST(RedisClusterTier, UnreachableClusterIsMissOnly) {
   o.seeds = {"127.0.0.1:" + std::to_string(RedisServer::FreePort())};
   auto t = MustOpen(o);
   ASSERT_NE(t, nullptr);
-  std::vector<DiskRecord> recs = Recs(0, 3);
+  std::vector<TierRecord> recs = Recs(0, 3);
   auto got = t->GetBatch(Keys(recs));
   for (const auto& g : got) EXPECT_FALSE(g.has_value());
   Status st = t->PutBatch(recs);
@@ -272,7 +273,7 @@ TEST(RedisClusterTier, BatchRoundTripSpreadsOverEveryNode) {
   auto t = MustOpen(cluster.Options());
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->stats().slots_covered, 16384u);
-  std::vector<DiskRecord> recs = Recs(0, 300);
+  std::vector<TierRecord> recs = Recs(0, 300);
   ASSERT_TRUE(t->PutBatch(recs).ok());
   long long total = 0;
   for (int i = 0; i < 3; ++i) {
@@ -335,7 +336,7 @@ TEST(RedisClusterTier, ACorruptedValueIsAMissNeverWrongBytes) {
   ASSERT_TRUE(cluster.Form());
   auto t = MustOpen(cluster.Options());
   ASSERT_NE(t, nullptr);
-  std::vector<DiskRecord> recs = Recs(0, 3);
+  std::vector<TierRecord> recs = Recs(0, 3);
   ASSERT_TRUE(t->PutBatch(recs).ok());
   // Behind the tier's back: flip payload byte 100 of record 0, replace record 1 with a short value.
   std::string k0 = kNs + ":{" + recs[0].key.Hex() + "}";
@@ -368,12 +369,12 @@ TEST(RedisClusterTier, ForgedOrCopiedValuesAreVerifyFailures) {
   ASSERT_NE(t, nullptr);
   ASSERT_NE(other_tenant, nullptr);
   ASSERT_NE(other_fleet, nullptr);
-  std::vector<DiskRecord> recs = Recs(0, 4);
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{recs[3]}).ok());
-  ASSERT_TRUE(other_tenant->PutBatch(std::vector<DiskRecord>{recs[1]}).ok());
-  ASSERT_TRUE(other_fleet->PutBatch(std::vector<DiskRecord>{recs[2]}).ok());
-  auto name = [](const std::string& ns, const DiskRecord& r) { return ns + ":{" + r.key.Hex() + "}"; };
-  auto port_of = [&](const DiskRecord& r) { return cluster.port(OwnerOfSlot(SlotOf(r.key))); };
+  std::vector<TierRecord> recs = Recs(0, 4);
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{recs[3]}).ok());
+  ASSERT_TRUE(other_tenant->PutBatch(std::vector<TierRecord>{recs[1]}).ok());
+  ASSERT_TRUE(other_fleet->PutBatch(std::vector<TierRecord>{recs[2]}).ok());
+  auto name = [](const std::string& ns, const TierRecord& r) { return ns + ":{" + r.key.Hex() + "}"; };
+  auto port_of = [&](const TierRecord& r) { return cluster.port(OwnerOfSlot(SlotOf(r.key))); };
   // 0: a forged version-1 value with a valid checksum.
   std::vector<std::byte> evil(2000, std::byte{0x66});
   ASSERT_TRUE(
@@ -394,7 +395,7 @@ TEST(RedisClusterTier, ForgedOrCopiedValuesAreVerifyFailures) {
 }
 
 // Four records whose keys share one slot owned by node 0.
-std::vector<DiskRecord> SameSlotOnNode0(uint16_t* slot) {
+std::vector<TierRecord> SameSlotOnNode0(uint16_t* slot) {
   std::map<uint16_t, std::vector<uint64_t>> by_slot;
   for (uint64_t i = 0; i < 200000; ++i) {
     uint16_t s = SlotOf(Rec(i, 0).key);
@@ -403,7 +404,7 @@ std::vector<DiskRecord> SameSlotOnNode0(uint16_t* slot) {
     v.push_back(i);
     if (v.size() == 4) {
       *slot = s;
-      std::vector<DiskRecord> out;
+      std::vector<TierRecord> out;
       for (uint64_t j : v) out.push_back(Rec(j));
       return out;
     }
@@ -416,16 +417,16 @@ TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
   Cluster cluster;
   ASSERT_TRUE(cluster.Form());
   uint16_t slot = 0;
-  std::vector<DiskRecord> recs = SameSlotOnNode0(&slot);
+  std::vector<TierRecord> recs = SameSlotOnNode0(&slot);
   ASSERT_EQ(recs.size(), 4u);
   auto t = MustOpen(cluster.Options());
   auto stale = MustOpen(cluster.Options());  // loads its map now and is not used until the end
   ASSERT_NE(t, nullptr);
   ASSERT_NE(stale, nullptr);
-  std::vector<DiskRecord> first{recs[0], recs[1]};
+  std::vector<TierRecord> first{recs[0], recs[1]};
   ASSERT_TRUE(t->PutBatch(first).ok());
-  auto key = [&](const DiskRecord& r) { return kNs + ":{" + r.key.Hex() + "}"; };
-  auto migrate = [&](const DiskRecord& r) {
+  auto key = [&](const TierRecord& r) { return kNs + ":{" + r.key.Hex() + "}"; };
+  auto migrate = [&](const TierRecord& r) {
     return Command(cluster.port(0), {"MIGRATE", "127.0.0.1", std::to_string(cluster.port(1)), key(r), "0", "5000"});
   };
 
@@ -444,7 +445,7 @@ TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
   EXPECT_EQ(t->stats().asks, 1u);
   EXPECT_EQ(t->stats().moved, 0u);
   // A new key in a migrating slot is stored at the importing node (ASK then ASKING SET).
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{recs[2]}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{recs[2]}).ok());
   EXPECT_EQ(t->stats().asks, 2u);
 
   // Finish: move record 1 and hand the slot to node 1 everywhere.
@@ -455,7 +456,7 @@ TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
     ASSERT_TRUE(r.ok()) << i << ": " << r.text;
   }
   EXPECT_EQ(Command(cluster.port(1), {"EXISTS", key(recs[0]), key(recs[1]), key(recs[2])}).integer, 3);
-  std::vector<DiskRecord> three{recs[0], recs[1], recs[2]};
+  std::vector<TierRecord> three{recs[0], recs[1], recs[2]};
   // The map still says node 0: every key answers MOVED once, the map is reloaded.
   got = t->GetBatch(Keys(three));
   for (size_t i = 0; i < 3; ++i) {
@@ -473,7 +474,7 @@ TEST(RedisClusterTier, FollowsAskDuringAMigrationAndMovedAfterIt) {
   EXPECT_EQ(t->stats().redirections, 5u);
 
   // A client with a stale map writes: MOVED, retried at node 1, stored there.
-  ASSERT_TRUE(stale->PutBatch(std::vector<DiskRecord>{recs[3]}).ok());
+  ASSERT_TRUE(stale->PutBatch(std::vector<TierRecord>{recs[3]}).ok());
   EXPECT_EQ(stale->stats().moved, 1u);
   EXPECT_EQ(Command(cluster.port(1), {"EXISTS", key(recs[3])}).integer, 1);
   EXPECT_EQ(Command(cluster.port(0), {"EXISTS", key(recs[3])}).integer, 0);
@@ -488,7 +489,7 @@ TEST(RedisClusterTier, AKilledNodeIsMissesForItsKeysAndRecovers) {
   auto t = MustOpen(cluster.Options());
   ASSERT_NE(t, nullptr);
   // 400 records of 20 KB: each node's pipeline is megabytes, more than one write(2) can take.
-  std::vector<DiskRecord> recs;
+  std::vector<TierRecord> recs;
   for (uint64_t i = 0; i < 400; ++i) recs.push_back(Rec(i, 20000));
   ASSERT_TRUE(t->PutBatch(recs).ok());
   std::vector<Hash128> keys = Keys(recs);
@@ -499,14 +500,14 @@ TEST(RedisClusterTier, AKilledNodeIsMissesForItsKeysAndRecovers) {
   // Puts first, while the tier still holds its connection to the dead node: the live nodes
   // store theirs, the call reports the dead node, and writing megabytes into the dead
   // connection must not raise SIGPIPE in this process.
-  std::vector<DiskRecord> more;
+  std::vector<TierRecord> more;
   for (uint64_t i = 1000; i < 1400; ++i) more.push_back(Rec(i, 20000));
   Status st = t->PutBatch(more);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_EQ(st.field(), "redis");
   EXPECT_NE(st.message().find(cluster.address(2)), std::string::npos) << st.message();
   size_t more_on_dead = 0;
-  for (const DiskRecord& r : more) more_on_dead += OwnerOfSlot(SlotOf(r.key)) == 2 ? 1 : 0;
+  for (const TierRecord& r : more) more_on_dead += OwnerOfSlot(SlotOf(r.key)) == 2 ? 1 : 0;
   ASSERT_GT(more_on_dead, 0u);
   EXPECT_EQ(t->stats().put_failures, more_on_dead);
   EXPECT_EQ(t->stats().puts, 400u + 400u - more_on_dead);
@@ -596,7 +597,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
     AdmitResult a = *m->Admit(prompt, {});
     ASSERT_TRUE(m->AllocateSlots(a.id, prompt.size()).ok());
     ASSERT_TRUE(m->Append(a.id, prompt, writer).ok());
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->stats().written_through, 40u);
     m->SetBlockSource(nullptr);
   }
@@ -736,7 +737,7 @@ TEST(RedisClusterHostile, GetBatchAgainstADripFeedingNodeReturnsWithinTheDeadlin
   auto t = MustOpen(HostileOptions(fake));
   ASSERT_NE(t, nullptr);
   ASSERT_EQ(t->stats().slots_covered, 16384u);
-  std::vector<DiskRecord> recs = Recs(0, 3);
+  std::vector<TierRecord> recs = Recs(0, 3);
   auto t0 = Clock::now();
   auto got = t->GetBatch(Keys(recs));
   int64_t took = MillisSince(t0);
@@ -770,7 +771,7 @@ TEST(RedisClusterHostile, GetBatchAgainstAHugeBulkHeaderFailsFast) {
   o.max_value_bytes = 1 << 20;
   auto t = MustOpen(o);
   ASSERT_NE(t, nullptr);
-  std::vector<DiskRecord> recs = Recs(0, 1);
+  std::vector<TierRecord> recs = Recs(0, 1);
   uint64_t rss0 = testing::PeakRssBytes();
   auto t0 = Clock::now();
   auto got = t->GetBatch(Keys(recs));
@@ -806,7 +807,7 @@ TEST(RedisClusterHostile, MovedToADripFeedingNodeStaysWithinTheDeadline) {
   port = fake.port();
   auto t = MustOpen(HostileOptions(fake));
   ASSERT_NE(t, nullptr);
-  std::vector<DiskRecord> recs = Recs(0, 1);
+  std::vector<TierRecord> recs = Recs(0, 1);
   auto t0 = Clock::now();
   auto got = t->GetBatch(Keys(recs));
   int64_t took = MillisSince(t0);
@@ -832,7 +833,7 @@ TEST(RedisClusterHostile, RefusedAndWrongTypedRepliesAreFailures) {
   port = fake.port();
   auto t = MustOpen(HostileOptions(fake));
   ASSERT_NE(t, nullptr);
-  std::vector<DiskRecord> recs = Recs(0, 2);
+  std::vector<TierRecord> recs = Recs(0, 2);
   Status st = t->PutBatch(recs);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_EQ(st.field(), "redis");

@@ -20,10 +20,10 @@ using Clock = std::chrono::steady_clock;
 
 std::vector<std::byte> Secret(uint8_t fill = 0x42) { return std::vector<std::byte>(32, std::byte{fill}); }
 
-DiskRecord Rec(uint64_t i, size_t n = 3000) {
+TierRecord Rec(uint64_t i, size_t n = 3000) {
   std::vector<std::byte> p(n);
   for (size_t k = 0; k < n; ++k) p[k] = std::byte{static_cast<uint8_t>((i * 31 + k) & 0xff)};
-  return DiskRecord{Hash128{i + 1, i * 7}, static_cast<uint16_t>(i % 5), p};
+  return TierRecord{Hash128{i + 1, i * 7}, static_cast<uint16_t>(i % 5), p};
 }
 
 RedisTierOptions Opts(int port, const std::string& ns = "tessera:test:fmt:0") {
@@ -67,7 +67,7 @@ TEST(RedisTier, PipelinedBatchRoundTripAgainstARealServer) {
   RedisServer server;
   ASSERT_TRUE(server.Start());
   auto t = MustOpen(Opts(server.port()));
-  std::vector<DiskRecord> batch;
+  std::vector<TierRecord> batch;
   for (uint64_t i = 0; i < 50; ++i) batch.push_back(Rec(i));
   ASSERT_TRUE(t->PutBatch(batch).ok());
   std::vector<Hash128> keys;
@@ -127,7 +127,7 @@ TEST(RedisTier, NamespacesIsolateTenants) {
   ASSERT_TRUE(server.Start());
   auto a = MustOpen(Opts(server.port(), RedisNamespace("deepseek-v3", "fp8_ds_mla", 1)));
   auto b = MustOpen(Opts(server.port(), RedisNamespace("deepseek-v3", "fp8_ds_mla", 2)));
-  ASSERT_TRUE(a->PutBatch(std::vector<DiskRecord>{Rec(1)}).ok());
+  ASSERT_TRUE(a->PutBatch(std::vector<TierRecord>{Rec(1)}).ok());
   std::vector<Hash128> k{Rec(1).key};
   EXPECT_TRUE(a->GetBatch(k)[0].has_value());
   EXPECT_FALSE(b->GetBatch(k)[0].has_value());
@@ -173,7 +173,7 @@ TEST(RedisTier, ACorruptedValueIsAMissNeverWrongBytes) {
   ASSERT_TRUE(server.Start());
   RedisTierOptions o = Opts(server.port());
   auto t = MustOpen(o);
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(1), Rec(2)}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2)}).ok());
   // Overwrite byte 100 of record 1's value behind the tier's back.
   redisContext* c = redisConnect("127.0.0.1", server.port());
   std::string key = o.key_namespace + ":" + Rec(1).key.Hex();
@@ -203,11 +203,11 @@ TEST(RedisTier, ForgedEditedOrCopiedValuesAreVerifyFailures) {
   RedisTierOptions wrong = Opts(server.port(), ns);
   wrong.secret = Secret(0x17);  // another fleet: same namespace, another secret
   auto other_fleet = MustOpen(wrong);
-  std::vector<DiskRecord> recs;
+  std::vector<TierRecord> recs;
   for (uint64_t i = 0; i < 8; ++i) recs.push_back(Rec(i));
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>(recs.begin(), recs.begin() + 4)).ok());
-  ASSERT_TRUE(other_tenant->PutBatch(std::vector<DiskRecord>{recs[4]}).ok());
-  ASSERT_TRUE(other_fleet->PutBatch(std::vector<DiskRecord>{recs[5]}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>(recs.begin(), recs.begin() + 4)).ok());
+  ASSERT_TRUE(other_tenant->PutBatch(std::vector<TierRecord>{recs[4]}).ok());
+  ASSERT_TRUE(other_fleet->PutBatch(std::vector<TierRecord>{recs[5]}).ok());
   auto name = [&](const std::string& n, size_t i) { return n + ":" + recs[i].key.Hex(); };
   const int port = server.port();
   // 0: a forged block (attacker's bytes, version-1 header and checksum).
@@ -225,16 +225,16 @@ TEST(RedisTier, ForgedEditedOrCopiedValuesAreVerifyFailures) {
   ASSERT_EQ(Command(port, {"SET", name(ns, 4), Command(port, {"GET", name(other_ns, 4)})}), "OK");
   // 5: written by another fleet (another secret) under this namespace — already there.
   // 6: the header's payload length edited to match a truncated payload.
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{recs[6]}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{recs[6]}).ok());
   std::string v6 = Command(port, {"GET", name(ns, 6)});
   v6.resize(v6.size() - 100);
   uint64_t len6 = v6.size() - 64;
   std::memcpy(v6.data() + 24, &len6, sizeof len6);
   ASSERT_EQ(Command(port, {"SET", name(ns, 6), v6}), "OK");
   // 7: untouched.
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{recs[7]}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{recs[7]}).ok());
   std::vector<Hash128> keys;
-  for (const DiskRecord& r : recs) keys.push_back(r.key);
+  for (const TierRecord& r : recs) keys.push_back(r.key);
   uint64_t failures_before = t->stats().verify_failures;
   auto got = t->GetBatch(keys);
   for (size_t i = 0; i < 7; ++i) EXPECT_FALSE(got[i].has_value()) << i;
@@ -256,7 +256,7 @@ TEST(RedisTier, PutBatchFailsWhenTheServerRefusesSets) {
   server.AddArgs({"--maxmemory", "1mb", "--maxmemory-policy", "noeviction"});
   ASSERT_TRUE(server.Start());
   auto t = MustOpen(Opts(server.port()));
-  std::vector<DiskRecord> batch;
+  std::vector<TierRecord> batch;
   for (uint64_t i = 0; i < 100; ++i) batch.push_back(Rec(i, 20000));  // 2 MB: more than 1 MB
   Status st = t->PutBatch(batch);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
@@ -274,20 +274,20 @@ TEST(RedisTier, KilledAndRestartedServerDegradesToMissesAndRecovers) {
   RedisServer server;
   ASSERT_TRUE(server.Start());
   auto t = MustOpen(Opts(server.port()));
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(1)}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1)}).ok());
   std::vector<Hash128> k{Rec(1).key};
   ASSERT_TRUE(t->GetBatch(k)[0].has_value());
   server.Stop();
   // Down: misses, not errors, for reads; puts report the outage.
   EXPECT_FALSE(t->GetBatch(k)[0].has_value());
-  EXPECT_FALSE(t->PutBatch(std::vector<DiskRecord>{Rec(2)}).ok());
+  EXPECT_FALSE(t->PutBatch(std::vector<TierRecord>{Rec(2)}).ok());
   EXPECT_FALSE(t->stats().connected);
   EXPECT_GT(t->stats().errors, 0u);
   ASSERT_TRUE(server.Start());                                 // same port, empty (no persistence)
   std::this_thread::sleep_for(std::chrono::milliseconds(30));  // past reconnect_interval_ms
   EXPECT_FALSE(t->GetBatch(k)[0].has_value());                 // the data died with the server: a miss, not wrong data
   EXPECT_EQ(t->stats().recoveries, 1u);
-  ASSERT_TRUE(t->PutBatch(std::vector<DiskRecord>{Rec(3)}).ok());
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(3)}).ok());
   std::vector<Hash128> k3{Rec(3).key};
   EXPECT_TRUE(t->GetBatch(k3)[0].has_value());
 }
@@ -299,7 +299,7 @@ TEST(RedisTier, LargeBatchToAKilledServerIsAnErrorNotSigpipe) {
   RedisServer server;
   ASSERT_TRUE(server.Start());
   auto t = MustOpen(Opts(server.port()));
-  std::vector<DiskRecord> batch;
+  std::vector<TierRecord> batch;
   for (uint64_t i = 0; i < 200; ++i) batch.push_back(Rec(i, 20000));
   ASSERT_TRUE(t->PutBatch(batch).ok());
   server.Stop();
@@ -311,7 +311,7 @@ TEST(RedisTier, UnreachableFromTheStartIsMissOnly) {
   auto t = MustOpen(Opts(RedisServer::FreePort()));
   std::vector<Hash128> k{Rec(1).key};
   EXPECT_FALSE(t->GetBatch(k)[0].has_value());
-  Status st = t->PutBatch(std::vector<DiskRecord>{Rec(1)});
+  Status st = t->PutBatch(std::vector<TierRecord>{Rec(1)});
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_EQ(st.field(), "redis");
   EXPECT_EQ(t->stats().recoveries, 0u);
@@ -324,7 +324,7 @@ TEST(RedisTier, RecordsOverMaxValueBytesAreNotStored) {
   RedisTierOptions o = Opts(server.port());
   o.max_value_bytes = 4000;
   auto t = MustOpen(o);
-  Status st = t->PutBatch(std::vector<DiskRecord>{Rec(1, 3000), Rec(2, 5000)});
+  Status st = t->PutBatch(std::vector<TierRecord>{Rec(1, 3000), Rec(2, 5000)});
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_NE(st.message().find("max_value_bytes"), std::string::npos) << st.message();
   std::vector<Hash128> keys{Rec(1).key, Rec(2).key};
@@ -389,7 +389,7 @@ TEST(RedisTierHostile, DripFedSetReplyIsCutOffAtTheDeadline) {
   });
   auto t = MustOpen(HostileOpts(fake));
   auto t0 = Clock::now();
-  Status st = t->PutBatch(std::vector<DiskRecord>{Rec(1), Rec(2), Rec(3)});
+  Status st = t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2), Rec(3)});
   int64_t took = MillisSince(t0);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_EQ(st.field(), "redis");
@@ -511,7 +511,7 @@ TEST(RedisTierHostile, WrongTypedRepliesAreFailures) {
     }
   });
   auto t = MustOpen(HostileOpts(fake));
-  std::vector<DiskRecord> recs{Rec(0), Rec(1)};
+  std::vector<TierRecord> recs{Rec(0), Rec(1)};
   Status st = t->PutBatch(recs);
   EXPECT_EQ(st.code(), StatusCode::kIoError);
   EXPECT_EQ(t->stats().puts, 0u);

@@ -12,6 +12,8 @@
 
 #include "kv_stream.h"
 #include "tessera/manager.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/tier_key.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -143,7 +145,7 @@ TEST_P(DemoteAndPromote, ThroughHostToDiskWithVerifiedBytes) {
   EXPECT_EQ(st.tier_hits, 3u);
   EXPECT_EQ(st.hits_per_tier[0], 2u);
   EXPECT_EQ(st.hits_per_tier[1], 1u);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   // The same figures as Prometheus text, with names unique across the manager and the store.
   std::vector<MetricFamily> families = m->CollectMetrics();
   for (MetricFamily& f : store->CollectMetrics()) families.push_back(std::move(f));
@@ -179,7 +181,7 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
     auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, /*async=*/true);
     m->SetBlockSource(store.get());
     Serve(*m, a);
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_EQ(store->stats().written_through, 5u);
     EXPECT_EQ(store->tier_counters(0).records, 5u);  // no eviction happened: write-through did it
     m->SetBlockSource(nullptr);
@@ -219,13 +221,13 @@ TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
   m->SetBlockSource(store.get());
   Stream a(1, 3 * kBlock);
   Serve(*m, a);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->tier_counters(0).records, 0u);
   EXPECT_EQ(store->stats().written_through, 0u);
   // A checkpoint (a graceful shutdown) writes the pool's sealed blocks, each once.
   EXPECT_EQ(*m->Checkpoint(), 3u);
   EXPECT_EQ(*m->Checkpoint(), 3u);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->tier_counters(0).records, 3u);
   EXPECT_EQ(store->stats().written_through, 3u);
   m->SetBlockSource(nullptr);
@@ -248,7 +250,7 @@ TEST(TieredStore, CheckpointWritesTheHostTierDownToDisk) {
     auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, /*async=*/true);
     m->SetBlockSource(store.get());
     for (const Stream& s : streams) Serve(*m, s);
-    store->Flush();
+    ASSERT_TRUE(store->Flush().ok());
     EXPECT_GT(store->tier_counters(0).records, 0u);
     EXPECT_EQ(store->tier_counters(1).records, 0u);
     Result<uint64_t> checkpointed = m->Checkpoint();
@@ -279,6 +281,74 @@ TEST(TieredStore, CheckpointReportsARefusedWrite) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().field(), "tier");
   EXPECT_NE(r.status().message().find("no space"), std::string::npos) << r.status().ToString();
+  m->SetBlockSource(nullptr);
+}
+
+// A checkpoint the persistent tier took, but whose evictions for space the tier below refused:
+// those blocks are lost, and the checkpoint says so (Flush's error).
+TEST(TieredStore, CheckpointReportsRecordsDroppedBelowThePersistentTier) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path(), RecordBytes(*m)));  // keeps one record, passes the others down
+  tiers.push_back(MakeHostTier(100));                  // refuses every block record
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteBack, true);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 3 * kBlock));
+  Result<uint64_t> r = m->Checkpoint();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().field(), "tier");
+  EXPECT_NE(r.status().message().find("2 records were dropped"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(store->stats().through_refused, 0u);
+  EXPECT_EQ(store->tier_counters(0).records, 1u);
+  m->SetBlockSource(nullptr);
+}
+
+// Flush tells whether everything the store took since the previous Flush is in some tier. A disk
+// tier with no room for a record and no tier below: every write-through is refused and dropped.
+// The same synchronously (GetParam(): asynchronous).
+class FlushReportsDrops : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FlushReportsDrops, RefusedRecordsWithNoTierBelow) {
+  TempDir dir;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(dir.path(), 0, /*max_bytes=*/8192));  // room for no block record
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, GetParam());
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 2 * kBlock));
+  Status flushed = store->Flush();
+  EXPECT_EQ(flushed.code(), StatusCode::kIoError);
+  EXPECT_EQ(flushed.field(), "tier");
+  EXPECT_NE(flushed.message().find("2 records were dropped"), std::string::npos) << flushed.ToString();
+  EXPECT_NE(flushed.message().find("no space"), std::string::npos) << flushed.ToString();
+  EXPECT_EQ(store->stats().dropped, 2u);
+  EXPECT_TRUE(store->Flush().ok());  // each drop is reported once
+  Serve(*m, Stream(500, kBlock));
+  flushed = store->Flush();
+  EXPECT_NE(flushed.message().find("1 records were dropped"), std::string::npos) << flushed.ToString();
+  m->SetBlockSource(nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, FlushReportsDrops, ::testing::Bool());
+
+// A refused batch that a tier below takes is counted, not lost: Flush is OK.
+TEST(TieredStore, FlushIsOkWhenATierBelowTookTheRefusedRecords) {
+  TempDir full, below;
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(Disk(full.path(), 0, /*max_bytes=*/8192));
+  tiers.push_back(Disk(below.path()));
+  auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, /*async=*/true);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 2 * kBlock));
+  Status flushed = store->Flush();
+  EXPECT_TRUE(flushed.ok()) << flushed.ToString();
+  TieredStoreStats st = store->stats();
+  EXPECT_GE(st.write_errors, 1u);
+  EXPECT_EQ(st.through_refused, 2u);
+  EXPECT_EQ(st.dropped, 0u);
+  EXPECT_EQ(store->tier_counters(1).records, 2u);
   m->SetBlockSource(nullptr);
 }
 
@@ -349,14 +419,14 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
     o.dir = dir.path();
     auto disk = DiskTier::Open(o);
     ASSERT_TRUE(disk.ok());
-    Result<DiskRecord> rec = (*disk)->Get(k2);
+    Result<TierRecord> rec = (*disk)->Get(k2);
     ASSERT_TRUE(rec.ok());
-    DiskRecord forged = *rec;
+    TierRecord forged = *rec;
     uint32_t t;
     std::memcpy(&t, forged.payload.data() + 104 + 5 * 4, 4);
     ++t;
     std::memcpy(forged.payload.data() + 104 + 5 * 4, &t, 4);
-    ASSERT_TRUE((*disk)->PutBatch(std::span<const DiskRecord>(&forged, 1)).ok());
+    ASSERT_TRUE((*disk)->PutBatch(std::span<const TierRecord>(&forged, 1)).ok());
   }
   auto m = Manager(8, key);
   std::vector<std::unique_ptr<Tier>> tiers;
@@ -370,69 +440,6 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   EXPECT_NE(store->stats().last_error.find("tokens"), std::string::npos) << store->stats().last_error;
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/quarantine"));
   EXPECT_EQ(store->tier_counters(0).records, 1u);  // the forged record is out of service
-}
-
-TEST(BlockRecord, EveryIdentityFieldIsChecked) {
-  auto m = Manager(4);
-  Stream a(1, kBlock);
-  Serve(*m, a, false);
-  BlockId b = m->BlockTable(RequestId{0})[0];
-  SealedIdentity id = m->index().IdentityOf(b);
-  BlockRecordInfo info = BlockRecordInfoOf(m->pool());
-  std::vector<std::byte> rec = EncodeBlockRecord(info, m->pool(), b, id);
-  ChainLink link{id.key, id.parent_key, id.domain, id.salt, id.tokens, id.cache_identity};
-  EXPECT_EQ(id.cache_identity, m->index().root_key());
-  EXPECT_EQ(id.parent_key, m->index().root_key());  // the first block of a prompt
-  Result<BlockRecordView> page = CheckBlockRecord(info, rec, link);
-  ASSERT_TRUE(page.ok()) << page.status().ToString();
-  EXPECT_EQ(page->pages.size(), m->pool().block_bytes());
-  EXPECT_TRUE(page->state.empty());
-  EXPECT_EQ(std::memcmp(page->pages.data(), m->pool().Bytes(m->pool().BlockHandleOf(b, 0)).data(), page->pages.size()),
-            0);
-  // A state travels after the pages and comes back whole; its length is checked.
-  std::vector<std::byte> state(100, std::byte{7});
-  SealedIdentity with_state = id;
-  with_state.state = state;
-  std::vector<std::byte> rec2 = EncodeBlockRecord(info, m->pool(), b, with_state);
-  Result<BlockRecordView> page2 = CheckBlockRecord(info, rec2, link);
-  ASSERT_TRUE(page2.ok()) << page2.status().ToString();
-  EXPECT_TRUE(std::equal(page2->state.begin(), page2->state.end(), state.begin(), state.end()));
-  EXPECT_FALSE(CheckBlockRecord(info, std::span(rec2).first(rec2.size() - 1), link).ok());
-
-  auto fails = [&](ChainLink l, const char* why) {
-    Result<BlockRecordView> r = CheckBlockRecord(info, rec, l);
-    EXPECT_FALSE(r.ok()) << why;
-    if (!r.ok()) {
-      EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().ToString();
-    }
-  };
-  ChainLink l = link;
-  l.key.lo ^= 1;
-  fails(l, "prefix key");
-  l = link;
-  l.parent_key.hi ^= 1;
-  fails(l, "parent key");
-  l = link;
-  l.domain = 3;
-  fails(l, "domain");
-  l = link;
-  l.salt = 9;
-  fails(l, "salt");
-  l = link;
-  l.cache_identity.lo ^= 1;
-  fails(l, "cache identity");
-  std::vector<uint32_t> other(id.tokens.begin(), id.tokens.end());
-  other.back() ^= 1;
-  l = link;
-  l.tokens = other;
-  fails(l, "tokens");
-  BlockRecordInfo wrong = info;
-  wrong.fingerprint ^= 1;
-  EXPECT_FALSE(CheckBlockRecord(wrong, rec, link).ok());
-  EXPECT_FALSE(CheckBlockRecord(info, std::span(rec).first(rec.size() - 1), link).ok());
-  std::vector<std::byte> bad_magic = rec;
-  bad_magic[0] = std::byte{0};
-  EXPECT_FALSE(CheckBlockRecord(info, bad_magic, link).ok());
 }
 
 TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
@@ -477,6 +484,7 @@ TEST(TieredStore, DiskTierCapacityEvictsLeastRecent) {
   EXPECT_EQ(c.records, 2u);
   EXPECT_EQ(c.evictions, 3u);
   EXPECT_LE(c.bytes, c.capacity_bytes);
+  EXPECT_TRUE(store->Flush().ok());  // a cache forgetting its least recent records is no error
 }
 
 // A record larger than a whole tier is passed on to the tier below, not dropped.
@@ -510,7 +518,7 @@ TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
     AdmitResult again = Serve(*m, a);  // Serve verifies every byte
     EXPECT_EQ(again.cached_blocks, 4u);
   }
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   TieredStoreStats st = store->stats();
   EXPECT_EQ(st.pending, 0u);
   EXPECT_GT(st.batches, 0u);
@@ -537,7 +545,7 @@ TEST(TieredStore, BlocksStillQueuedForTheirWriteAreHits) {
   EXPECT_EQ(st.tier_hits, 3u);
   EXPECT_EQ(st.queued_hits, 3u);
   EXPECT_EQ(st.hits_per_tier[0], 3u);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->stats().pending, 0u);
   EXPECT_GE(store->tier_counters(0).records, 3u);
   m->SetBlockSource(nullptr);
@@ -569,6 +577,7 @@ TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
   EXPECT_EQ(st.demoted, 3u);
   EXPECT_GE(st.write_errors, 1u);
   EXPECT_NE(st.last_error.find("no space"), std::string::npos) << st.last_error;
+  EXPECT_TRUE(store->Flush().ok());           // what the disk refused went to Redis
   EXPECT_EQ(Serve(*m, a).cached_blocks, 4u);  // bytes verified by Serve
   st = store->stats();
   EXPECT_EQ(st.hits_per_tier[0] + st.hits_per_tier[1], 3u);
@@ -599,7 +608,7 @@ TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
   Stream a(1000, 4 * kBlock + 10), b(5000, 4 * kBlock + 10);
   Serve(*m, a);
   Serve(*m, b);
-  store->Flush();
+  ASSERT_TRUE(store->Flush().ok());
   EXPECT_EQ(store->tier_counters(0).records, 1u);  // A1
   EXPECT_EQ(store->tier_counters(1).records, 1u);  // A2
   EXPECT_EQ(store->tier_counters(2).records, 1u);  // A3 (records this process wrote there)
@@ -640,26 +649,6 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   Serve(*m, b);  // c evicted from the pool, still in Redis
   EXPECT_EQ(Serve(*m, c).cached_blocks, 3u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
-}
-
-TEST(TierKey, CreatedOnceWithOwnerOnlyModeAndValidated) {
-  TempDir dir;
-  Result<TierKey> k = LoadOrCreateTierKey(dir.path() + "/sub");
-  ASSERT_TRUE(k.ok()) << k.status().ToString();
-  EXPECT_EQ(k->secret.size(), 32u);
-  EXPECT_TRUE(k->warnings.empty());
-  struct stat sb {};
-  ASSERT_EQ(::stat((dir.path() + "/sub/prefix.key").c_str(), &sb), 0);
-  EXPECT_EQ(sb.st_mode & 0777, 0600u);
-  EXPECT_EQ(LoadOrCreateTierKey(dir.path() + "/sub")->secret, k->secret);
-  Result<TierKey> other = LoadOrCreateTierKey(dir.path() + "/other");
-  ASSERT_TRUE(other.ok());
-  EXPECT_NE(other->secret, k->secret);
-  std::filesystem::create_directories(dir.path() + "/bad");
-  dir.Write("bad/prefix.key", "short");
-  Result<TierKey> bad = LoadOrCreateTierKey(dir.path() + "/bad");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().field(), "dir");
 }
 
 TEST(TieredStore, RejectsNoTiersAndUnknownPolicy) {

@@ -45,9 +45,10 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/hash.h"
+#include "tessera/hash128.h"
 #include "tessera/record_mac.h"
 #include "tessera/status.h"
+#include "tessera/tier.h"
 #include "tessera/unique_fd.h"
 
 namespace tessera {
@@ -85,12 +86,6 @@ struct DiskTierOptions {
   std::function<void(DiskWriteStep)> fault_hook;
 };
 
-struct DiskRecord {
-  Hash128 key;
-  uint16_t format_id = 0;
-  std::vector<std::byte> payload;
-};
-
 struct DiskTierStats {
   uint64_t segments = 0;
   uint64_t records = 0;          // live records in the index
@@ -117,11 +112,11 @@ class DiskTier {
   // Appends the records (all or nothing visible: on failure none of the batch is indexed).
   // Errors: kInvalidArgument on "payload" for a payload over kMaxPayloadBytes; kIoError on
   // "disk" (including a full disk or the max_bytes cap).
-  Status PutBatch(std::span<const DiskRecord> records);
-  Status PutBatch(std::span<const DiskRecord* const> records);
+  Status PutBatch(std::span<const TierRecord> records);
+  Status PutBatch(std::span<const TierRecord* const> records);
   // The verified record, or kNotFound; a record that fails verification is quarantined and
   // reported as kDataLoss (never returned).
-  Result<DiskRecord> Get(const Hash128& key);
+  Result<TierRecord> Get(const Hash128& key);
   bool Contains(const Hash128& key) const { return index_.count(key) > 0; }
   Status Erase(const Hash128& key);
   // Moves a record that verified here but failed a check above (e.g. its stored tokens did not
@@ -164,7 +159,7 @@ class DiskTier {
   Probe ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload) const;
   Status Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why, bool mark_dead);
   Status RollIfNeeded(uint64_t incoming);
-  Status AppendRecords(std::span<const DiskRecord* const> records, uint32_t flags);
+  Status AppendRecords(std::span<const TierRecord* const> records, uint32_t flags);
   Segment* SegmentById(uint32_t id);
   void Hook(DiskWriteStep step) const {
     if (options_.fault_hook) options_.fault_hook(step);

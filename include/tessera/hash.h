@@ -12,8 +12,6 @@
 // shared.
 #pragma once
 
-#include <openssl/evp.h>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -22,20 +20,10 @@
 #include <span>
 #include <string>
 
+#include "tessera/hash128.h"
 #include "tessera/status.h"
 
 namespace tessera {
-
-struct Hash128 {
-  uint64_t lo = 0;
-  uint64_t hi = 0;
-  friend bool operator==(const Hash128&, const Hash128&) = default;
-  std::string Hex() const;
-};
-
-struct Hash128Hasher {
-  size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
-};
 
 enum class HashAlgorithm { kXxh3, kSha256 };
 Result<HashAlgorithm> ParseHashAlgorithm(std::string_view name);
@@ -60,10 +48,11 @@ class ContentHasher {
 
    private:
     friend class ContentHasher;
+    struct ShaState;  // the SHA-256 context (hash.cc): OpenSSL stays out of this header
     explicit Stream(const ContentHasher* h);
     const ContentHasher* hasher_;
     std::unique_ptr<std::array<std::byte, 640>> xxh_state_;  // XXH3_state_t storage
-    EVP_MD_CTX* sha_ = nullptr;
+    std::unique_ptr<ShaState> sha_;
   };
 
   Stream Begin() const { return Stream(this); }

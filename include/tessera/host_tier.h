@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/hash.h"
+#include "tessera/hash128.h"
 #include "tessera/status.h"
 
 namespace tessera {

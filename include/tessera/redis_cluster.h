@@ -65,9 +65,9 @@
 #include <string_view>
 #include <vector>
 
-#include "tessera/disk_tier.h"
-#include "tessera/hash.h"
+#include "tessera/hash128.h"
 #include "tessera/status.h"
+#include "tessera/tier.h"
 
 namespace tessera {
 
@@ -136,10 +136,10 @@ class RedisClusterTier {
   RedisClusterTier& operator=(const RedisClusterTier&) = delete;
 
   // Stores every record; kIoError on "redis" naming the nodes when any record was not stored.
-  Status PutBatch(std::span<const DiskRecord> records);
+  Status PutBatch(std::span<const TierRecord> records);
   // One entry per key: the verified record, or nullopt (a miss, an unreachable node, a redirect
   // not followed, or a value that failed verification).
-  std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys);
+  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys);
   // Deletes the keys (absent keys are fine); kIoError on "redis" when a node could not be asked.
   Status EraseBatch(std::span<const Hash128> keys);
   RedisClusterStats stats() const;

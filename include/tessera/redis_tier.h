@@ -43,9 +43,9 @@
 #include <string_view>
 #include <vector>
 
-#include "tessera/disk_tier.h"
-#include "tessera/hash.h"
+#include "tessera/hash128.h"
 #include "tessera/status.h"
+#include "tessera/tier.h"
 
 namespace tessera {
 
@@ -96,10 +96,10 @@ class RedisTier {
 
   // Stores every record; kIoError on "redis" (naming the server's message) when any was not:
   // unreachable, refused, over max_value_bytes, or the deadline passed.
-  Status PutBatch(std::span<const DiskRecord> records);
+  Status PutBatch(std::span<const TierRecord> records);
   // One entry per key: the verified record, or nullopt (a miss, an unreachable server, or a
   // value that failed verification).
-  std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys);
+  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys);
   // Deletes the keys (pipelined). kIoError on "redis" when the server is unreachable or refuses.
   Status EraseBatch(std::span<const Hash128> keys);
   RedisTierStats stats() const;

@@ -4,100 +4,68 @@
 //   pool --evict--> tier 0 (host) --LRU evict--> tier 1 (disk) --LRU evict--> tier 2 (Redis)
 //   pool <-promote-- any tier, on a prefix hit, after verification
 //
-// Tiers are ordered top to bottom. Each has a byte capacity and its own LRU; a record a tier
-// evicts for space is demoted to the next tier (dropped below the last). Admission per tier:
+// Tiers (tier.h, made by tier_adapters.h) are ordered top to bottom. Each has a byte capacity and
+// its own LRU; a record a tier evicts for space is demoted to the next tier (dropped below the
+// last). Admission per tier:
 //   write-back    a tier admits what the tier above (or the pool, for tier 0) evicts.
 //   write-through every sealed block is also written at once to the first persistent tier
 //                 (disk or Redis), so that a crash or a cold process finds it; tier 0 still
 //                 admits what the pool evicts. A tier never admits a key it already holds.
+// A batch a tier refuses (a full disk, Redis down) is counted and its records go one tier lower;
+// below the last tier they are dropped, and Flush reports it.
 // Promotion is inclusive: a block copied back into the pool stays in its tier.
 //
-// Records are block records (see BlockRecord below): the tokens, parent key, tenant domain,
-// salt, prefix key and cache identity (model config, weights revision, layout) travel with the
-// bytes and a fingerprint of the pool layout. On the way back each record is verified by its
-// tier (a keyed MAC for disk and Redis, a checksum in host memory) and here (layout, cache
-// identity, key, parent key, domain, salt, every token); a record that fails is quarantined in
-// its tier and counted, and never reaches the pool.
+// Records are block records (block_record.h): the tokens, parent key, tenant domain, salt, prefix
+// key and cache identity travel with the bytes and a fingerprint of the pool layout. On the way
+// back each record is verified by its tier (a keyed MAC for disk and Redis, a checksum in host
+// memory) and here (layout, cache identity, key, parent key, domain, salt, every token); a record
+// that fails is quarantined in its tier and counted, and never reaches the pool.
 //
-// Writes to tiers other than a memory tier at the top are asynchronous: the store gathers them
-// into batches of `batch_records` and a worker thread writes them; a block waiting in a batch is
-// still found by Probe/Fetch. Flush() waits for every batch written so far.
+// Writes to tiers other than memory tiers are asynchronous: the store gathers them into batches
+// of `batch_records` and a worker thread writes them; a block waiting in a batch is still found
+// by Probe/Fetch. Flush() waits for every batch written so far.
 //
 // Thread-safety: the BlockSource methods, Flush and stats are called from the manager's owner
-// thread; the worker thread is internal. Each tier is used under its own mutex.
+// thread; the worker thread is internal. Each tier is used under its own mutex (its Slot's mu).
+// Locks are taken in this order, never the reverse (checked by Clang's -Wthread-safety-beta
+// wherever one function nests them; see the `clang` preset):
+//
+//   Slot::mu of tier t  ->  Slot::mu of tier t+1  ->  queue_mu_  ->  stats_mu_
+//
+// - A tier's mu is held for every call into the tier. A tier evicts inside PutBatch and its
+//   eviction listener demotes the record to tier t+1 while tier t's mu is still held: into a
+//   memory tier at once (taking tier t+1's mu; so slot mutexes nest only downwards), otherwise
+//   into the queue (taking queue_mu_).
+// - queue_mu_ guards the open batches, the job queue, the pending map and the worker's state; the
+//   worker counts a finished batch under stats_mu_ while holding it.
+// - stats_mu_ guards the counters; nothing else is taken while it is held.
+// - No tier is called with queue_mu_ or stats_mu_ held.
 #pragma once
 
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "tessera/block_pool.h"
+#include "tessera/block_record.h"
 #include "tessera/block_source.h"
-#include "tessera/disk_tier.h"
-#include "tessera/hash.h"
-#include "tessera/host_tier.h"
+#include "tessera/hash128.h"
 #include "tessera/metrics.h"
-#include "tessera/redis_cluster.h"
-#include "tessera/redis_tier.h"
+#include "tessera/mutex.h"
 #include "tessera/status.h"
-#include "tessera/tier_key.h"
+#include "tessera/thread_annotations.h"
+#include "tessera/tier.h"
 
 namespace tessera {
-
-struct TierCounters {
-  uint64_t records = 0;         // records held (as far as this process knows)
-  uint64_t bytes = 0;           // payload bytes held
-  uint64_t capacity_bytes = 0;  // 0: unlimited here (e.g. Redis, bounded by its maxmemory policy)
-  uint64_t evictions = 0;       // records evicted for space
-  uint64_t quarantined = 0;     // records that failed the tier's own checksum (never served)
-};
-
-// One level of the hierarchy. Implementations verify their own checksums on every read and
-// report a damaged record as a miss (and count it), never as data.
-class Tier {
- public:
-  using EvictionListener = std::function<void(const DiskRecord&)>;
-  virtual ~Tier() = default;
-  virtual std::string_view name() const = 0;
-  // Memory tiers are written in the owner thread; the others by the store's worker.
-  virtual bool in_memory() const = 0;
-  virtual bool persistent() const = 0;
-  // May evict older records for space (each handed to the listener first).
-  virtual Status PutBatch(std::span<const DiskRecord* const> records) = 0;
-  // One entry per key: the verified record or nullopt.
-  virtual std::vector<std::optional<DiskRecord>> GetBatch(std::span<const Hash128> keys) = 0;
-  virtual std::vector<bool> ContainsBatch(std::span<const Hash128> keys) = 0;
-  // The keys this process knows the tier holds, least recently used first (a Redis tier: none).
-  virtual std::vector<Hash128> Keys() const = 0;
-  virtual Status EraseBatch(std::span<const Hash128> keys) = 0;
-  // Takes a record out of service that failed a check above the tier's checksum.
-  virtual void Quarantine(const Hash128& key, const std::string& why) = 0;
-  virtual TierCounters counters() const = 0;
-  void SetEvictionListener(EvictionListener f) { on_evict_ = std::move(f); }
-
- protected:
-  EvictionListener on_evict_;
-};
-
-// Host DRAM (HostTier), LRU within `capacity_bytes`.
-std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes);
-// A disk directory (DiskTier); LRU within `capacity_bytes` of payload (0: unlimited) on top of
-// the segment files, seeded from the records found on open (oldest first).
-Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint64_t capacity_bytes);
-// A Redis server (RedisTier). Capacity and LRU are the server's (maxmemory, allkeys-lru).
-// Errors: as RedisTier::Open (options naming the field, e.g. a missing "secret").
-Result<std::unique_ptr<Tier>> MakeRedisTier(const RedisTierOptions& options);
-// A Redis Cluster (RedisClusterTier): keys spread over the nodes' slots. Errors: as
-// RedisClusterTier::Open (options naming the field).
-Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& options);
 
 enum class WritePolicy { kWriteBack, kWriteThrough };
 Result<WritePolicy> ParseWritePolicy(std::string_view name);
@@ -116,125 +84,119 @@ struct TieredStoreStats {
   uint64_t verify_failures = 0;         // records that failed the checks here (quarantined)
   uint64_t write_errors = 0;            // failed batch writes (e.g. a full disk); the records go lower
   uint64_t through_refused = 0;         // write-through or checkpoint records the persistent tier refused
+  uint64_t dropped = 0;                 // refused records no tier below could take (lost; Flush reports them)
   uint64_t batches = 0;                 // asynchronous batches completed
   uint64_t pending = 0;                 // records waiting to be written
   std::vector<uint64_t> hits_per_tier;  // by the tier holding the record (or writing it)
   std::string last_error;
 };
 
-// The layout of a block record (little-endian), the payload a tier stores for one block:
-//   0  magic "TSBR", u16 version, u16 reserved
-//   8  u32 block_tokens, u32 groups
-//  16  u64 layout fingerprint (groups' names, formats, layers, page bytes, block tokens)
-//  24  u32 domain, u32 reserved
-//  32  u64 salt
-//  40  prefix key (16), parent key (16)
-//  72  cache identity (16): model config, weights revision, layout (CacheIdentityKey)
-//  88  u64 page bytes (every layer of every group)
-//  96  u64 state bytes (a hybrid model's boundary state; 0 for none)
-// 104  u32 tokens[block_tokens], then zero padding to 64 bytes, then each group's block bytes,
-//      then the state.
-struct BlockRecordInfo {
-  uint64_t fingerprint = 0;
-  uint32_t block_tokens = 0;
-  uint32_t groups = 0;
-  uint64_t page_bytes = 0;
-};
-BlockRecordInfo BlockRecordInfoOf(const BlockPool& pool);
-// REQUIRES: info == BlockRecordInfoOf(pool) (computed once per pool by the caller).
-std::vector<std::byte> EncodeBlockRecord(const BlockRecordInfo& info, const BlockPool& pool, BlockId b,
-                                         const SealedIdentity& id);
-struct BlockRecordView {
-  std::span<const std::byte> pages;  // each group's block bytes, in group order
-  std::span<const std::byte> state;
-};
-// The record's page bytes and state if it is a well-formed record of this layout for exactly
-// `link`; otherwise the reason it is not (kDataLoss on "record").
-Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<const std::byte> payload,
-                                         const ChainLink& link);
-
 class TieredStore final : public BlockSource {
  public:
   // `pool` gives the layout the records must match (the store does not keep it).
-  // Errors: kInvalidArgument on "tiers" (none given).
+  // Errors: kInvalidArgument on "tiers" (none given) or "batch-records" (0).
   static Result<std::unique_ptr<TieredStore>> Create(const BlockPool& pool, TieredStoreOptions options,
                                                      std::vector<std::unique_ptr<Tier>> tiers);
+  // Flushes (a drop is then reported to no one: call Flush first to know) and stops the worker.
   ~TieredStore() override;
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
 
-  void OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
-  void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
+  void OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) override EXCLUDES(queue_mu_, stats_mu_);
+  void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) override EXCLUDES(queue_mu_, stats_mu_);
   // Writes the block to the first persistent tier (skipped there when it holds the key already).
-  void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) override;
-  void BeginCheckpoint() override;
+  void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) override EXCLUDES(queue_mu_, stats_mu_);
+  void BeginCheckpoint() override EXCLUDES(stats_mu_);
   // Writes every record of the memory tiers above the first persistent tier down to it (what the
-  // pool evicted into host memory would otherwise die with the process), then Flush()es. Errors:
-  // kIoError on "tier" when the persistent tier refused any record of this checkpoint, or there
-  // is no persistent tier.
-  Status FinishCheckpoint() override;
-  size_t Probe(std::span<const ChainLink> links) override;
+  // pool evicted into host memory would otherwise die with the process), then Flush()es. OK means
+  // every block of this checkpoint is in the first persistent tier and nothing was dropped since
+  // the previous Flush. Errors: kIoError on "tier" when there is no persistent tier, when the
+  // persistent tier refused any record of this checkpoint (even one a tier below then took), or
+  // as Flush (records dropped).
+  [[nodiscard]] Status FinishCheckpoint() override EXCLUDES(queue_mu_, stats_mu_);
+  size_t Probe(std::span<const ChainLink> links) override EXCLUDES(queue_mu_, stats_mu_);
   size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
-               std::vector<std::vector<std::byte>>* states = nullptr) override;
+               std::vector<std::vector<std::byte>>* states = nullptr) override EXCLUDES(queue_mu_, stats_mu_);
 
-  // Submits the partial batch and waits until every batch submitted so far is written.
-  void Flush();
-  TieredStoreStats stats() const;
+  // Submits the open batches and waits until every batch submitted so far is written, with the
+  // demotions those writes caused. Returns OK unless records were dropped since the previous
+  // Flush (or since Create): a tier refused a write (a full disk, the disk's max_bytes, Redis
+  // down) and no tier below it took the refused records, so no tier holds them. Then kIoError on
+  // "tier", counting them and giving the last refusal; the next Flush reports only new drops.
+  // Not errors: a refused write whose records a lower tier took (write_errors counts it), and a
+  // record a tier evicted for space past the last tier (a cache forgets; that is its policy).
+  // The same in synchronous mode, where there is nothing to wait for.
+  [[nodiscard]] Status Flush() EXCLUDES(queue_mu_, stats_mu_);
+  TieredStoreStats stats() const EXCLUDES(queue_mu_, stats_mu_);
   // The store's counters and each tier's (label tier="host|disk|redis|redis-cluster"), for
   // Prometheus. REQUIRES: as tier_counters.
-  std::vector<MetricFamily> CollectMetrics() const;
+  std::vector<MetricFamily> CollectMetrics() const EXCLUDES(queue_mu_, stats_mu_);
   size_t tiers() const { return tiers_.size(); }
-  // REQUIRES: Flush() first when asynchronous, or no concurrent writes.
-  TierCounters tier_counters(size_t i) const;
-  std::string_view tier_name(size_t i) const { return tiers_[i]->tier->name(); }
+  // REQUIRES: Flush() first when asynchronous, or no concurrent writes (else a snapshot).
+  TierCounters tier_counters(size_t i) const EXCLUDES(queue_mu_, stats_mu_);
+  std::string_view tier_name(size_t i) const { return tiers_[i]->name; }
 
  private:
+  // One tier and the mutex it is used under. The tier's constants are copied out so that they
+  // can be read without the mutex.
   struct Slot {
-    std::unique_ptr<Tier> tier;
-    mutable std::mutex mu;
+    explicit Slot(std::unique_ptr<Tier> t)
+        : name(t->name()), in_memory(t->in_memory()), persistent(t->persistent()), tier(std::move(t)) {}
+    const std::string_view name;
+    const bool in_memory;
+    const bool persistent;
+    mutable Mutex mu;
+    const std::unique_ptr<Tier> tier PT_GUARDED_BY(mu);
   };
   struct Job {
-    size_t tier;
-    std::vector<std::shared_ptr<const DiskRecord>> records;
+    size_t tier = 0;
+    std::vector<std::shared_ptr<const TierRecord>> records;
     bool through = false;  // a write-through (else a demotion)
   };
-  TieredStore() = default;
-  // Queues `r` for tier `t` (or writes it now when tier t is in memory); drops it past the last.
-  void Demote(size_t t, std::shared_ptr<const DiskRecord> r, bool through = false);
-  void SubmitLocked(size_t t);
-  void WriteJob(Job& job);
-  void Worker();
-  std::optional<size_t> WriteThroughTier() const;
-  std::shared_ptr<const DiskRecord> RecordOf(const BlockPool& pool, BlockId b, const SealedIdentity& id) const;
-  // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
-  void SearchTopDown(
-      std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
-      const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask) const;
+  struct Pending {
+    std::shared_ptr<const TierRecord> record;
+    size_t tier;  // where it is being written
+  };
 
-  TieredStoreOptions options_;
-  BlockRecordInfo info_;
-  uint16_t format_id_ = 0;
+  TieredStore(const BlockPool& pool, TieredStoreOptions options, std::vector<std::unique_ptr<Tier>> tiers);
+  // Queues `r` for tier `t` (or writes it now when tier t is in memory or the store synchronous);
+  // drops it past the last. Called with no lock held, or from tier t-1's eviction listener
+  // (tier t-1's mu held).
+  void Demote(size_t t, std::shared_ptr<const TierRecord> r, bool through = false) EXCLUDES(queue_mu_, stats_mu_);
+  void SubmitLocked(size_t t) REQUIRES(queue_mu_);
+  // Writes the job under its tier's mu; what the tier refuses goes to the tier below.
+  void WriteJob(Job& job) EXCLUDES(queue_mu_, stats_mu_);
+  void Worker() EXCLUDES(queue_mu_, stats_mu_);
+  std::optional<size_t> WriteThroughTier() const;
+  std::shared_ptr<const TierRecord> RecordOf(const BlockPool& pool, BlockId b, const SealedIdentity& id) const;
+  // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
+  void SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
+                     const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask)
+      const EXCLUDES(queue_mu_, stats_mu_);
+
+  // Set in the constructor, then only read.
+  const TieredStoreOptions options_;
+  const BlockRecordInfo info_;
+  const uint16_t format_id_;
   std::vector<std::unique_ptr<Slot>> tiers_;
 
   // Asynchronous writes. pending_ holds every record queued and not yet written.
-  mutable std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::condition_variable idle_cv_;
-  std::deque<Job> jobs_;
-  std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_batch_;    // per tier
-  std::vector<std::vector<std::shared_ptr<const DiskRecord>>> open_through_;  // per tier
-  struct Pending {
-    std::shared_ptr<const DiskRecord> record;
-    size_t tier;  // where it is being written
-  };
-  std::unordered_map<Hash128, Pending, Hash128Hasher> pending_;
-  bool busy_ = false;
-  bool stop_ = false;
-  std::thread worker_;
-  uint64_t refused_at_checkpoint_ = 0;  // through_refused when the running checkpoint began
+  mutable Mutex queue_mu_ ACQUIRED_AFTER(Slot::mu);
+  CondVar queue_cv_;  // a job was queued, or stop_ set
+  CondVar idle_cv_;   // the worker finished a job
+  std::deque<Job> jobs_ GUARDED_BY(queue_mu_);
+  std::vector<std::vector<std::shared_ptr<const TierRecord>>> open_batch_ GUARDED_BY(queue_mu_);    // per tier
+  std::vector<std::vector<std::shared_ptr<const TierRecord>>> open_through_ GUARDED_BY(queue_mu_);  // per tier
+  std::unordered_map<Hash128, Pending, Hash128Hasher> pending_ GUARDED_BY(queue_mu_);
+  bool busy_ GUARDED_BY(queue_mu_) = false;  // the worker is writing a job it took off jobs_
+  bool stop_ GUARDED_BY(queue_mu_) = false;
+  std::thread worker_;  // started by the constructor when asynchronous, joined by the destructor
 
-  mutable std::mutex stats_mu_;
-  TieredStoreStats stats_;
+  mutable Mutex stats_mu_ ACQUIRED_AFTER(Slot::mu, queue_mu_);
+  TieredStoreStats stats_ GUARDED_BY(stats_mu_);
+  uint64_t refused_at_checkpoint_ GUARDED_BY(stats_mu_) = 0;  // through_refused when the checkpoint began
+  uint64_t dropped_at_flush_ GUARDED_BY(stats_mu_) = 0;       // stats_.dropped the last Flush reported
+  std::string drop_error_ GUARDED_BY(stats_mu_);              // the refusal behind the last drop
 };
 
 }  // namespace tessera

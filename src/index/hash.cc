@@ -1,7 +1,8 @@
 #include "tessera/hash.h"
 
+#include <openssl/evp.h>
+
 #include <cassert>
-#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -16,11 +17,14 @@ namespace tessera {
 
 static_assert(sizeof(XXH3_state_t) <= 640, "enlarge ContentHasher::Stream::xxh_state_");
 
-std::string Hash128::Hex() const {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi), static_cast<unsigned long long>(lo));
-  return buf;
-}
+// Owns an EVP_MD_CTX.
+struct ContentHasher::Stream::ShaState {
+  ShaState() : ctx(EVP_MD_CTX_new()) {}
+  ~ShaState() { EVP_MD_CTX_free(ctx); }
+  ShaState(const ShaState&) = delete;
+  ShaState& operator=(const ShaState&) = delete;
+  EVP_MD_CTX* ctx;
+};
 
 Result<HashAlgorithm> ParseHashAlgorithm(std::string_view name) {
   if (name == "xxh3") return HashAlgorithm::kXxh3;
@@ -73,26 +77,21 @@ ContentHasher::Stream::Stream(const ContentHasher* h) : hasher_(h) {
     XXH3_INITSTATE(st);
     XXH3_128bits_reset_withSecret(st, h->secret_.data(), h->secret_.size());
   } else {
-    sha_ = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(sha_, EVP_sha256(), nullptr);
-    EVP_DigestUpdate(sha_, h->sha_key_.data(), h->sha_key_.size());
+    sha_ = std::make_unique<ShaState>();
+    EVP_DigestInit_ex(sha_->ctx, EVP_sha256(), nullptr);
+    EVP_DigestUpdate(sha_->ctx, h->sha_key_.data(), h->sha_key_.size());
   }
 }
 
-ContentHasher::Stream::Stream(Stream&& o) noexcept
-    : hasher_(o.hasher_), xxh_state_(std::move(o.xxh_state_)), sha_(o.sha_) {
-  o.sha_ = nullptr;
-}
+ContentHasher::Stream::Stream(Stream&& o) noexcept = default;
 
-ContentHasher::Stream::~Stream() {
-  if (sha_ != nullptr) EVP_MD_CTX_free(sha_);
-}
+ContentHasher::Stream::~Stream() = default;
 
 void ContentHasher::Stream::Update(std::span<const std::byte> bytes) {
   if (xxh_state_) {
     XXH3_128bits_update(reinterpret_cast<XXH3_state_t*>(xxh_state_->data()), bytes.data(), bytes.size());
   } else {
-    EVP_DigestUpdate(sha_, bytes.data(), bytes.size());
+    EVP_DigestUpdate(sha_->ctx, bytes.data(), bytes.size());
   }
 }
 
@@ -104,7 +103,7 @@ Hash128 ContentHasher::Stream::Digest() {
   } else {
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int len = 0;
-    EVP_DigestFinal_ex(sha_, md, &len);
+    EVP_DigestFinal_ex(sha_->ctx, md, &len);
     std::memcpy(&out.lo, md, 8);
     std::memcpy(&out.hi, md + 8, 8);
   }

@@ -12,6 +12,8 @@
 #include "tessera/checked.h"
 #include "tessera/hybrid.h"
 #include "tessera/manager.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/tier_key.h"
 #include "tessera/units.h"
 
 namespace tessera {
@@ -227,7 +229,7 @@ Result<std::unique_ptr<TieredStore>> OpenSimulationStore(const BlockPool& pool, 
 }
 
 TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
-  store.Flush();
+  const Status flushed = store.Flush();  // not OK when records were dropped: say so first
   TieredStoreStats ts = store.stats();
   TierRun t;
   t.tier_hits = ts.tier_hits;
@@ -235,7 +237,7 @@ TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
   t.tier_verify_failures = ts.verify_failures;
   t.written = ts.written_through + ts.demoted;
   t.write_errors = ts.write_errors;
-  t.last_error = ts.last_error;
+  t.last_error = flushed.ok() ? ts.last_error : flushed.ToString();
   TierCounters disk = store.tier_counters(store.tiers() - 1);
   t.disk_records = disk.records;
   t.disk_quarantined = disk.quarantined;

@@ -394,19 +394,19 @@ Status DiskTier::RollIfNeeded(uint64_t incoming) {
   return Status::Ok();
 }
 
-Status DiskTier::PutBatch(std::span<const DiskRecord> records) {
-  std::vector<const DiskRecord*> ptrs;
+Status DiskTier::PutBatch(std::span<const TierRecord> records) {
+  std::vector<const TierRecord*> ptrs;
   ptrs.reserve(records.size());
-  for (const DiskRecord& r : records) ptrs.push_back(&r);
-  return PutBatch(std::span<const DiskRecord* const>(ptrs));
+  for (const TierRecord& r : records) ptrs.push_back(&r);
+  return PutBatch(std::span<const TierRecord* const>(ptrs));
 }
 
-Status DiskTier::PutBatch(std::span<const DiskRecord* const> records) { return AppendRecords(records, /*flags=*/0); }
+Status DiskTier::PutBatch(std::span<const TierRecord* const> records) { return AppendRecords(records, /*flags=*/0); }
 
-Status DiskTier::AppendRecords(std::span<const DiskRecord* const> records, uint32_t flags) {
+Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint32_t flags) {
   if (options_.read_only || mac_ == nullptr) return IoError("disk", "the tier is open read-only");
   Checked incoming = 0;
-  for (const DiskRecord* r : records) {
+  for (const TierRecord* r : records) {
     if (r->payload.size() > kMaxPayloadBytes) {
       return InvalidArgument("payload", std::to_string(r->payload.size()) + " bytes exceed the record limit of " +
                                             std::to_string(kMaxPayloadBytes));
@@ -434,7 +434,7 @@ Status DiskTier::AppendRecords(std::span<const DiskRecord* const> records, uint3
   std::vector<Header> headers;
   std::vector<Location> locations;
   uint64_t off = start;
-  for (const DiskRecord* r : records) {
+  for (const TierRecord* r : records) {
     Header h{};
     h.magic = kMagic;
     h.version = kVersion;
@@ -491,13 +491,13 @@ Status DiskTier::AppendRecords(std::span<const DiskRecord* const> records, uint3
   return Status::Ok();
 }
 
-Result<DiskRecord> DiskTier::Get(const Hash128& key) {
+Result<TierRecord> DiskTier::Get(const Hash128& key) {
   auto it = index_.find(key);
   if (it == index_.end()) return NotFound("key", "not in the disk tier");
   ++reads_;
   const Location loc = it->second;
   Segment* seg = SegmentById(loc.segment);
-  DiskRecord r;
+  TierRecord r;
   r.key = key;
   r.format_id = loc.format_id;
   Probe p;
@@ -542,9 +542,9 @@ std::vector<std::pair<Hash128, uint64_t>> DiskTier::Keys() const {
 Status DiskTier::Erase(const Hash128& key) {
   if (index_.count(key) == 0) return Status::Ok();
   // A tombstone is an empty record flagged as such, written through the normal path.
-  DiskRecord tomb{key, 0, {}};
-  const DiskRecord* one = &tomb;
-  return AppendRecords(std::span<const DiskRecord* const>(&one, 1), kFlagTombstone);
+  TierRecord tomb{key, 0, {}};
+  const TierRecord* one = &tomb;
+  return AppendRecords(std::span<const TierRecord* const>(&one, 1), kFlagTombstone);
 }
 
 Status DiskTier::Sync() {

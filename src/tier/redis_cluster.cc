@@ -476,11 +476,11 @@ std::string Summary(size_t failed, size_t total, const char* what, const std::ve
 
 }  // namespace
 
-Status RedisClusterTier::PutBatch(std::span<const DiskRecord> records) {
+Status RedisClusterTier::PutBatch(std::span<const TierRecord> records) {
   std::vector<Op> ops;
   ops.reserve(records.size());
   std::vector<std::string> reasons;
-  for (const DiskRecord& r : records) {
+  for (const TierRecord& r : records) {
     std::optional<std::string> value = codec_->Encode(r);
     if (!value) {
       ++stats_.put_failures;
@@ -507,7 +507,7 @@ Status RedisClusterTier::PutBatch(std::span<const DiskRecord> records) {
   return IoError("redis", Summary(reasons.size(), records.size(), "records not stored", reasons));
 }
 
-std::vector<std::optional<DiskRecord>> RedisClusterTier::GetBatch(std::span<const Hash128> keys) {
+std::vector<std::optional<TierRecord>> RedisClusterTier::GetBatch(std::span<const Hash128> keys) {
   std::vector<Op> ops(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     ops[i].kind = OpKind::kGet;
@@ -515,7 +515,7 @@ std::vector<std::optional<DiskRecord>> RedisClusterTier::GetBatch(std::span<cons
     ops[i].slot = RedisClusterKeySlot(ops[i].key);
   }
   Execute(ops, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
-  std::vector<std::optional<DiskRecord>> out(keys.size());
+  std::vector<std::optional<TierRecord>> out(keys.size());
   stats_.gets += keys.size();
   for (size_t i = 0; i < keys.size(); ++i) {
     const Op& op = ops[i];

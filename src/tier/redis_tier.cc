@@ -119,11 +119,11 @@ bool RedisTier::Run(std::string request, size_t expected, Clock::time_point dead
   return false;
 }
 
-Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
+Status RedisTier::PutBatch(std::span<const TierRecord> records) {
   if (records.empty()) return Status::Ok();
   std::string request;
   size_t sent = 0, too_large = 0;
-  for (const DiskRecord& r : records) {
+  for (const TierRecord& r : records) {
     std::optional<std::string> value = codec_->Encode(r);
     if (!value) {
       ++too_large;
@@ -167,9 +167,9 @@ Status RedisTier::PutBatch(std::span<const DiskRecord> records) {
   return Status::Ok();
 }
 
-std::vector<std::optional<DiskRecord>> RedisTier::GetBatch(std::span<const Hash128> keys) {
+std::vector<std::optional<TierRecord>> RedisTier::GetBatch(std::span<const Hash128> keys) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
-  std::vector<std::optional<DiskRecord>> out(keys.size());
+  std::vector<std::optional<TierRecord>> out(keys.size());
   stats_.gets += keys.size();
   if (keys.empty()) return out;
   if (!EnsureConnected(deadline)) {

@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/disk_tier.h"
-#include "tessera/hash.h"
+#include "tessera/hash128.h"
 #include "tessera/record_mac.h"
 #include "tessera/status.h"
+#include "tessera/tier.h"
 
 namespace tessera::redis_value {
 
@@ -94,7 +94,7 @@ class Codec {
   uint64_t max_value_bytes() const { return kHeaderBytes + max_payload_; }
 
   // The stored value of `r`; nullopt when its payload is over max_payload_bytes().
-  std::optional<std::string> Encode(const DiskRecord& r) const {
+  std::optional<std::string> Encode(const TierRecord& r) const {
     if (r.payload.size() > max_payload_) return std::nullopt;
     std::string v(kHeaderBytes + r.payload.size(), '\0');
     std::byte* h = reinterpret_cast<std::byte*>(v.data());
@@ -115,7 +115,7 @@ class Codec {
 
   // The record stored under `key` if `value` verifies (magic, version, key, length, bound and
   // tag); nullopt otherwise. Never returns bytes that did not verify.
-  std::optional<DiskRecord> Decode(const Hash128& key, std::string_view value) const {
+  std::optional<TierRecord> Decode(const Hash128& key, std::string_view value) const {
     if (value.size() < kHeaderBytes) return std::nullopt;
     const std::byte* h = reinterpret_cast<const std::byte*>(value.data());
     const uint64_t payload_len = value.size() - kHeaderBytes;
@@ -130,7 +130,7 @@ class Codec {
     if (!mac_.Verify(nonce, {context_, std::span<const std::byte>(h, kMacedHeaderBytes), payload}, tag)) {
       return std::nullopt;
     }
-    return DiskRecord{key, static_cast<uint16_t>(detail::Get(h + 6, 2)),
+    return TierRecord{key, static_cast<uint16_t>(detail::Get(h + 6, 2)),
                       std::vector<std::byte>(payload.begin(), payload.end())};
   }
 
