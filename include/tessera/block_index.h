@@ -96,9 +96,17 @@ class BlockIndex {
   std::optional<PrefixRef> Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                                   uint64_t salt);
 
+  // As Lookup, with the child's prefix key already computed (PrefixKey of parent and tokens).
+  std::optional<PrefixRef> Lookup(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
+                                  uint32_t domain, uint64_t salt);
+
   // The longest verified prefix of `prompt` in whole blocks, as a chain of references (no
   // reference counts are taken: the caller refs the blocks it keeps).
   std::vector<PrefixRef> LongestPrefix(std::span<const uint32_t> prompt, uint32_t domain, uint64_t salt);
+  // As LongestPrefix, with the prefix keys of the prompt's blocks computed already (a scheduler
+  // keeps them across admission retries); at most keys.size() blocks.
+  std::vector<PrefixRef> LongestPrefix(std::span<const uint32_t> prompt, std::span<const Hash128> keys,
+                                       uint32_t domain, uint64_t salt);
 
   struct SealResult {
     PrefixRef ref;              // the block the caller now holds in its table

@@ -54,10 +54,10 @@ class BlockSource {
                        std::vector<std::vector<std::byte>>* states = nullptr) = 0;
 };
 
-// Promotes the whole blocks of `prompt` past `chain` from `source` into fresh pool blocks,
-// sealing each into `index` as the child of the one before and appending it to `chain` and
-// `table`; takes no more blocks than the pool has available. Returns how many it promoted;
-// `states` (optional) receives their states.
+// Promotes blocks past `chain` from `source` into fresh pool blocks — block i of `prompt` has
+// prefix key keys[i], up to keys.size() blocks — sealing each into `index` as the child of the
+// one before and appending it to `chain` and `table`; takes no more blocks than the pool has
+// available. Returns how many it promoted; `states` (optional) receives their states.
 // Hands every sealed (or cached) block of `pool` that `index` holds to source.OnCheckpoint, with
 // the state `state_of` gives it (none when not given), between BeginCheckpoint and
 // FinishCheckpoint; returns how many, or FinishCheckpoint's error.
@@ -65,7 +65,8 @@ Result<uint64_t> CheckpointBlocks(const BlockPool& pool, const BlockIndex& index
                                   const std::function<std::vector<std::byte>(BlockId)>& state_of = {});
 
 uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                           uint32_t domain, uint64_t salt, uint8_t priority, std::vector<PrefixRef>& chain,
-                           std::vector<BlockId>& table, std::vector<std::vector<std::byte>>* states = nullptr);
+                           std::span<const Hash128> keys, uint32_t domain, uint64_t salt, uint8_t priority,
+                           std::vector<PrefixRef>& chain, std::vector<BlockId>& table,
+                           std::vector<std::vector<std::byte>>* states = nullptr);
 
 }  // namespace tessera

@@ -23,6 +23,17 @@ enum class Kernel {
 std::string_view KernelName(Kernel kernel);
 Result<Kernel> ParseKernel(std::string_view name);
 
+// How a cached prefix that ends at a block boundary gets the sliding-window ring and the
+// compressor state it needs to resume (models with windows: DeepSeek-V4).
+enum class SwaStrategy {
+  kRecompute,  // persist nothing; a hit names the last `window` tokens for the engine to recompute
+  kSnapshot,   // copy the live ring and compressor rows beside each sealed boundary block
+  kRetain,     // keep the raw window rows of each boundary alive (window kept in chunks of `window`
+               // tokens); the overlapping compressor's previous-group rows are copied
+};
+std::string_view SwaStrategyName(SwaStrategy s);
+Result<SwaStrategy> ParseSwaStrategy(std::string_view name);
+
 struct BlockTokensChoice {
   uint32_t block_tokens = 0;
   std::vector<std::string> reasons;  // why each factor is there

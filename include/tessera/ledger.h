@@ -35,17 +35,6 @@ enum class Engine {
 std::string_view EngineName(Engine engine);
 Result<Engine> ParseEngine(std::string_view name);
 
-// How a cached prefix that ends at a block boundary gets the sliding-window ring and the
-// compressor state it needs to resume (models with windows: DeepSeek-V4).
-enum class SwaStrategy {
-  kRecompute,  // persist nothing; a hit names the last `window` tokens for the engine to recompute
-  kSnapshot,   // copy the live ring and compressor rows beside each sealed boundary block
-  kRetain,     // keep the raw window rows of each boundary alive (window kept in chunks of `window`
-               // tokens); the overlapping compressor's previous-group rows are copied
-};
-std::string_view SwaStrategyName(SwaStrategy s);
-Result<SwaStrategy> ParseSwaStrategy(std::string_view name);
-
 struct LedgerOptions {
   uint64_t context_tokens = 0;  // tokens cached per request
   uint64_t batch = 1;           // requests

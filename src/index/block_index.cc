@@ -70,7 +70,11 @@ bool BlockIndex::SameIdentity(BlockId e, const PrefixRef& parent, std::span<cons
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                                             uint64_t salt) {
-  Hash128 key = hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt));
+  return Lookup(parent, hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt)), tokens, domain, salt);
+}
+
+std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, const Hash128& key,
+                                            std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) {
   auto it = prefix_.find(key);
   if (it == prefix_.end()) {
     stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
@@ -92,6 +96,20 @@ std::vector<PrefixRef> BlockIndex::LongestPrefix(std::span<const uint32_t> promp
   PrefixRef parent;
   for (size_t i = 0; i + block_tokens_ <= prompt.size(); i += block_tokens_) {
     std::optional<PrefixRef> hit = Lookup(parent, prompt.subspan(i, block_tokens_), domain, salt);
+    if (!hit) break;
+    chain.push_back(*hit);
+    parent = *hit;
+  }
+  return chain;
+}
+
+std::vector<PrefixRef> BlockIndex::LongestPrefix(std::span<const uint32_t> prompt, std::span<const Hash128> keys,
+                                                 uint32_t domain, uint64_t salt) {
+  std::vector<PrefixRef> chain;
+  PrefixRef parent;
+  for (size_t b = 0; b < keys.size() && (b + 1) * block_tokens_ <= prompt.size(); ++b) {
+    std::optional<PrefixRef> hit =
+        Lookup(parent, keys[b], prompt.subspan(b * block_tokens_, block_tokens_), domain, salt);
     if (!hit) break;
     chain.push_back(*hit);
     parent = *hit;

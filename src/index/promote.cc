@@ -5,19 +5,18 @@
 namespace tessera {
 
 uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                           uint32_t domain, uint64_t salt, uint8_t priority, std::vector<PrefixRef>& chain,
-                           std::vector<BlockId>& table, std::vector<std::vector<std::byte>>* states) {
+                           std::span<const Hash128> keys, uint32_t domain, uint64_t salt, uint8_t priority,
+                           std::vector<PrefixRef>& chain, std::vector<BlockId>& table,
+                           std::vector<std::vector<std::byte>>* states) {
   const uint32_t bt = pool.block_tokens();
-  const size_t full_blocks = prompt.size() / bt;
+  const size_t full_blocks = std::min<size_t>(prompt.size() / bt, keys.size());
   if (!pool.backed() || chain.size() >= full_blocks) return 0;
   std::vector<ChainLink> links;
   links.reserve(full_blocks - chain.size());
   Hash128 parent = chain.empty() ? index.root_key() : chain.back().key;
   for (size_t i = chain.size(); i < full_blocks; ++i) {
-    std::span<const uint32_t> tokens = prompt.subspan(i * bt, bt);
-    Hash128 key = index.PrefixKey(parent, tokens, domain, salt);
-    links.push_back({key, parent, domain, salt, tokens, index.root_key()});
-    parent = key;
+    links.push_back({keys[i], parent, domain, salt, prompt.subspan(i * bt, bt), index.root_key()});
+    parent = keys[i];
   }
   const size_t want = std::min<size_t>(source.Probe(links), pool.Available());
   if (want == 0) return 0;

@@ -104,4 +104,20 @@ Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compre
   return p;
 }
 
+std::string_view SwaStrategyName(SwaStrategy s) {
+  switch (s) {
+    case SwaStrategy::kRecompute: return "recompute";
+    case SwaStrategy::kSnapshot: return "snapshot";
+    case SwaStrategy::kRetain: return "retain";
+  }
+  return "?";
+}
+
+Result<SwaStrategy> ParseSwaStrategy(std::string_view name) {
+  if (name == "recompute") return SwaStrategy::kRecompute;
+  if (name == "snapshot") return SwaStrategy::kSnapshot;
+  if (name == "retain") return SwaStrategy::kRetain;
+  return InvalidArgument("swa-strategy", "unknown strategy \"" + std::string(name) + "\" (known: recompute, snapshot, retain)");
+}
+
 }  // namespace tessera

@@ -20,22 +20,6 @@ std::string_view EngineName(Engine engine) {
   return "?";
 }
 
-std::string_view SwaStrategyName(SwaStrategy s) {
-  switch (s) {
-    case SwaStrategy::kRecompute: return "recompute";
-    case SwaStrategy::kSnapshot: return "snapshot";
-    case SwaStrategy::kRetain: return "retain";
-  }
-  return "?";
-}
-
-Result<SwaStrategy> ParseSwaStrategy(std::string_view name) {
-  if (name == "recompute") return SwaStrategy::kRecompute;
-  if (name == "snapshot") return SwaStrategy::kSnapshot;
-  if (name == "retain") return SwaStrategy::kRetain;
-  return InvalidArgument("swa-strategy", "unknown strategy \"" + std::string(name) + "\" (known: recompute, snapshot, retain)");
-}
-
 Result<Engine> ParseEngine(std::string_view name) {
   if (name == "tessera") return Engine::kTessera;
   if (name == "vllm") return Engine::kVllm;

@@ -121,7 +121,9 @@ Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
                   "need " + std::to_string(n) + " blocks, " + std::to_string(Available()) + " free or evictable of " +
                       std::to_string(capacity_));
   }
-  out->reserve(out->size() + n);
+  // Grow geometrically: reserving exactly size() + n would copy a request's whole block table on
+  // every new block (quadratic over a 1M-token context).
+  if (out->capacity() < out->size() + n) out->reserve(std::max(out->size() + n, 2 * out->capacity()));
   for (uint32_t i = 0; i < n; ++i) {
     BlockId b;
     if (free_head_ != kNil) {

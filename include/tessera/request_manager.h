@@ -1,0 +1,247 @@
+// RequestManager: the one request-level KV-cache manager, for every model Tessera knows.
+//
+// It holds a pool of pages for the paged caches (a block id per `block_tokens` span, with a page
+// in every paged group), an index of sealed blocks (token-chain prefix keys for compute reuse,
+// content keys for dedup), a request table, and — for models with sliding windows (DeepSeek-V4)
+// — a state component for what does not page (window rings, compressor rows; RequestStates, with
+// the window strategy). A model without windows simply has no state component.
+//
+// The life of a request, shaped for an engine's scheduler:
+//   HashPrompt  the prompt's prefix keys, once (a scheduler keeps them across admission retries);
+//   Admit       the longest cached prefix (pool, then the block source) — capped so that the
+//               last prompt token is always computed — and the slots for the rest of the prompt,
+//               in one call: all or nothing (kOutOfBlocks changes no request);
+//   AllocateSlots / Append   room for more tokens, then the tokens (KV written by KvWriters into
+//               the reserved slots; full blocks sealed: prefix key, content dedup, window state);
+//   Step        AllocateSlots + Append for many requests in one call (a scheduler step);
+//   Fork / Free copy-on-write children; release (blocks stay cached for later hits).
+// Every refusal is a Status naming the field; nothing is half done.
+//
+// bytes_held() — pages plus block metadata plus the state arena's slabs and kept window state —
+// equals the ledger's committed bytes (engine tessera) for the same state, at every phase and
+// under every window strategy (tests).
+//
+// Thread-safety: single owner; metrics are atomics and may be read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/block_index.h"
+#include "tessera/block_pool.h"
+#include "tessera/block_source.h"
+#include "tessera/geometry.h"
+#include "tessera/hash.h"
+#include "tessera/kv_writers.h"
+#include "tessera/layout.h"
+#include "tessera/metrics.h"
+#include "tessera/request_state.h"
+#include "tessera/status.h"
+
+namespace tessera {
+
+// Validated once, by RequestManager::Create.
+struct ManagerOptions {
+  // Record formats and block span (empty / unset: the model's defaults).
+  std::string kv_format;
+  std::string indexer_format;
+  std::optional<uint64_t> block_tokens;
+  Kernel kernel = Kernel::kFlashMla;
+  bool include_mtp = false;
+  // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
+  uint32_t spec_tokens = 0;
+  // Capacity: page blocks, and requests (the table; with windows, the state arena's slabs).
+  uint32_t capacity_blocks = 1024;
+  uint32_t max_requests = 1024;
+  // kHost: the pool holds the KV bytes (writers fill them; Append without a writer is refused).
+  // kUnbacked: bookkeeping only, for KV an engine keeps elsewhere (a device); no writer needed.
+  RegionKind region_kind = RegionKind::kHost;
+  // Models with windows: what a sealed block boundary keeps of the window state.
+  SwaStrategy window_strategy = SwaStrategy::kRecompute;
+  // Keys.
+  HashAlgorithm hash = HashAlgorithm::kXxh3;
+  uint32_t hash_bits = 128;
+  uint64_t hash_key_seed = 0;  // 0: a random per-manager key
+  // Non-empty: the secret the keys are derived from (>= 16 bytes; overrides hash_key_seed). A
+  // persistent tier keeps one so that a later process computes the same prefix keys.
+  std::vector<std::byte> hash_key;
+  // The checkpoint's revision when known (e.g. a commit id); part of the cache identity
+  // (CacheIdentityKey), so a fine-tune that keeps its base's config.json must set it to keep
+  // their blocks apart.
+  std::string weights_revision;
+  bool content_dedup = true;
+  // Tenants mapped to one shared domain; a tenant not listed is its own domain.
+  std::unordered_map<uint32_t, uint32_t> tenant_domain;
+};
+
+struct RequestSpec {
+  uint32_t tenant = 0;
+  uint64_t cache_salt = 0;
+  uint8_t priority = kDefaultRetentionPriority;
+  // Slots Admit reserves for the uncached part of the prompt: all of it by default, fewer for an
+  // engine that prefills in chunks (it reserves the rest with AllocateSlots as it goes).
+  std::optional<uint64_t> reserve_tokens;
+};
+
+// A prompt as admission needs it: its tokens, tenant domain, salt and the prefix keys of its whole
+// blocks. Computed once by HashPrompt; a scheduler that retries admission reuses it.
+class PromptKeys {
+ public:
+  std::span<const uint32_t> tokens() const { return tokens_; }
+  std::span<const Hash128> keys() const { return keys_; }
+  uint32_t domain() const { return domain_; }
+  uint64_t salt() const { return salt_; }
+
+ private:
+  friend class RequestManager;
+  std::vector<uint32_t> tokens_;
+  std::vector<Hash128> keys_;
+  uint32_t domain_ = 0;
+  uint64_t salt_ = 0;
+  uint64_t owner_ = 0;  // the manager that hashed it (keys are per manager key)
+};
+
+struct Admission {
+  RequestId id;
+  uint64_t cached_tokens = 0;  // whole blocks, at most prompt - 1 tokens
+  uint32_t cached_blocks = 0;
+  uint32_t tier_blocks = 0;     // of cached_blocks, promoted from the block source
+  bool state_restored = false;  // windows, snapshot/retain: the boundary state was restored
+  // Windows, otherwise: the engine must recompute tokens [recompute_from, cached_tokens)
+  // (Recompute) to rebuild the rings.
+  uint64_t recompute_from = 0;
+  uint64_t recompute_tokens = 0;
+};
+
+// One scheduler step for many requests: request i reserves room for counts[i] tokens and appends
+// them (tokens concatenated in request order).
+struct StepBatch {
+  std::span<const RequestId> requests;
+  std::span<const uint32_t> counts;
+  std::span<const uint32_t> tokens;
+};
+struct StepResult {
+  std::vector<StatusCode> codes;  // per request: kOk, or why it was left unchanged
+  uint32_t failed = 0;
+  // Blocks each request took this step: new_blocks[offsets[i], offsets[i + 1]).
+  std::vector<uint32_t> offsets;
+  std::vector<BlockId> new_blocks;
+};
+
+struct ManagerMetrics {
+  std::atomic<uint64_t> requests_admitted{0};
+  std::atomic<uint64_t> forks{0};
+  std::atomic<uint64_t> cow_copies{0};
+  std::atomic<uint64_t> prefix_hit_tokens{0};
+  std::atomic<uint64_t> prefix_miss_tokens{0};
+  std::atomic<uint64_t> prefix_hit_blocks{0};
+  std::atomic<uint64_t> prefix_miss_blocks{0};  // full prompt blocks not served from cache
+  std::atomic<uint64_t> out_of_blocks{0};
+  std::atomic<uint64_t> tier_hit_blocks{0};  // prompt blocks promoted from the block source
+  std::atomic<uint64_t> tier_hit_tokens{0};
+  std::atomic<uint64_t> states_restored{0};   // windows: resumptions that restored kept state
+  std::atomic<uint64_t> recompute_tokens{0};  // windows: tokens named for recomputation
+  std::atomic<uint64_t> state_bytes{0};       // windows: arena slabs in use and kept window state
+};
+
+class RequestManager {
+ public:
+  // Errors name the option or config field: the format options as the ledger reports them,
+  // "max-requests", "capacity-blocks", "sliding_window", "hash-bits", "hash-key".
+  static Result<std::unique_ptr<RequestManager>> Create(const Geometry& g, const ManagerOptions& options);
+  ~RequestManager();
+  RequestManager(const RequestManager&) = delete;
+  RequestManager& operator=(const RequestManager&) = delete;
+
+  PromptKeys HashPrompt(std::span<const uint32_t> prompt, const RequestSpec& spec) const;
+  // REQUIRES: keys from this manager's HashPrompt (else kInvalidArgument on "prompt").
+  // Errors: kOutOfBlocks on "blocks" (no slots) or "requests" (the table is full): no request
+  // is created; blocks promoted from the source stay cached in the pool.
+  Result<Admission> Admit(const PromptKeys& keys, const RequestSpec& spec);
+  Result<Admission> Admit(std::span<const uint32_t> prompt, const RequestSpec& spec);
+
+  // Room for `n` more tokens (and the spec draft tokens), copying any block the request shares
+  // with a fork and has not sealed. kOutOfBlocks changes nothing.
+  Status AllocateSlots(RequestId r, uint64_t n);
+  // REQUIRES: slots for tokens.size() more tokens. Writes through `writers`, seals full blocks.
+  // A pool that holds bytes needs writers (kInvalidArgument on "writers").
+  Status Append(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers);
+  // AllocateSlots + Append for each request of the batch; a request that fails is left unchanged
+  // and reported in `out` (the call itself fails only on a malformed batch).
+  Status Step(const StepBatch& batch, const KvWriters& writers, StepResult* out);
+  // Windows, Recompute: rebuilds the rings from tokens [recompute_from, cached_tokens) of an
+  // admission (no entries are written: the pages hold them).
+  Status Recompute(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers);
+  Result<RequestId> Fork(RequestId parent);
+  Status Free(RequestId r);
+
+  std::span<const BlockId> BlockTable(RequestId r) const;
+  uint64_t Tokens(RequestId r) const;
+  // The page record of token `position` of request `r` (per-token groups).
+  Result<RecordView> Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const;
+  // Windows: a compressed entry of request r — model layer, indexer or main, entry index.
+  Result<RecordView> Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const;
+  // Windows: the live window and compressor rows (RequestStates::LiveState).
+  std::vector<std::byte> LiveState(RequestId r) const;
+  size_t live_requests() const { return live_; }
+
+  // Pages + block metadata of every block not free + the state component's bytes.
+  uint64_t bytes_held() const;
+  const BlockPool& pool() const { return *pool_; }
+  const BlockIndex& index() const { return *index_; }
+  // The state component, or nullptr for a model without windows.
+  const RequestStates* states() const { return states_.get(); }
+  uint32_t block_tokens() const { return block_tokens_; }
+  const ManagerMetrics& metrics() const { return metrics_; }
+  // Every counter of the manager, its pool, its index and its state component; safe to call
+  // from any thread (reads atomics only).
+  std::vector<MetricFamily> CollectMetrics() const;
+  uint32_t domain_of(uint32_t tenant) const;
+  void SetSecurityListener(std::function<void(const SecurityEvent&)> listener);
+
+  // Attaches a second level of blocks (not owned; nullptr detaches). It is told of seals and
+  // evictions (with the window state a block keeps) and asked for prefix blocks on Admit.
+  void SetBlockSource(BlockSource* source) { source_ = source; }
+  // Hands every sealed block (with its kept state) to the source's OnCheckpoint and waits until
+  // the source has made it persistent; returns how many (0 without a source), or its error.
+  Result<uint64_t> Checkpoint();
+
+ private:
+  struct Request;
+  RequestManager();
+  Request* Get(RequestId r);
+  const Request* GetConst(RequestId r) const;
+  static Status NoRequest(RequestId r);
+  Status OutOfBlocks(uint64_t needed);
+  uint64_t BlocksNeeded(uint64_t tokens) const;
+  uint32_t SharedSlots(const Request& q, uint64_t n) const;
+  Status UnshareSlots(Request& q, uint64_t n);
+  Status CopyOnWrite(Request& q, size_t slot);
+  Status Reserve(Request& q, uint64_t n);
+  Status WriteToken(Request& q, uint32_t token, const KvWriters& w);
+  void Seal(Request& q);
+  std::vector<std::byte> TierState(BlockId b) const;
+  // Mirrors the state component's bytes into metrics_ (read from any thread).
+  void SyncStateBytes();
+  std::vector<PrefixRef> CachedPrefix(const PromptKeys& keys, size_t max_blocks);
+
+  ManagerOptions options_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<BlockIndex> index_;
+  std::unique_ptr<RequestStates> states_;
+  std::vector<Request> requests_;
+  std::vector<uint32_t> free_request_ids_;
+  size_t live_ = 0;
+  uint32_t block_tokens_ = 0;
+  uint64_t identity_ = 0;  // tells this manager's PromptKeys from another's (unique per process)
+  BlockSource* source_ = nullptr;
+  ManagerMetrics metrics_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,643 @@
+#include "tessera/request_manager.h"
+
+#include <algorithm>
+#include <cassert>
+#include <atomic>
+#include <cstring>
+
+#include "base/slots.h"
+#include "tessera/checked.h"
+#include "tessera/ledger.h"
+
+namespace tessera {
+
+struct RequestManager::Request {
+  bool live = false;
+  uint32_t tenant = 0;
+  uint32_t domain = 0;
+  uint64_t salt = 0;
+  uint8_t priority = kDefaultRetentionPriority;
+  uint64_t tokens = 0;               // tokens written
+  std::vector<uint32_t> span_tokens;  // the tokens of the block span not sealed yet
+  std::vector<BlockId> table;        // one block id per block span (allocated slots)
+  std::vector<PrefixRef> chain;      // one per sealed block
+  uint32_t state = UINT32_MAX;       // the state component's slab (models with windows)
+};
+
+namespace {
+
+// The pool groups and the state layers of a model, from its cache map.
+struct Plan {
+  BlockPoolOptions pool;
+  std::optional<StateOptions> state;
+};
+
+Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
+  LedgerOptions lo;
+  lo.context_tokens = 1;
+  lo.kv_format = o.kv_format;
+  lo.indexer_format = o.indexer_format;
+  lo.block_tokens = o.block_tokens;
+  lo.kernel = o.kernel;
+  lo.spec_tokens = o.spec_tokens;
+  lo.include_mtp = o.include_mtp;
+  lo.swa_strategy = o.window_strategy;
+  TESSERA_ASSIGN_OR_RETURN(Ledger layout, ComputeLedger(g, lo));
+  Plan plan;
+  plan.pool.capacity_blocks = o.capacity_blocks;
+  plan.pool.region_kind = o.region_kind;
+  const std::vector<CacheGroup> map = BuildCacheMap(layout);
+  std::vector<int32_t> map_to_pool(map.size(), -1);
+  bool compressed = false;
+  for (size_t i = 0; i < map.size(); ++i) {
+    if (!map[i].in_pages) continue;
+    compressed = compressed || map[i].compress_ratio > 1;
+    map_to_pool[i] = static_cast<int32_t>(plan.pool.groups.size());
+    plan.pool.groups.push_back({map[i].name, map[i].format, map[i].layers, map[i].page});
+  }
+  if (plan.pool.groups.empty()) return InvalidArgument("model", g.name + " has no paged cache");
+  const bool windows = g.is_hybrid && g.sliding_window > 0;
+  if (compressed && !windows) {
+    return InvalidArgument("sliding_window", g.name + " has compressed caches but no sliding window to build them");
+  }
+  if (!windows) return plan;
+
+  StateOptions so;
+  so.strategy = o.window_strategy;
+  so.window = g.sliding_window;
+  so.spec_tokens = o.spec_tokens;
+  so.block_tokens = static_cast<uint32_t>(layout.block_tokens);
+  so.max_requests = o.max_requests;
+  for (const CacheLine& line : layout.lines) {
+    if (line.role == CacheRole::kWindow) so.window_record_bytes = line.format.record_bytes();
+  }
+  auto find_group = [&](CacheRole role, uint32_t ratio) -> int32_t {
+    for (size_t i = 0; i < map.size(); ++i) {
+      if (map[i].in_pages && map[i].role == role && map[i].compress_ratio == ratio) return map_to_pool[i];
+    }
+    return -1;
+  };
+  std::vector<uint32_t> next_layer(plan.pool.groups.size(), 0);
+  const uint32_t doubling = o.spec_tokens > 0 ? 2 : 1;
+  for (const LayerSpec& spec : g.layers) {
+    if (spec.is_mtp && !o.include_mtp) continue;
+    StateLayer l;
+    l.layer = spec.index;
+    for (const CacheSpec& c : spec.caches) {
+      switch (c.role) {
+        case CacheRole::kCompressed:
+          l.ratio = c.compress_ratio;
+          l.group = find_group(CacheRole::kCompressed, c.compress_ratio);
+          if (l.group >= 0) {
+            l.group_layer = next_layer[static_cast<size_t>(l.group)]++;
+            l.entries_per_block = plan.pool.groups[static_cast<size_t>(l.group)].page.entries_per_block;
+          }
+          break;
+        case CacheRole::kIndexer:
+          l.igroup = find_group(CacheRole::kIndexer, c.compress_ratio);
+          if (l.igroup >= 0) l.igroup_layer = next_layer[static_cast<size_t>(l.igroup)]++;
+          break;
+        case CacheRole::kCompressorState:
+          l.state_slots = c.slots * doubling;
+          l.state_floats = c.state_floats;
+          break;
+        case CacheRole::kIndexerCompressorState:
+          l.istate_slots = c.slots * doubling;
+          l.istate_floats = c.state_floats;
+          break;
+        default:
+          break;
+      }
+    }
+    if (l.ratio > 0) l.coff = l.state_slots / doubling / l.ratio;
+    so.layers.push_back(l);
+  }
+  plan.state = std::move(so);
+  return plan;
+}
+
+}  // namespace
+
+RequestManager::RequestManager() = default;
+RequestManager::~RequestManager() = default;
+
+Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g, const ManagerOptions& options) {
+  if (options.capacity_blocks == 0) return InvalidArgument("capacity-blocks", "must be positive");
+  if (options.max_requests == 0) return InvalidArgument("max-requests", "must be positive");
+  if (options.spec_tokens > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
+  TESSERA_ASSIGN_OR_RETURN(Plan plan, PlanCaches(g, options));
+  TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher,
+                           options.hash_key.empty()
+                               ? ContentHasher::Create(options.hash, options.hash_bits, options.hash_key_seed)
+                               : ContentHasher::CreateWithKey(options.hash, options.hash_bits, options.hash_key));
+  std::unique_ptr<RequestManager> m(new RequestManager());
+  m->options_ = options;
+  TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(plan.pool)));
+  m->block_tokens_ = m->pool_->block_tokens();
+  const std::string_view variant = plan.state ? SwaStrategyName(options.window_strategy) : std::string_view();
+  const Hash128 identity = CacheIdentityKey(g.config_sha256, options.weights_revision, *m->pool_, variant);
+  static std::atomic<uint64_t> managers{0};
+  m->identity_ = managers.fetch_add(1, std::memory_order_relaxed) + 1;
+  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), options.content_dedup,
+                                           /*bucket_limit=*/8, identity);
+  if (plan.state) TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));
+  m->requests_.reserve(options.max_requests);
+  m->free_request_ids_.reserve(options.max_requests);
+  // The index's hook runs before the pool's listener below drops a block's kept window state,
+  // so the state travels with the block.
+  RequestManager* self = m.get();
+  m->index_->SetEvictionHook([self](BlockId b, const SealedIdentity& id) {
+    if (self->source_ == nullptr || !self->pool_->backed()) return;
+    std::vector<std::byte> state = self->TierState(b);
+    SealedIdentity with_state = id;
+    with_state.state = state;
+    self->source_->OnEvicted(*self->pool_, b, with_state);
+  });
+  if (m->states_) {
+    m->pool_->AddEvictionListener([self](BlockId b) {
+      self->states_->Forget(b);
+      self->SyncStateBytes();
+    });
+  }
+  return m;
+}
+
+uint32_t RequestManager::domain_of(uint32_t tenant) const {
+  auto it = options_.tenant_domain.find(tenant);
+  return it == options_.tenant_domain.end() ? tenant : it->second;
+}
+
+void RequestManager::SetSecurityListener(std::function<void(const SecurityEvent&)> listener) {
+  index_->SetSecurityListener(std::move(listener));
+}
+
+RequestManager::Request* RequestManager::Get(RequestId r) {
+  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
+  return &requests_[r.value];
+}
+
+const RequestManager::Request* RequestManager::GetConst(RequestId r) const {
+  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
+  return &requests_[r.value];
+}
+
+Status RequestManager::NoRequest(RequestId r) {
+  return InvalidArgument("request", "no live request " + std::to_string(r.value));
+}
+
+Status RequestManager::OutOfBlocks(uint64_t needed) {
+  metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
+  return Status(StatusCode::kOutOfBlocks, "blocks",
+                "need " + std::to_string(needed) + " blocks, " + std::to_string(pool_->Available()) +
+                    " free or evictable of " + std::to_string(pool_->capacity()));
+}
+
+// A block id per block span: the group whose entries need the most blocks decides.
+uint64_t RequestManager::BlocksNeeded(uint64_t tokens) const {
+  uint64_t need = 0;
+  for (const PoolGroup& g : pool_->groups()) {
+    need = std::max(need, CeilDiv(tokens / g.page.compress_ratio, g.page.entries_per_block));
+  }
+  return need;
+}
+
+PromptKeys RequestManager::HashPrompt(std::span<const uint32_t> prompt, const RequestSpec& spec) const {
+  PromptKeys k;
+  k.tokens_.assign(prompt.begin(), prompt.end());
+  k.domain_ = domain_of(spec.tenant);
+  k.salt_ = spec.cache_salt;
+  k.owner_ = identity_;
+  k.keys_.reserve(prompt.size() / block_tokens_);
+  Hash128 parent = index_->root_key();
+  for (size_t i = 0; i + block_tokens_ <= prompt.size(); i += block_tokens_) {
+    parent = index_->PrefixKey(parent, prompt.subspan(i, block_tokens_), k.domain_, k.salt_);
+    k.keys_.push_back(parent);
+  }
+  return k;
+}
+
+Result<Admission> RequestManager::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
+  return Admit(HashPrompt(prompt, spec), spec);
+}
+
+Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpec& spec) {
+  if (keys.owner_ != identity_) return InvalidArgument("prompt", "prompt keys hashed by another manager");
+  if (live_ >= options_.max_requests || (states_ && states_->slabs_free() == 0)) {
+    return Status(StatusCode::kOutOfBlocks, "requests",
+                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+  }
+  const std::span<const uint32_t> prompt = keys.tokens();
+  // The last prompt token is always computed: its logits start generation.
+  const size_t max_blocks = prompt.empty() ? 0 : std::min((prompt.size() - 1) / block_tokens_, keys.keys_.size());
+  Request q;
+  q.live = true;
+  q.tenant = spec.tenant;
+  q.domain = keys.domain_;
+  q.salt = keys.salt_;
+  q.priority = std::min(spec.priority, kMaxRetentionPriority);
+  q.chain = index_->LongestPrefix(prompt, std::span(keys.keys_).first(max_blocks), q.domain, q.salt);
+  q.table.reserve(CeilDiv(prompt.size() + options_.spec_tokens, block_tokens_) + 1);
+  for (const PrefixRef& hit : q.chain) {
+    pool_->Ref(hit.block);
+    q.table.push_back(hit.block);
+  }
+  Admission a;
+  std::vector<std::vector<std::byte>> states;
+  if (source_ != nullptr && q.chain.size() < max_blocks && pool_->backed()) {
+    const size_t before = q.table.size();
+    a.tier_blocks = PromoteFromSource(*pool_, *index_, *source_, prompt, std::span(keys.keys_).first(max_blocks),
+                                      q.domain, q.salt, q.priority, q.chain, q.table, states_ ? &states : nullptr);
+    if (states_) {
+      for (size_t i = 0; i < a.tier_blocks; ++i) states_->Install(q.table[before + i], states[i]);
+    }
+  }
+  a.cached_blocks = static_cast<uint32_t>(q.table.size());
+  a.cached_tokens = uint64_t{a.cached_blocks} * block_tokens_;
+  q.tokens = a.cached_tokens;
+  // Slots for the rest of the prompt (or the part the engine asked for): all or nothing.
+  const uint64_t rest = prompt.size() - a.cached_tokens;
+  const uint64_t reserve = std::min(rest, spec.reserve_tokens.value_or(rest));
+  const uint64_t need = BlocksNeeded(a.cached_tokens + reserve + options_.spec_tokens);
+  const uint64_t more = need > q.table.size() ? need - q.table.size() : 0;
+  if (more > pool_->Available()) {
+    for (auto it = q.table.rbegin(); it != q.table.rend(); ++it) pool_->Unref(*it);
+    return OutOfBlocks(more);
+  }
+  Status allocated = pool_->Allocate(static_cast<uint32_t>(more), &q.table);
+  assert(allocated.ok());
+  (void)allocated;
+  if (states_) {
+    q.state = *states_->Open();  // a slab is free: checked above
+    if (a.cached_blocks > 0) {
+      const RequestStates::Resumption r = states_->Resume(q.state, a.cached_tokens, q.table[a.cached_blocks - 1]);
+      a.state_restored = r.restored;
+      a.recompute_from = r.recompute_from;
+      a.recompute_tokens = r.recompute_tokens;
+      (r.restored ? metrics_.states_restored : metrics_.recompute_tokens)
+          .fetch_add(r.restored ? 1 : r.recompute_tokens, std::memory_order_relaxed);
+    }
+  }
+  const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  requests_[id] = std::move(q);
+  ++live_;
+  a.id = RequestId{id};
+  const size_t full_blocks = prompt.size() / block_tokens_;
+  metrics_.requests_admitted.fetch_add(1, std::memory_order_relaxed);
+  metrics_.prefix_hit_tokens.fetch_add(a.cached_tokens, std::memory_order_relaxed);
+  metrics_.prefix_hit_blocks.fetch_add(a.cached_blocks, std::memory_order_relaxed);
+  metrics_.prefix_miss_blocks.fetch_add(full_blocks - a.cached_blocks, std::memory_order_relaxed);
+  metrics_.prefix_miss_tokens.fetch_add(prompt.size() - a.cached_tokens, std::memory_order_relaxed);
+  metrics_.tier_hit_blocks.fetch_add(a.tier_blocks, std::memory_order_relaxed);
+  metrics_.tier_hit_tokens.fetch_add(uint64_t{a.tier_blocks} * block_tokens_, std::memory_order_relaxed);
+  SyncStateBytes();
+  return a;
+}
+
+uint32_t RequestManager::SharedSlots(const Request& q, uint64_t n) const {
+  if (n == 0) return 0;
+  const size_t first = q.tokens / block_tokens_;
+  const size_t last = std::min<size_t>(q.table.size(), CeilDiv(q.tokens + n, block_tokens_));
+  uint32_t shared = 0;
+  for (size_t slot = first; slot < last; ++slot) {
+    const BlockId b = q.table[slot];
+    if (pool_->state(b) == BlockState::kFilling && pool_->refcount(b) > 1) ++shared;
+  }
+  return shared;
+}
+
+Status RequestManager::UnshareSlots(Request& q, uint64_t n) {
+  const size_t first = q.tokens / block_tokens_;
+  const size_t last = std::min<size_t>(q.table.size(), CeilDiv(q.tokens + n, block_tokens_));
+  for (size_t slot = first; slot < last; ++slot) {
+    const BlockId b = q.table[slot];
+    if (pool_->state(b) == BlockState::kFilling && pool_->refcount(b) > 1) {
+      TESSERA_RETURN_IF_ERROR(CopyOnWrite(q, slot));
+    }
+  }
+  return Status::Ok();
+}
+
+Status RequestManager::CopyOnWrite(Request& q, size_t slot) {
+  const BlockId old = q.table[slot];
+  std::vector<BlockId> fresh;
+  if (pool_->Available() == 0) return OutOfBlocks(1);
+  TESSERA_RETURN_IF_ERROR(pool_->Allocate(1, &fresh));
+  if (pool_->backed()) {
+    for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
+      std::span<std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
+      std::span<std::byte> to = pool_->Bytes(pool_->BlockHandleOf(fresh[0], g));
+      std::memcpy(to.data(), from.data(), from.size());
+    }
+  }
+  pool_->Unref(old);
+  q.table[slot] = fresh[0];
+  metrics_.cow_copies.fetch_add(1, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+// Room for n more tokens and the draft tokens: new blocks, and copies of the blocks those
+// tokens land in that a fork shares unsealed (so that Append cannot run out later).
+Status RequestManager::Reserve(Request& q, uint64_t n) {
+  const Checked total = Checked(q.tokens) + n + options_.spec_tokens;
+  if (total.overflowed()) return OutOfRange("tokens", "token count overflows");
+  const uint64_t need = BlocksNeeded(total.value());
+  const uint64_t more = need > q.table.size() ? need - q.table.size() : 0;
+  const uint64_t copies = SharedSlots(q, n);
+  if (more + copies == 0) return Status::Ok();
+  if (more + copies > pool_->Available()) return OutOfBlocks(more + copies);
+  TESSERA_RETURN_IF_ERROR(UnshareSlots(q, n));
+  return pool_->Allocate(static_cast<uint32_t>(more), &q.table);
+}
+
+Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
+  Request* q = Get(r);
+  if (q == nullptr) return NoRequest(r);
+  return Reserve(*q, n);
+}
+
+Status RequestManager::WriteToken(Request& q, uint32_t token, const KvWriters& w) {
+  const uint64_t p = q.tokens;
+  const BlockId b = q.table[p / block_tokens_];
+  assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 && "writing into a shared or sealed block");
+  if (w.page && pool_->backed()) {
+    const uint64_t slot = p % block_tokens_;
+    for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
+      if (pool_->groups()[g].page.compress_ratio != 1) continue;
+      for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) w.page(g, l, p, pool_->Record(b, g, l, slot));
+    }
+  }
+  if (states_) {
+    const EntrySink sink = [this, &q](uint32_t group, uint32_t layer, uint64_t entry) -> Result<RecordView> {
+      const uint64_t epb = pool_->groups()[group].page.entries_per_block;
+      if (entry / epb >= q.table.size()) {
+        return Status(StatusCode::kFailedPrecondition, "tokens",
+                      "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
+      }
+      return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
+    };
+    TESSERA_RETURN_IF_ERROR(states_->WriteToken(q.state, p, w, pool_->backed() ? &sink : nullptr));
+  }
+  q.span_tokens.push_back(token);
+  ++q.tokens;
+  if (q.tokens % block_tokens_ == 0) Seal(q);
+  return Status::Ok();
+}
+
+void RequestManager::Seal(Request& q) {
+  const size_t s = q.tokens / block_tokens_ - 1;
+  const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
+  const BlockIndex::SealResult sealed = index_->Seal(q.table[s], parent, q.span_tokens, q.domain, q.salt);
+  const BlockId kept = sealed.ref.block;
+  // A block this request sealed takes its priority; a shared one keeps the highest.
+  pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
+  q.table[s] = kept;
+  q.chain.push_back(sealed.ref);
+  q.span_tokens.clear();
+  if (states_) states_->Sealed(q.state, q.tokens, kept);
+  if (source_ != nullptr && !sealed.deduplicated && pool_->backed()) {
+    std::vector<std::byte> state = TierState(kept);
+    SealedIdentity id = index_->IdentityOf(kept);
+    id.state = state;
+    source_->OnSealed(*pool_, kept, id);
+  }
+}
+
+void RequestManager::SyncStateBytes() {
+  if (states_) metrics_.state_bytes.store(states_->bytes_held(), std::memory_order_relaxed);
+}
+
+std::vector<std::byte> RequestManager::TierState(BlockId b) const {
+  return states_ ? states_->TierState(b) : std::vector<std::byte>();
+}
+
+Status RequestManager::Append(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers) {
+  Request* q = Get(r);
+  if (q == nullptr) return NoRequest(r);
+  if (pool_->backed() && writers.empty() && !tokens.empty()) {
+    return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
+  }
+  if (BlocksNeeded(q->tokens + tokens.size()) > q->table.size()) {
+    return Status(StatusCode::kFailedPrecondition, "tokens",
+                  "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
+  }
+  // A fork after AllocateSlots may have shared a slot again: copy before writing anything.
+  if (const uint32_t copies = SharedSlots(*q, tokens.size()); copies > 0) {
+    if (copies > pool_->Available()) return OutOfBlocks(copies);
+    TESSERA_RETURN_IF_ERROR(UnshareSlots(*q, tokens.size()));
+  }
+  Status st = Status::Ok();
+  for (uint32_t token : tokens) {
+    st = WriteToken(*q, token, writers);
+    if (!st.ok()) break;
+  }
+  SyncStateBytes();
+  return st;
+}
+
+Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, StepResult* out) {
+  if (batch.counts.size() != batch.requests.size()) {
+    return InvalidArgument("batch", std::to_string(batch.counts.size()) + " counts for " +
+                                        std::to_string(batch.requests.size()) + " requests");
+  }
+  uint64_t total = 0;
+  for (uint32_t c : batch.counts) total += c;
+  if (total != batch.tokens.size()) {
+    return InvalidArgument("batch", "counts add up to " + std::to_string(total) + " tokens, " +
+                                        std::to_string(batch.tokens.size()) + " given");
+  }
+  out->codes.assign(batch.requests.size(), StatusCode::kOk);
+  out->failed = 0;
+  out->offsets.assign(1, 0);
+  out->offsets.reserve(batch.requests.size() + 1);
+  out->new_blocks.clear();
+  size_t next = 0;
+  for (size_t i = 0; i < batch.requests.size(); ++i) {
+    const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
+    next += batch.counts[i];
+    Request* q = Get(batch.requests[i]);
+    Status st = q == nullptr ? NoRequest(batch.requests[i]) : Status::Ok();
+    const size_t before = q == nullptr ? 0 : q->table.size();
+    if (st.ok()) st = Reserve(*q, tokens.size());
+    if (st.ok()) st = Append(batch.requests[i], tokens, writers);
+    if (!st.ok()) {
+      out->codes[i] = st.code();
+      ++out->failed;
+    } else {
+      out->new_blocks.insert(out->new_blocks.end(), q->table.begin() + static_cast<ptrdiff_t>(before), q->table.end());
+    }
+    out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
+  }
+  return Status::Ok();
+}
+
+Status RequestManager::Recompute(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers) {
+  Request* q = Get(r);
+  if (q == nullptr) return NoRequest(r);
+  if (!states_) return InvalidArgument("model", "a model without windows has nothing to recompute");
+  if (tokens.size() > q->tokens || tokens.size() > states_->window()) {
+    return InvalidArgument("tokens", "recompute at most the last window tokens of the cached prefix");
+  }
+  const uint64_t end = q->tokens;
+  Status st = Status::Ok();
+  for (uint64_t p = end - tokens.size(); p < end && st.ok(); ++p) st = states_->WriteToken(q->state, p, writers, nullptr);
+  SyncStateBytes();
+  return st;
+}
+
+Result<RequestId> RequestManager::Fork(RequestId parent) {
+  const Request* p = Get(parent);
+  if (p == nullptr) return NoRequest(parent);
+  if (live_ >= options_.max_requests) {
+    return Status(StatusCode::kOutOfBlocks, "requests",
+                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+  }
+  Request copy = *p;  // before TakeSlot may move requests_
+  if (states_) TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
+  for (BlockId b : copy.table) pool_->Ref(b);
+  const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  requests_[id] = std::move(copy);
+  ++live_;
+  metrics_.forks.fetch_add(1, std::memory_order_relaxed);
+  SyncStateBytes();
+  return RequestId{id};
+}
+
+Status RequestManager::Free(RequestId r) {
+  Request* q = Get(r);
+  if (q == nullptr) return NoRequest(r);
+  // Release the tail first so that a prefix's blocks are cached after (more recently than) its
+  // extensions are — LRU then evicts the longest chains' leaves first.
+  for (auto it = q->table.rbegin(); it != q->table.rend(); ++it) pool_->Unref(*it);
+  if (states_) states_->Close(q->state);
+  *q = Request{};
+  free_request_ids_.push_back(r.value);
+  --live_;
+  SyncStateBytes();
+  return Status::Ok();
+}
+
+std::span<const BlockId> RequestManager::BlockTable(RequestId r) const {
+  const Request* q = GetConst(r);
+  return q == nullptr ? std::span<const BlockId>() : std::span<const BlockId>(q->table);
+}
+
+uint64_t RequestManager::Tokens(RequestId r) const {
+  const Request* q = GetConst(r);
+  return q == nullptr ? 0 : q->tokens;
+}
+
+Result<RecordView> RequestManager::Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const {
+  const Request* q = GetConst(r);
+  if (q == nullptr) return NoRequest(r);
+  if (position >= q->tokens) return InvalidArgument("position", "token " + std::to_string(position) + " not written");
+  if (!pool_->backed()) return InvalidArgument("pool", "an unbacked pool has no bytes to read");
+  if (group >= pool_->groups().size() || layer >= pool_->groups()[group].layers ||
+      pool_->groups()[group].page.compress_ratio != 1) {
+    return InvalidArgument("layer", "no such per-token group/layer");
+  }
+  return pool_->Record(q->table[position / block_tokens_], group, layer, position % block_tokens_);
+}
+
+Result<RecordView> RequestManager::Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const {
+  const Request* q = GetConst(r);
+  if (q == nullptr) return NoRequest(r);
+  if (!pool_->backed()) return InvalidArgument("pool", "an unbacked pool has no bytes to read");
+  if (!states_) return InvalidArgument("layer", "a model without windows has no compressed entries");
+  for (const StateLayer& l : states_->layers()) {
+    if (l.layer != layer) continue;
+    const int32_t group = indexer ? l.igroup : l.group;
+    if (group < 0) return InvalidArgument("layer", "layer " + std::to_string(layer) + " has no such cache");
+    const uint64_t epb = pool_->groups()[static_cast<size_t>(group)].page.entries_per_block;
+    if (entry >= q->tokens / l.ratio) return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
+    return pool_->Record(q->table[entry / epb], static_cast<uint32_t>(group), indexer ? l.igroup_layer : l.group_layer,
+                         entry % epb);
+  }
+  return InvalidArgument("layer", "no layer " + std::to_string(layer));
+}
+
+std::vector<std::byte> RequestManager::LiveState(RequestId r) const {
+  const Request* q = GetConst(r);
+  if (q == nullptr || !states_) return {};
+  return states_->LiveState(q->state, q->tokens);
+}
+
+uint64_t RequestManager::bytes_held() const {
+  return pool_->bytes_held() + (states_ ? states_->bytes_held() : 0);
+}
+
+Result<uint64_t> RequestManager::Checkpoint() {
+  if (source_ == nullptr) return uint64_t{0};
+  return CheckpointBlocks(*pool_, *index_, *source_, [this](BlockId b) { return TierState(b); });
+}
+
+std::vector<MetricFamily> RequestManager::CollectMetrics() const {
+  auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  const PoolStats& ps = pool_->stats();
+  const IndexStats& is = index_->stats();
+  std::vector<MetricFamily> f = {
+      {"tessera_block_allocations_total", "Blocks handed out by the pool.", "counter", {{"", v(ps.allocations)}}},
+      {"tessera_block_frees_total", "Unsealed blocks returned to the free list.", "counter", {{"", v(ps.frees)}}},
+      {"tessera_block_seals_total", "Blocks sealed (bytes final, keys computed).", "counter", {{"", v(ps.seals)}}},
+      {"tessera_block_evictions_total", "Cached blocks evicted to make room.", "counter", {{"", v(ps.evictions)}}},
+      {"tessera_prefix_hits_total",
+       "Prompt blocks and tokens served from the prefix index (tokens verified).",
+       "counter",
+       {{"unit=\"blocks\"", v(metrics_.prefix_hit_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_hit_tokens)}}},
+      {"tessera_prefix_misses_total",
+       "Prompt blocks and tokens not found in the prefix index.",
+       "counter",
+       {{"unit=\"blocks\"", v(metrics_.prefix_miss_blocks)}, {"unit=\"tokens\"", v(metrics_.prefix_miss_tokens)}}},
+      {"tessera_tier_hits_total",
+       "Prompt blocks and tokens promoted from the tiers (verified; counted in prefix hits too).",
+       "counter",
+       {{"unit=\"blocks\"", v(metrics_.tier_hit_blocks)}, {"unit=\"tokens\"", v(metrics_.tier_hit_tokens)}}},
+      {"tessera_prefix_key_mismatches_total",
+       "Prefix keys that matched while tokens or parent did not.",
+       "counter",
+       {{"", v(is.prefix_key_mismatches)}}},
+      {"tessera_dedup_hits_total", "Sealed blocks shared with a byte-identical block.", "counter",
+       {{"", v(is.dedup_hits)}}},
+      {"tessera_dedup_collisions_total",
+       "Content-key matches whose bytes differed (security events; never shared).",
+       "counter",
+       {{"", v(is.dedup_collisions)}}},
+      {"tessera_dedup_identity_mismatches_total",
+       "Byte-identical blocks not shared because their tokens differed.",
+       "counter",
+       {{"", v(is.dedup_identity_mismatches)}}},
+      {"tessera_dedup_bytes_compared_total", "Bytes compared to verify content-key matches.", "counter",
+       {{"", v(is.bytes_compared)}}},
+      {"tessera_cow_copies_total", "Shared unsealed blocks copied before a write.", "counter",
+       {{"", v(metrics_.cow_copies)}}},
+      {"tessera_forks_total", "Requests forked.", "counter", {{"", v(metrics_.forks)}}},
+      {"tessera_requests_admitted_total", "Requests admitted.", "counter", {{"", v(metrics_.requests_admitted)}}},
+      {"tessera_out_of_blocks_total", "Allocations refused for lack of blocks.", "counter",
+       {{"", v(metrics_.out_of_blocks)}}},
+      {"tessera_window_states_restored_total",
+       "Resumptions that restored kept window state (snapshot, retain).",
+       "counter",
+       {{"", v(metrics_.states_restored)}}},
+      {"tessera_window_recompute_tokens_total",
+       "Tokens named for recomputation to rebuild window state on a prefix hit.",
+       "counter",
+       {{"", v(metrics_.recompute_tokens)}}},
+  };
+  MetricFamily blocks{"tessera_blocks", "Blocks per state.", "gauge", {}};
+  MetricFamily bytes{"tessera_block_bytes", "Bytes (pages and metadata) per block state.", "gauge", {}};
+  const uint64_t per_block = pool_->block_bytes() + pool_->metadata_bytes_per_block();
+  for (BlockState s : {BlockState::kFree, BlockState::kFilling, BlockState::kSealed, BlockState::kCached}) {
+    const uint64_t n = v(ps.blocks_in_state[static_cast<size_t>(s)]);
+    const std::string label = "state=\"" + std::string(BlockStateName(s)) + "\"";
+    blocks.samples.emplace_back(label, n);
+    bytes.samples.emplace_back(label, n * per_block);
+  }
+  f.push_back(std::move(blocks));
+  f.push_back(std::move(bytes));
+  f.push_back({"tessera_state_bytes",
+               "Bytes of the per-request state: arena slabs in use and window state kept at block boundaries.",
+               "gauge",
+               {{"", v(metrics_.state_bytes)}}});
+  return f;
+}
+
+}  // namespace tessera
