@@ -9,8 +9,8 @@
 #include <numeric>
 #include <vector>
 
-#include "tessera/hybrid.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
+#include "tessera/request_manager.h"
 
 namespace {
 
@@ -25,12 +25,12 @@ void BM_DecodeStepV3(benchmark::State& state) {
   o.kv_format = "fp8_ds_mla";
   o.capacity_blocks = kRequests * 40;
   o.region_kind = RegionKind::kUnbacked;
-  auto m = *BlockManager::Create(g, o);
+  auto m = *RequestManager::Create(g, o);
   std::vector<RequestId> ids;
   std::vector<uint32_t> prompt(kPrompt);
   for (uint32_t r = 0; r < kRequests; ++r) {
     std::iota(prompt.begin(), prompt.end(), r * kPrompt);
-    AdmitResult a = *m->Admit(prompt, RequestSpec{});
+    Admission a = *m->Admit(prompt, RequestSpec{});
     (void)m->AllocateSlots(a.id, kPrompt);
     (void)m->Append(a.id, prompt, nullptr);
     ids.push_back(a.id);
@@ -47,17 +47,17 @@ BENCHMARK(BM_DecodeStepV3)->Unit(benchmark::kMicrosecond)->Iterations(2000);
 
 void BM_DecodeStepV4Pro(benchmark::State& state) {
   Geometry g = *LoadPreset("deepseek-v4-pro");
-  HybridOptions o;
+  ManagerOptions o;
   o.capacity_blocks = kRequests * 16;
-  o.page_region = RegionKind::kUnbacked;
+  o.region_kind = RegionKind::kUnbacked;
   o.max_requests = kRequests;
-  auto m = *HybridManager::Create(g, o);
+  auto m = *RequestManager::Create(g, o);
   std::vector<RequestId> ids;
   std::vector<uint32_t> prompt(kPrompt);
-  HybridWriters none;
+  KvWriters none;
   for (uint32_t r = 0; r < kRequests; ++r) {
     std::iota(prompt.begin(), prompt.end(), r * kPrompt);
-    HybridAdmit a = *m->Admit(prompt, RequestSpec{});
+    Admission a = *m->Admit(prompt, RequestSpec{});
     (void)m->AllocateSlots(a.id, kPrompt);
     (void)m->Append(a.id, prompt, none);
     ids.push_back(a.id);

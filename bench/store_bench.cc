@@ -14,7 +14,7 @@
 #include "tessera/block_index.h"
 #include "tessera/block_pool.h"
 #include "tessera/hash.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 
 namespace {
 
@@ -71,19 +71,19 @@ BENCHMARK(BM_ContentKeyBlock)->Arg(0)->Arg(1);
 // Seal of a V3 fp8 block whose twin is already sealed: content key + byte comparison + share.
 void BM_SealDedupBlock(benchmark::State& state) {
   Geometry g = V3();
-  auto m = *BlockManager::Create(g, Fp8(8, RegionKind::kHost));
+  auto m = *RequestManager::Create(g, Fp8(8, RegionKind::kHost));
   std::vector<uint32_t> prompt(64);
   std::iota(prompt.begin(), prompt.end(), 1);
   auto writer = [](uint32_t, uint32_t layer, uint64_t pos, const RecordView& v) {
     std::memset(v.planes[0].data(), static_cast<int>((layer * 31 + pos) & 0xff), v.planes[0].size());
   };
   // The original.
-  AdmitResult first = *m->Admit({}, RequestSpec{});
+  Admission first = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
   (void)m->AllocateSlots(first.id, 64);
   (void)m->Append(first.id, prompt, writer);
   for (auto _ : state) {
     state.PauseTiming();
-    AdmitResult twin = *m->Admit({}, RequestSpec{});
+    Admission twin = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
     (void)m->AllocateSlots(twin.id, 64);
     (void)m->Append(twin.id, std::span<const uint32_t>(prompt).first(63), writer);
     state.ResumeTiming();
@@ -98,8 +98,13 @@ void BM_SealDedupBlock(benchmark::State& state) {
 BENCHMARK(BM_SealDedupBlock);
 
 void BM_AllocateFree(benchmark::State& state) {
-  auto m = *BlockManager::Create(V3(), Fp8(1024, RegionKind::kUnbacked));
-  BlockPool& pool = m->mutable_pool();
+  auto m = *RequestManager::Create(V3(), Fp8(1024, RegionKind::kUnbacked));
+  BlockPoolOptions po;
+  po.groups = m->pool().groups();
+  po.capacity_blocks = 1024;
+  po.region_kind = RegionKind::kUnbacked;
+  auto owned = *BlockPool::Create(po);
+  BlockPool& pool = *owned;
   std::vector<BlockId> ids;
   ids.reserve(64);
   for (auto _ : state) {
@@ -113,15 +118,15 @@ BENCHMARK(BM_AllocateFree);
 
 // Admission of a 128K-token prompt that is cached whole: 2,048 verified prefix hits.
 void BM_PrefixLookup128K(benchmark::State& state) {
-  auto m = *BlockManager::Create(V3(), Fp8(4096, RegionKind::kUnbacked));
+  auto m = *RequestManager::Create(V3(), Fp8(4096, RegionKind::kUnbacked));
   std::vector<uint32_t> prompt(131072);
   std::iota(prompt.begin(), prompt.end(), 0);
-  AdmitResult r = *m->Admit(prompt, RequestSpec{});
+  Admission r = *m->Admit(prompt, RequestSpec{});
   (void)m->AllocateSlots(r.id, prompt.size());
   (void)m->Append(r.id, prompt, nullptr);
   (void)m->Free(r.id);
   for (auto _ : state) {
-    AdmitResult hit = *m->Admit(prompt, RequestSpec{});
+    Admission hit = *m->Admit(prompt, RequestSpec{});
     if (hit.cached_blocks != 2048) state.SkipWithError("prompt not cached whole");
     (void)m->Free(hit.id);
   }
@@ -144,12 +149,12 @@ void BM_SchedulerTrace(benchmark::State& state) {
   double admit_ns = 0, decode_ns = 0, free_ns = 0;
   for (auto _ : state) {
     state.PauseTiming();
-    auto m = *BlockManager::Create(V3(), Fp8(40000, RegionKind::kUnbacked));
+    auto m = *RequestManager::Create(V3(), Fp8(40000, RegionKind::kUnbacked));
     std::vector<RequestId> ids(kRequests);
     state.ResumeTiming();
     auto t0 = std::chrono::steady_clock::now();
     for (uint32_t r = 0; r < kRequests; ++r) {
-      AdmitResult a = *m->Admit(prompts[r], RequestSpec{});
+      Admission a = *m->Admit(prompts[r], RequestSpec{});
       (void)m->AllocateSlots(a.id, kPrompt - a.cached_tokens);
       (void)m->Append(a.id, std::span<const uint32_t>(prompts[r]).subspan(a.cached_tokens), nullptr);
       ids[r] = a.id;

@@ -20,7 +20,7 @@
 #include <numeric>
 
 #include "tessera/geometry.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tiered_store.h"
 
@@ -29,7 +29,7 @@ namespace {
 using namespace tessera;
 
 struct Fixture {
-  std::unique_ptr<BlockManager> m;
+  std::unique_ptr<RequestManager> m;
   BlockId block;    // a sealed block of a live request
   BlockId target;   // a filling block the promotion writes into
   SealedIdentity id;
@@ -45,10 +45,10 @@ Fixture Make() {
   o.capacity_blocks = 4;
   o.hash_key_seed = 1;
   o.content_dedup = false;
-  f.m = std::move(*BlockManager::Create(*g, o));
+  f.m = std::move(*RequestManager::Create(*g, o));
   f.tokens.resize(64);
   std::iota(f.tokens.begin(), f.tokens.end(), 1u);
-  AdmitResult a = *f.m->Admit(f.tokens, {});
+  Admission a = *f.m->Admit(f.tokens, {});
   (void)f.m->AllocateSlots(a.id, 64);
   (void)f.m->Append(a.id, f.tokens, [](uint32_t, uint32_t l, uint64_t p, const RecordView& r) {
     for (uint32_t i = 0; i < r.plane_count; ++i) std::memset(r.planes[i].data(), static_cast<int>((l + p) & 0xff), r.planes[i].size());
@@ -56,9 +56,10 @@ Fixture Make() {
   f.block = f.m->BlockTable(a.id)[0];
   f.id = f.m->index().IdentityOf(f.block);
   f.link = ChainLink{f.id.key, f.id.parent_key, f.id.domain, f.id.salt, f.id.tokens, f.id.cache_identity};
-  std::vector<BlockId> t;
-  (void)f.m->mutable_pool().Allocate(1, &t);
-  f.target = t[0];
+  // A second request's first (filling) block is the page a promotion writes into.
+  std::vector<uint32_t> other(64);
+  std::iota(other.begin(), other.end(), 1000u);
+  f.target = f.m->BlockTable(f.m->Admit(other, {})->id)[0];
   return f;
 }
 

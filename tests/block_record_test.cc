@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kv_stream.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -18,19 +18,19 @@ using Stream = testing::KvStream;
 
 constexpr uint32_t kBlock = 64;
 
-std::unique_ptr<BlockManager> Manager(uint32_t capacity) {
+std::unique_ptr<RequestManager> Manager(uint32_t capacity) {
   ManagerOptions o;
   o.capacity_blocks = capacity;
   o.hash_key_seed = 11;
   o.content_dedup = false;
-  auto m = BlockManager::Create(testing::SeedFixture(), o);
+  auto m = RequestManager::Create(testing::SeedFixture(), o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
 
 // Admits and writes `s`, keeping the request: its blocks stay sealed in the pool.
-RequestId Serve(BlockManager& m, const Stream& s) {
-  Result<AdmitResult> a = m.Admit(s.tokens(), {});
+RequestId Serve(RequestManager& m, const Stream& s) {
+  Result<Admission> a = m.Admit(s.tokens(), {});
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   if (!a.ok()) return {};
   EXPECT_TRUE(m.AllocateSlots(a->id, s.tokens().size()).ok());
@@ -124,7 +124,7 @@ TEST(BlockRecord, FingerprintDiffersAcrossLayouts) {
     o.capacity_blocks = 4;
     o.block_tokens = block_tokens;
     o.kv_format = format;
-    auto m = BlockManager::Create(testing::Preset("deepseek-v3"), o);
+    auto m = RequestManager::Create(testing::Preset("deepseek-v3"), o);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return BlockRecordInfoOf((*m)->pool()).fingerprint;
   };

@@ -445,14 +445,14 @@ TEST(Cli, SimulateDiskWriteBackCheckpointsAtExit) {
 
 TEST(Cli, SimulateDeepSeekV4Pro) {
   CommandResult r = RunTessera(
-      "simulate --model deepseek-v4-pro --agents 1 --independent 0 --shared-tokens 512 --unique-tokens 8 "
+      "simulate --model deepseek-v4-pro --agents 1 --independent 1 --shared-tokens 512 --unique-tokens 8 "
       "--swa-strategy snapshot --format json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["block_tokens"], 256);
   EXPECT_EQ(j["verify_failures"], 0);
   ASSERT_EQ(j["swa_strategies"].size(), 1u);
-  EXPECT_EQ(j["swa_strategies"][0]["states_restored"], 1);
+  EXPECT_EQ(j["swa_strategies"][0]["states_restored"], 1);  // the second wave's re-admission
   // 61 windows of 128 x 584 B + 30 x 4 previous-group rows of 8,192 B and 2,048 B.
   EXPECT_EQ(j["swa_strategies"][0]["bytes_kept_per_boundary"], 5788672);
 }

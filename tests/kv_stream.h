@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 
 namespace tessera::testing {
 

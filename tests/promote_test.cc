@@ -6,7 +6,7 @@
 
 #include "kv_stream.h"
 #include "tessera/block_source.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -55,18 +55,18 @@ class ScriptedSource : public BlockSource {
   size_t probed = 0, fetch_asked = 0, sealed = 0, checkpointed = 0, with_state = 0;
 };
 
-std::unique_ptr<BlockManager> Manager(uint32_t capacity) {
+std::unique_ptr<RequestManager> Manager(uint32_t capacity) {
   ManagerOptions o;
   o.capacity_blocks = capacity;
   o.hash_key_seed = 3;
   o.content_dedup = false;
-  auto m = BlockManager::Create(testing::SeedFixture(), o);
+  auto m = RequestManager::Create(testing::SeedFixture(), o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-void Write(BlockManager& m, const KvStream& s, bool free_after = true) {
-  AdmitResult a = *m.Admit(s.tokens(), {});
+void Write(RequestManager& m, const KvStream& s, bool free_after = true) {
+  Admission a = *m.Admit(s.tokens(), {});
   ASSERT_TRUE(m.AllocateSlots(a.id, s.tokens().size() - a.cached_tokens).ok());
   ASSERT_TRUE(m.Append(a.id, s.Slice(a.cached_tokens, s.tokens().size() - a.cached_tokens), s.Writer()).ok());
   if (free_after) {
@@ -105,6 +105,13 @@ TEST(CheckpointBlocks, EverySealedBlockLiveOrCached) {
   EXPECT_EQ(*m->Checkpoint(), 0u);  // no source, nothing to hand over
 }
 
+// Admission that reserves no slots past the cached prefix: promotion's own effect on the pool.
+RequestSpec NoReserve() {
+  RequestSpec spec;
+  spec.reserve_tokens = 0;
+  return spec;
+}
+
 // A cold pool promotes the leading run the source holds: sealed in chain order, verified bytes,
 // the pool's unused blocks given back.
 TEST(PromoteFromSource, LeadingRunIsSealedAsAChain) {
@@ -113,7 +120,7 @@ TEST(PromoteFromSource, LeadingRunIsSealedAsAChain) {
   Hold(src, s);
   auto m = Manager(16);
   m->SetBlockSource(&src);
-  AdmitResult a = *m->Admit(s.tokens(), {});
+  Admission a = *m->Admit(s.tokens(), NoReserve());
   EXPECT_EQ(src.probed, 4u);
   EXPECT_EQ(a.cached_blocks, 4u);
   EXPECT_EQ(m->metrics().tier_hit_blocks.load(), 4u);
@@ -128,13 +135,13 @@ TEST(PromoteFromSource, LeadingRunIsSealedAsAChain) {
 // The source promises more than it delivers: only the delivered run is kept; the rest of the
 // blocks taken for it go back to the free list.
 TEST(PromoteFromSource, UndeliveredBlocksAreReleased) {
-  KvStream s(5, 4 * kBlock);
+  KvStream s(5, 4 * kBlock + 1);  // four whole blocks before the last token
   ScriptedSource src;
   Hold(src, s);
   src.fetch_limit = 2;
   auto m = Manager(16);
   m->SetBlockSource(&src);
-  AdmitResult a = *m->Admit(s.tokens(), {});
+  Admission a = *m->Admit(s.tokens(), NoReserve());
   EXPECT_EQ(src.fetch_asked, 4u);
   EXPECT_EQ(a.cached_blocks, 2u);
   EXPECT_EQ(m->pool().free_count(), 14u);
@@ -144,12 +151,12 @@ TEST(PromoteFromSource, UndeliveredBlocksAreReleased) {
 
 // Never more blocks than the pool can give: a pool of 3 asks the source for at most 3.
 TEST(PromoteFromSource, TakesNoMoreThanThePoolHas) {
-  KvStream s(5, 6 * kBlock);
+  KvStream s(5, 6 * kBlock + 1);
   ScriptedSource src;
   Hold(src, s);
   auto m = Manager(3);
   m->SetBlockSource(&src);
-  AdmitResult a = *m->Admit(s.tokens(), {});
+  Admission a = *m->Admit(s.tokens(), NoReserve());
   EXPECT_EQ(src.probed, 6u);
   EXPECT_EQ(src.fetch_asked, 3u);
   EXPECT_EQ(a.cached_blocks, 3u);

@@ -1,6 +1,6 @@
 #include "tessera/redis_cluster.h"
 
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tiered_store.h"
 
@@ -581,7 +581,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
     }
   };
   auto host = [&](WritePolicy write) {
-    auto m = std::move(*BlockManager::Create(testing::SeedFixture(), mo));
+    auto m = std::move(*RequestManager::Create(testing::SeedFixture(), mo));
     std::vector<std::unique_ptr<Tier>> tiers;
     auto t = MakeRedisClusterTier(cluster.Options());
     EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -594,7 +594,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
   };
   {
     auto [m, store] = host(WritePolicy::kWriteThrough);
-    AdmitResult a = *m->Admit(prompt, {});
+    Admission a = *m->Admit(prompt, {});
     ASSERT_TRUE(m->AllocateSlots(a.id, prompt.size()).ok());
     ASSERT_TRUE(m->Append(a.id, prompt, writer).ok());
     ASSERT_TRUE(store->Flush().ok());
@@ -603,7 +603,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
   }
   for (int i = 0; i < 3; ++i) EXPECT_GT(cluster.DbSize(i), 0) << "node " << i;
   auto [m, store] = host(WritePolicy::kWriteBack);
-  AdmitResult b = *m->Admit(prompt, {});
+  Admission b = *m->Admit(prompt, {});
   EXPECT_EQ(b.cached_blocks, 40u);
   EXPECT_EQ(store->stats().tier_hits, 40u);
   EXPECT_EQ(store->stats().verify_failures, 0u);

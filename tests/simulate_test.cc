@@ -174,8 +174,8 @@ Geometry TinyV4() {
 
 TEST(SimulateHybrid, EveryStrategyResumesAndVerifies) {
   AgentScenario s;
-  s.agents = 3;
-  s.independent = 1;
+  s.agents = 3;  // forks of the orchestrator: its window state and partial span copied
+  s.independent = 2;
   s.shared_tokens = 600;  // two full 256-token spans, then a tail
   s.unique_tokens = 30;
   s.preamble_tokens = 20;
@@ -189,7 +189,8 @@ TEST(SimulateHybrid, EveryStrategyResumesAndVerifies) {
     SCOPED_TRACE(std::string(SwaStrategyName(run.strategy)));
     EXPECT_EQ(run.verify_failures, 0u);
     EXPECT_GT(run.records_verified, 0u);
-    // Agents of the orchestrator's tenant (0) hit its two sealed spans; tenant 1 hits nothing.
+    // The second wave re-admits the two independent prompts (575 tokens; tenants 0 and 1, each
+    // with its own preamble): each hits its own two sealed spans, resumed per strategy.
     EXPECT_EQ(run.prefix_hits, 2u);
     EXPECT_EQ(run.prefix_hit_tokens, 2u * 512);
     EXPECT_GT(run.dedup_hits, 0u);  // the identical pair

@@ -60,6 +60,21 @@ LedgerOptions Context(uint64_t tokens, const std::string& kv_format, Engine engi
   return o;
 }
 
+LedgerOptions LedgerOptionsFor(const ManagerOptions& options, uint64_t context, uint64_t batch) {
+  LedgerOptions o;
+  o.context_tokens = context;
+  o.batch = batch;
+  o.kv_format = options.kv_format;
+  o.indexer_format = options.indexer_format;
+  o.block_tokens = options.block_tokens;
+  o.kernel = options.kernel;
+  o.spec_tokens = options.spec_tokens;
+  o.include_mtp = options.include_mtp;
+  o.swa_strategy = options.window_strategy;
+  o.engine = Engine::kTessera;
+  return o;
+}
+
 TempDir::TempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-test-XXXXXX").string();
   char* made = ::mkdtemp(tmpl.data());

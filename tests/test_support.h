@@ -15,6 +15,7 @@
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
+#include "tessera/request_manager.h"
 
 namespace tessera::testing {
 
@@ -27,6 +28,9 @@ Geometry SeedFixture();
 // Computes a ledger or fails the test.
 Ledger MustLedger(const Geometry& g, const LedgerOptions& options);
 LedgerOptions Context(uint64_t tokens, const std::string& kv_format = "", Engine engine = Engine::kTessera);
+// The ledger options (engine tessera) that describe the same state as a manager built with
+// `options` holding `batch` requests of `context` tokens each.
+LedgerOptions LedgerOptionsFor(const ManagerOptions& options, uint64_t context, uint64_t batch);
 
 // A fresh directory under the system temp dir, removed by the destructor.
 class TempDir {

@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "kv_stream.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
 #include "test_support.h"
@@ -25,7 +25,7 @@ using testing::TempDir;
 using Stream = testing::KvStream;
 
 // Every record of every layer of `r` equals the stream's KV.
-::testing::AssertionResult Matches(const BlockManager& m, RequestId r, const Stream& s) {
+::testing::AssertionResult Matches(const RequestManager& m, RequestId r, const Stream& s) {
   std::vector<std::byte> want;
   for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
     for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
@@ -56,15 +56,15 @@ ManagerOptions Options(uint32_t capacity, std::vector<std::byte> key = {}) {
   return o;
 }
 
-std::unique_ptr<BlockManager> Manager(uint32_t capacity, std::vector<std::byte> key = {}) {
-  auto m = BlockManager::Create(testing::SeedFixture(), Options(capacity, std::move(key)));
+std::unique_ptr<RequestManager> Manager(uint32_t capacity, std::vector<std::byte> key = {}) {
+  auto m = RequestManager::Create(testing::SeedFixture(), Options(capacity, std::move(key)));
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
 
 // Admits `s`, writes what was not cached, and returns the admission.
-AdmitResult Serve(BlockManager& m, const Stream& s, bool free_after = true) {
-  Result<AdmitResult> a = m.Admit(s.tokens(), {});
+Admission Serve(RequestManager& m, const Stream& s, bool free_after = true) {
+  Result<Admission> a = m.Admit(s.tokens(), {});
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   if (!a.ok()) return {};
   EXPECT_TRUE(m.AllocateSlots(a->id, s.tokens().size() - a->cached_tokens).ok());
@@ -76,7 +76,7 @@ AdmitResult Serve(BlockManager& m, const Stream& s, bool free_after = true) {
   return *a;
 }
 
-std::unique_ptr<TieredStore> Store(const BlockManager& m, std::vector<std::unique_ptr<Tier>> tiers,
+std::unique_ptr<TieredStore> Store(const RequestManager& m, std::vector<std::unique_ptr<Tier>> tiers,
                                    WritePolicy write = WritePolicy::kWriteBack, bool async = false) {
   TieredStoreOptions o;
   o.write = write;
@@ -96,7 +96,7 @@ std::unique_ptr<Tier> Disk(const std::string& dir, uint64_t capacity = 0, uint64
   return t.ok() ? std::move(*t) : nullptr;
 }
 
-uint64_t RecordBytes(const BlockManager& m) { return ((104 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes(); }
+uint64_t RecordBytes(const RequestManager& m) { return ((104 + kBlock * 4 + 63) / 64 * 64) + m.pool().block_bytes(); }
 
 // What a first process leaves behind: `s` served with a disk tier in `dir`, written through, under
 // the directory's prefix key, which it returns.
@@ -139,7 +139,7 @@ TEST_P(DemoteAndPromote, ThroughHostToDiskWithVerifiedBytes) {
   EXPECT_EQ(store->tier_counters(0).records, 3u);
   EXPECT_EQ(store->tier_counters(1).records, 0u);
 
-  AdmitResult again = Serve(*m, a, /*free_after=*/false);  // Serve checks every byte of every layer
+  Admission again = Serve(*m, a, /*free_after=*/false);  // Serve checks every byte of every layer
   EXPECT_EQ(again.cached_blocks, 4u);
   st = store->stats();
   EXPECT_EQ(st.tier_hits, 3u);
@@ -195,7 +195,7 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough, true);
   m->SetBlockSource(store.get());
-  AdmitResult r = Serve(*m, a);
+  Admission r = Serve(*m, a);
   EXPECT_EQ(r.cached_blocks, 5u);
   EXPECT_EQ(store->stats().tier_hits, 5u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
@@ -241,7 +241,7 @@ TEST(TieredStore, CheckpointWritesTheHostTierDownToDisk) {
   Result<TierKey> key = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key.ok());
   std::vector<Stream> streams;
-  for (uint32_t i = 0; i < 4; ++i) streams.emplace_back(1000 * (i + 1), 3 * kBlock);
+  for (uint32_t i = 0; i < 4; ++i) streams.emplace_back(1000 * (i + 1), 3 * kBlock + 1);
   {
     auto m = Manager(6, key->secret);  // 12 blocks served through a pool of 6: most go to host
     std::vector<std::unique_ptr<Tier>> tiers;
@@ -364,7 +364,7 @@ TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
     ManagerOptions o = Options(8, key->secret);
     o.kv_format = format;
     o.weights_revision = revision;
-    auto m = BlockManager::Create(testing::Preset(preset), o);
+    auto m = RequestManager::Create(testing::Preset(preset), o);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return std::move(*m);
   };
@@ -379,7 +379,7 @@ TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
     tiers.push_back(Disk(dir.path()));
     auto store = Store(*m, std::move(tiers), WritePolicy::kWriteThrough);
     m->SetBlockSource(store.get());
-    Stream s(77, 2 * kBlock);
+    Stream s(77, 2 * kBlock + 1);
     Run r{Serve(*m, s).cached_blocks, store->stats().verify_failures, store->tier_counters(0).quarantined};
     m->SetBlockSource(nullptr);
     return r;
@@ -405,7 +405,7 @@ TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
 // tokens under the right key) is quarantined and counted, never used.
 TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   TempDir dir;
-  Stream a(100, 2 * kBlock);
+  Stream a(100, 2 * kBlock + 1);
   const std::vector<std::byte> key = WriteThroughInAnotherProcess(dir.path(), a);
   ASSERT_FALSE(key.empty());
   // Rewrite the second block's record with one token changed (its checksums are recomputed by
@@ -433,7 +433,7 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers));
   m->SetBlockSource(store.get());
-  AdmitResult r = Serve(*m, a);  // still correct: the second block is recomputed
+  Admission r = Serve(*m, a);  // still correct: the second block is recomputed
   EXPECT_EQ(r.cached_blocks, 1u);
   EXPECT_EQ(store->stats().tier_hits, 1u);
   EXPECT_EQ(store->stats().verify_failures, 1u);
@@ -465,7 +465,7 @@ TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {
   tiers.push_back(Disk(dir.path()));
   auto store = Store(*m, std::move(tiers));
   m->SetBlockSource(store.get());
-  AdmitResult r = Serve(*m, a);  // every byte checked against the stream
+  Admission r = Serve(*m, a);  // every byte checked against the stream
   EXPECT_LE(r.cached_blocks, 2u);
   EXPECT_EQ(store->tier_counters(0).records, 2u);
 }
@@ -515,7 +515,7 @@ TEST(TieredStore, AsynchronousBatchesServeWhatIsStillQueued) {
         b(90000 + static_cast<uint32_t>(round), 4 * kBlock + 1);
     Serve(*m, a);
     Serve(*m, b);
-    AdmitResult again = Serve(*m, a);  // Serve verifies every byte
+    Admission again = Serve(*m, a);  // Serve verifies every byte
     EXPECT_EQ(again.cached_blocks, 4u);
   }
   ASSERT_TRUE(store->Flush().ok());
@@ -644,7 +644,7 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   EXPECT_EQ(Serve(*m, a).cached_blocks, 0u);  // a miss, not an error
   ASSERT_TRUE(server.Start());                // restarted empty (no persistence)
   Serve(*m, b);
-  Stream c(20000, 3 * kBlock);
+  Stream c(20000, 3 * kBlock + 1);
   Serve(*m, c);
   Serve(*m, b);  // c evicted from the pool, still in Redis
   EXPECT_EQ(Serve(*m, c).cached_blocks, 3u);

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <type_traits>
+#include <utility>
 
 #include "tessera/format.h"
 
@@ -29,8 +31,13 @@ using Compressor = std::function<void(uint32_t layer, bool indexer, uint64_t gro
 
 struct KvWriters {
   KvWriters() = default;
+  // No writers: for a pool that holds no bytes (bookkeeping for KV kept elsewhere).
+  KvWriters(std::nullptr_t) {}  // NOLINT(google-explicit-constructor)
   // A per-token page writer alone (models without windows).
   KvWriters(KvWriter page_writer) : page(std::move(page_writer)) {}  // NOLINT(google-explicit-constructor)
+  template <typename F>
+    requires std::is_invocable_v<F&, uint32_t, uint32_t, uint64_t, const RecordView&>
+  KvWriters(F page_writer) : page(std::move(page_writer)) {}  // NOLINT(google-explicit-constructor)
   KvWriters(WindowWriter w, StateWriter s, Compressor c)
       : window(std::move(w)), state(std::move(s)), compress(std::move(c)) {}
 

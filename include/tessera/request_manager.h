@@ -46,6 +46,12 @@
 
 namespace tessera {
 
+// A request of one manager (an index into its request table).
+struct RequestId {
+  uint32_t value = UINT32_MAX;
+  friend bool operator==(RequestId, RequestId) = default;
+};
+
 // Validated once, by RequestManager::Create.
 struct ManagerOptions {
   // Record formats and block span (empty / unset: the model's defaults).
@@ -239,6 +245,7 @@ class RequestManager {
   std::vector<uint32_t> free_request_ids_;
   size_t live_ = 0;
   uint32_t block_tokens_ = 0;
+  bool token_groups_ = false;  // some group holds a record per token (else entries only)
   uint64_t identity_ = 0;  // tells this manager's PromptKeys from another's (unique per process)
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;

@@ -63,7 +63,7 @@ struct TierRun {
   std::string last_error;
 };
 
-// One window-persistence strategy's run of the hybrid scenario.
+// One run of the scenario through one manager (a model with windows: one per window strategy).
 struct StrategyRun {
   SwaStrategy strategy = SwaStrategy::kRecompute;
   uint64_t prefix_hits = 0;              // admissions that resumed from a cached boundary
@@ -76,6 +76,7 @@ struct StrategyRun {
   uint64_t dedup_hits = 0;
   uint64_t verify_failures = 0;
   uint64_t records_verified = 0;
+  uint64_t tier_blocks = 0;      // prompt blocks promoted from the tiers
   std::optional<TierRun> tiers;  // with a disk directory (DIR/<strategy>)
 };
 

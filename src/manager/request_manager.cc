@@ -134,13 +134,16 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   m->options_ = options;
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(plan.pool)));
   m->block_tokens_ = m->pool_->block_tokens();
+  for (const PoolGroup& pg : m->pool_->groups()) m->token_groups_ = m->token_groups_ || pg.page.compress_ratio == 1;
   const std::string_view variant = plan.state ? SwaStrategyName(options.window_strategy) : std::string_view();
   const Hash128 identity = CacheIdentityKey(g.config_sha256, options.weights_revision, *m->pool_, variant);
   static std::atomic<uint64_t> managers{0};
   m->identity_ = managers.fetch_add(1, std::memory_order_relaxed) + 1;
   m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), options.content_dedup,
                                            /*bucket_limit=*/8, identity);
-  if (plan.state) TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));
+  if (plan.state) {
+    TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));
+  }
   m->requests_.reserve(options.max_requests);
   m->free_request_ids_.reserve(options.max_requests);
   // The index's hook runs before the pool's listener below drops a block's kept window state,
@@ -357,9 +360,12 @@ Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
 
 Status RequestManager::WriteToken(Request& q, uint32_t token, const KvWriters& w) {
   const uint64_t p = q.tokens;
-  const BlockId b = q.table[p / block_tokens_];
-  assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 && "writing into a shared or sealed block");
-  if (w.page && pool_->backed()) {
+  if (w.page && pool_->backed() && token_groups_) {
+    // Per-token groups have a block from the span's first token on (compressed groups only once
+    // an entry completes).
+    const BlockId b = q.table[p / block_tokens_];
+    assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 &&
+           "writing into a shared or sealed block");
     const uint64_t slot = p % block_tokens_;
     for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
       if (pool_->groups()[g].page.compress_ratio != 1) continue;
@@ -492,7 +498,9 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
                   "all " + std::to_string(options_.max_requests) + " request slots are in use");
   }
   Request copy = *p;  // before TakeSlot may move requests_
-  if (states_) TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
+  if (states_) {
+    TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
+  }
   for (BlockId b : copy.table) pool_->Ref(b);
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
   requests_[id] = std::move(copy);

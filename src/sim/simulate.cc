@@ -10,8 +10,7 @@
 #include <unordered_map>
 
 #include "tessera/checked.h"
-#include "tessera/hybrid.h"
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
 #include "tessera/units.h"
@@ -106,88 +105,8 @@ struct Agent {
   bool live = false;
 };
 
-class Simulation {
- public:
-  Simulation(const AgentScenario& s, BlockManager* m) : m_(m), rng_(s.seed) {}
 
-  std::vector<uint32_t> Tokens(uint64_t n) {
-    std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
-    std::vector<uint32_t> t(n);
-    for (uint32_t& x : t) x = d(rng_);
-    return t;
-  }
-
-  static void Extend(Agent& a, std::span<const uint32_t> more) {
-    for (uint32_t t : more) {
-      uint64_t prev = a.prefix_hash.empty() ? 0x5e55e7aULL : a.prefix_hash.back();
-      a.tokens.push_back(t);
-      a.prefix_hash.push_back(Mix(prev ^ (uint64_t{t} * 0x9e3779b97f4a7c15ULL)));
-    }
-  }
-
-  KvWriter WriterFor(const Agent& a) {
-    return [&a](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
-      FillRecord(a.prefix_hash[position], group, layer, view);
-    };
-  }
-
-  // Admits `prompt`, allocates and writes what was not cached. False when the pool ran out; the
-  // request is then dropped whole (an engine would not run a prompt it could not place), so no
-  // live request holds fewer tokens than its prompt.
-  bool AdmitAndWrite(Agent& a, std::span<const uint32_t> prompt, uint64_t* hit_tokens) {
-    Extend(a, prompt);
-    Result<AdmitResult> r = m_->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
-    if (!r.ok()) return false;
-    a.id = r->id;
-    a.live = true;
-    if (hit_tokens != nullptr) *hit_tokens += r->cached_tokens;
-    if (Write(a, r->cached_tokens)) return true;
-    m_->Free(a.id).IgnoreError();
-    a.live = false;
-    return false;
-  }
-
-  // Writes tokens[from..] into the request.
-  bool Write(Agent& a, uint64_t from) {
-    uint64_t n = a.tokens.size() - from;
-    if (!m_->AllocateSlots(a.id, n).ok()) return false;
-    return m_->Append(a.id, std::span<const uint32_t>(a.tokens).subspan(from), WriterFor(a)).ok();
-  }
-
-  void Verify(const Agent& a, SimulationResult& out) {
-    std::vector<std::byte> scratch;
-    const BlockPool& pool = m_->pool();
-    for (uint64_t pos = 0; pos < m_->Tokens(a.id); ++pos) {
-      for (uint32_t g = 0; g < pool.groups().size(); ++g) {
-        for (uint32_t l = 0; l < pool.groups()[g].layers; ++l) {
-          Result<RecordView> view = m_->Record(a.id, g, l, pos);
-          ++out.records_verified;
-          if (!view.ok() || !CheckRecord(a.prefix_hash[pos], g, l, *view, scratch)) {
-            ++out.verify_failures;
-            continue;
-          }
-          for (uint32_t p = 0; p < view->plane_count; ++p) out.bytes_verified += view->planes[p].size();
-        }
-      }
-    }
-  }
-
-  void Release(Agent& a, SimulationResult& out) {
-    if (!a.live) return;
-    Verify(a, out);
-    m_->Free(a.id).IgnoreError();
-    a.live = false;
-  }
-
- private:
-  BlockManager* m_;
-  std::mt19937_64 rng_;
-};
-
-}  // namespace
-
-namespace {
-
+// One run of the scenario through one manager (a model with windows: under one strategy).
 // DeepSeek-V4: synthetic rows that depend on the layer, the position and every token up to it.
 uint64_t RowSeed(uint64_t prefix_hash, uint32_t layer, bool indexer) {
   return Mix(prefix_hash ^ (uint64_t{layer} << 20) ^ (indexer ? 1ULL << 40 : 0));
@@ -197,20 +116,6 @@ float StateValue(uint64_t row_seed, size_t col) {
   return static_cast<float>(((row_seed + col * 0x9e3779b1ULL) >> 24) & 0xff);
 }
 
-HybridWriters HybridWritersFor(const Agent& a) {
-  HybridWriters w;
-  w.window = [&a](uint32_t layer, uint64_t pos, std::span<std::byte> rec) {
-    RecordView v;
-    v.planes[0] = rec;
-    FillRecord(a.prefix_hash[pos], 0, layer, v);
-  };
-  w.state = [&a](uint32_t layer, bool indexer, uint64_t pos, std::span<float> row) {
-    const uint64_t seed = RowSeed(a.prefix_hash[pos], layer, indexer);
-    for (size_t c = 0; c < row.size(); ++c) row[c] = StateValue(seed, c);
-  };
-  w.compress = ReferenceCompress;
-  return w;
-}
 
 // Checks the request's live window rows and a sample of its compressed entries (every entry of
 // its last block span, every 8th before) against the functions that wrote them.
@@ -244,35 +149,155 @@ TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
   return t;
 }
 
-void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, StrategyRun& run) {
+
+class Simulation {
+ public:
+  Simulation(const Geometry& g, const AgentScenario& s, RequestManager* m, StrategyRun* run)
+      : g_(g), s_(s), m_(m), run_(run), rng_(s.seed) {}
+
+  std::vector<uint32_t> Tokens(uint64_t n) {
+    std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
+    std::vector<uint32_t> t(n);
+    for (uint32_t& x : t) x = d(rng_);
+    return t;
+  }
+
+  static void Extend(Agent& a, std::span<const uint32_t> more) {
+    for (uint32_t t : more) {
+      uint64_t prev = a.prefix_hash.empty() ? 0x5e55e7aULL : a.prefix_hash.back();
+      a.tokens.push_back(t);
+      a.prefix_hash.push_back(Mix(prev ^ (uint64_t{t} * 0x9e3779b97f4a7c15ULL)));
+    }
+  }
+
+  // Every byte the manager asks for, as a function of the token's prefix: page records, window
+  // rows, compressor rows, and (from those rows) compressed entries.
+  static KvWriters WritersFor(const Agent& a) {
+    KvWriters w;
+    w.page = [&a](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
+      FillRecord(a.prefix_hash[position], group, layer, view);
+    };
+    w.window = [&a](uint32_t layer, uint64_t pos, std::span<std::byte> rec) {
+      RecordView v;
+      v.planes[0] = rec;
+      FillRecord(a.prefix_hash[pos], 0, layer, v);
+    };
+    w.state = [&a](uint32_t layer, bool indexer, uint64_t pos, std::span<float> row) {
+      const uint64_t seed = RowSeed(a.prefix_hash[pos], layer, indexer);
+      for (size_t c = 0; c < row.size(); ++c) row[c] = StateValue(seed, c);
+    };
+    w.compress = ReferenceCompress;
+    return w;
+  }
+
+  // Admits `prompt` (the cached prefix, resumed per window strategy, and slots for the rest).
+  // False when the pool or the request table ran out: the request is then dropped whole (an
+  // engine would not run a prompt it could not place).
+  bool Admit(Agent& a, std::span<const uint32_t> prompt, uint64_t* hit_tokens) {
+    Extend(a, prompt);
+    Result<Admission> r = m_->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority, std::nullopt});
+    if (!r.ok()) return false;
+    a.id = r->id;
+    a.live = true;
+    run_->tier_blocks += r->tier_blocks;
+    if (hit_tokens != nullptr) *hit_tokens += r->cached_tokens;
+    if (r->cached_tokens > 0) {
+      ++run_->prefix_hits;
+      run_->prefix_hit_tokens += r->cached_tokens;
+      if (r->state_restored) ++run_->states_restored;
+      if (r->recompute_tokens > 0) {
+        run_->tokens_recomputed += r->recompute_tokens;
+        if (!m_->Recompute(a.id, prompt.subspan(r->recompute_from, r->recompute_tokens), WritersFor(a)).ok()) {
+          Drop(a);
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  bool AdmitAndWrite(Agent& a, std::span<const uint32_t> prompt, uint64_t* hit_tokens) {
+    if (!Admit(a, prompt, hit_tokens)) return false;
+    if (Write(a, m_->Tokens(a.id))) return true;
+    Drop(a);
+    return false;
+  }
+
+  // Writes tokens[from..] into the request.
+  bool Write(Agent& a, uint64_t from) {
+    const uint64_t n = a.tokens.size() - from;
+    if (!m_->AllocateSlots(a.id, n).ok()) return false;
+    return m_->Append(a.id, std::span<const uint32_t>(a.tokens).subspan(from), WritersFor(a)).ok();
+  }
+
+  void Drop(Agent& a) {
+    m_->Free(a.id).IgnoreError();
+    a.live = false;
+  }
+
+  // Reads back every page record (per-token caches) and, with windows, the live window and
+  // compressor rows and a sample of the compressed entries.
+  void Verify(const Agent& a, SimulationResult& out) {
+    std::vector<std::byte> scratch;
+    const BlockPool& pool = m_->pool();
+    for (uint64_t pos = 0; pos < m_->Tokens(a.id); ++pos) {
+      for (uint32_t g = 0; g < pool.groups().size(); ++g) {
+        if (pool.groups()[g].page.compress_ratio != 1) continue;
+        for (uint32_t l = 0; l < pool.groups()[g].layers; ++l) {
+          Result<RecordView> view = m_->Record(a.id, g, l, pos);
+          ++run_->records_verified;
+          if (!view.ok() || !CheckRecord(a.prefix_hash[pos], g, l, *view, scratch)) {
+            ++run_->verify_failures;
+            continue;
+          }
+          for (uint32_t p = 0; p < view->plane_count; ++p) out.bytes_verified += view->planes[p].size();
+        }
+      }
+    }
+    if (m_->states() != nullptr) VerifyWindows(a);
+  }
+
+  void Release(Agent& a, SimulationResult& out) {
+    if (!a.live) return;
+    Verify(a, out);
+    Drop(a);
+  }
+
+ private:
+  void VerifyWindows(const Agent& a);
+
+  const Geometry& g_;
+  const AgentScenario& s_;
+  RequestManager* m_;
+  StrategyRun* run_;
+  std::mt19937_64 rng_;
+};
+
+// The live window rows against the writer's function, then the compressed entries (every entry
+// of the last block span, every 8th before) against the reference compressor over the rows.
+void Simulation::VerifyWindows(const Agent& a) {
+  const RequestManager& m = *m_;
   const uint64_t n = m.Tokens(a.id);
   std::vector<std::byte> live = m.LiveState(a.id);
   std::vector<std::byte> expect;
-  uint32_t window_record = 0;
-  for (const CacheLine& l : m.layout().lines) {
-    if (l.role == CacheRole::kWindow) window_record = static_cast<uint32_t>(l.format.record_bytes());
-  }
-  std::vector<std::byte> row(window_record);
-  uint32_t layer_pos = 0;
-  for (const LayerSpec& spec : g.layers) {
+  std::vector<std::byte> row(m.states()->options().window_record_bytes);
+  for (const LayerSpec& spec : g_.layers) {
     if (spec.is_mtp) continue;
-    for (uint64_t t = n > g.sliding_window ? n - g.sliding_window : 0; t < n; ++t) {
+    for (uint64_t t = n > g_.sliding_window ? n - g_.sliding_window : 0; t < n; ++t) {
       RecordView v;
       v.planes[0] = row;
       FillRecord(a.prefix_hash[t], 0, spec.index, v);
       expect.insert(expect.end(), row.begin(), row.end());
-      ++run.records_verified;
+      ++run_->records_verified;
     }
-    ++layer_pos;
   }
-  // (A request whose pages could not be allocated holds no tokens: nothing to compare, and
-  // memcmp must not see the null data of empty vectors.)
+  // (memcmp must not see the null data of empty vectors.)
   if (live.size() < expect.size() || (!expect.empty() && std::memcmp(live.data(), expect.data(), expect.size()) != 0)) {
-    ++run.verify_failures;
+    ++run_->verify_failures;
   }
   if (!m.pool().backed()) return;
   const uint64_t last_span = n / m.block_tokens() * m.block_tokens();
-  for (const LayerSpec& spec : g.layers) {
+  for (const LayerSpec& spec : g_.layers) {
     if (spec.is_mtp || spec.compress_ratio == 0) continue;
     const uint32_t r = spec.compress_ratio;
     const uint32_t coff = spec.kind == LayerKind::kCsa ? 2 : 1;
@@ -280,14 +305,16 @@ void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, Str
       if (indexer && spec.kind != LayerKind::kCsa) continue;
       uint32_t floats = 0;
       for (const CacheSpec& c : spec.caches) {
-        if (c.role == (indexer ? CacheRole::kIndexerCompressorState : CacheRole::kCompressorState))
+        if (c.role == (indexer ? CacheRole::kIndexerCompressorState : CacheRole::kCompressorState)) {
           floats = c.state_floats;
+        }
       }
       for (uint64_t e = 0; e < n / r; ++e) {
         if (e % 8 != 0 && (e + 1) * r <= last_span) continue;
         Result<RecordView> got = m.Entry(a.id, spec.index, indexer, e);
+        ++run_->records_verified;
         if (!got.ok()) {
-          ++run.verify_failures;
+          ++run_->verify_failures;
           continue;
         }
         std::vector<float> rows;
@@ -295,12 +322,11 @@ void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, Str
           const uint64_t seed = RowSeed(a.prefix_hash[t], spec.index, indexer);
           for (uint32_t c = 0; c < floats; ++c) rows.push_back(StateValue(seed, c));
         }
-        std::vector<std::byte> want;
-        RecordView wv;
-        wv.plane_count = got->plane_count;
         size_t total = 0;
         for (uint32_t p = 0; p < got->plane_count; ++p) total += got->planes[p].size();
-        want.resize(total);
+        std::vector<std::byte> want(total);
+        RecordView wv;
+        wv.plane_count = got->plane_count;
         size_t off = 0;
         for (uint32_t p = 0; p < got->plane_count; ++p) {
           wv.planes[p] = std::span<std::byte>(want.data() + off, got->planes[p].size());
@@ -313,195 +339,250 @@ void VerifyHybrid(const HybridManager& m, const Geometry& g, const Agent& a, Str
           ok = ok && std::memcmp(got->planes[p].data(), want.data() + off, got->planes[p].size()) == 0;
           off += got->planes[p].size();
         }
-        ++run.records_verified;
-        if (!ok) ++run.verify_failures;
+        if (!ok) ++run_->verify_failures;
       }
     }
   }
 }
 
-Result<StrategyRun> RunHybridStrategy(const Geometry& g, const AgentScenario& s, SwaStrategy strategy,
-                                      SimulationResult& out) {
+// The scenario, once, through one manager built for `strategy` (models with windows) — the one
+// driver for every model. Fills the peak figures of `out` and adds its counters; returns the
+// run's own figures.
+Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
+                            SimulationResult& out) {
   StrategyRun run;
-  run.strategy = strategy;
-  HybridOptions o;
-  o.kv_format = s.kv_format;
-  o.block_tokens = s.block_tokens;
-  o.strategy = strategy;
-  o.hash = s.hash;
-  o.hash_bits = s.hash_bits;
-  o.hash_key_seed = s.seed;
-  const uint32_t requests = 1 + s.agents + s.independent + 2;
-  o.max_requests = requests;
+  if (strategy) run.strategy = *strategy;
+  ManagerOptions mo;
+  mo.kv_format = s.kv_format;
+  mo.block_tokens = s.block_tokens;
+  mo.hash = s.hash;
+  mo.hash_bits = s.hash_bits;
+  mo.hash_key_seed = s.seed;
+  if (strategy) mo.window_strategy = *strategy;
+  const uint32_t pairs = std::min<uint32_t>(s.tenants, 2);
+  mo.max_requests = 1 + s.agents + s.independent + 2 * pairs + 2;
+  // Token layout of the workload.
+  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t docs = s.shared_tokens - system - tools;
+
+  // Capacity: the first wave at its peak, every request live, nothing shared, plus slack for
+  // copy-on-write.
   LedgerOptions probe_options;
   probe_options.context_tokens = 1;
   probe_options.kv_format = s.kv_format;
   probe_options.block_tokens = s.block_tokens;
+  if (strategy) probe_options.swa_strategy = *strategy;
   TESSERA_ASSIGN_OR_RETURN(Ledger probe, ComputeLedger(g, probe_options));
   const uint64_t bt = probe.block_tokens;
   if (s.capacity_blocks > 0) {
-    o.capacity_blocks = s.capacity_blocks;
+    mo.capacity_blocks = s.capacity_blocks;
   } else {
-    uint64_t need = uint64_t{requests} * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) + 4;
-    if (need > (1u << 24)) return OutOfRange("agents", "the workload needs too many blocks");
-    o.capacity_blocks = static_cast<uint32_t>(need);
+    Checked need =
+        Checked(CeilDiv(s.shared_tokens, bt)) + Checked(s.agents) * CeilDiv(s.shared_tokens + s.unique_tokens, bt) +
+        Checked(s.independent + 2 * pairs) * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) +
+        Checked(s.agents) + 8;
+    if (need.overflowed() || need.value() > (1u << 24)) {
+      return OutOfRange("agents", "the workload needs too many blocks");
+    }
+    mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
-  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, o.capacity_blocks, s));
+  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, mo.capacity_blocks, s));
   // The per-request arena (window rings, compressor state) is mapped for every request too.
   Checked arena(0);
   for (const CacheLine& line : probe.lines) {
     if (!line.in_pages) arena += Checked(line.layers) * line.slots * line.format.record_bytes();
   }
-  arena = arena * requests;
+  arena = arena * mo.max_requests;
   if (arena.overflowed() || arena.value() > kMaxPoolBytes) {
-    return OutOfRange("sliding_window", "the window state of " + std::to_string(requests) + " requests exceeds the " +
-                                            std::to_string(kMaxPoolBytes) + " B a simulation maps");
+    return OutOfRange("sliding_window", "the window state of " + std::to_string(mo.max_requests) +
+                                            " requests exceeds the " + std::to_string(kMaxPoolBytes) +
+                                            " B a simulation maps");
   }
-  // With a disk directory: one tier per strategy (their records carry different state).
-  const std::string dir = s.disk_dir.empty() ? "" : s.disk_dir + "/" + std::string(SwaStrategyName(strategy));
+  // With a disk directory (a model with windows: one per strategy — their records carry
+  // different state).
+  const std::string dir =
+      s.disk_dir.empty() || !strategy ? s.disk_dir : s.disk_dir + "/" + std::string(SwaStrategyName(*strategy));
   if (!dir.empty()) {
     TESSERA_ASSIGN_OR_RETURN(TierKey key, LoadOrCreateTierKey(dir));
-    o.hash_key = std::move(key.secret);
+    mo.hash_key = std::move(key.secret);
     for (std::string& w : key.warnings) out.warnings.push_back(std::move(w));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<HybridManager> m, HybridManager::Create(g, o));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RequestManager> m, RequestManager::Create(g, mo));
   std::unique_ptr<TieredStore> store;
   if (!dir.empty()) {
     TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(m->pool(), s, dir));
     m->SetBlockSource(store.get());
   }
+  out.model = g.name;
+  out.kv_format = probe.kv_format;
   out.block_tokens = static_cast<uint32_t>(bt);
   out.block_bytes = m->pool().block_bytes();
-  out.capacity_blocks = o.capacity_blocks;
-  out.kv_format = probe.kv_format;
+  out.capacity_blocks = mo.capacity_blocks;
+  m->SetSecurityListener([&out](const SecurityEvent& e) {
+    if (out.security_events.size() < kMaxSecurityEvents) {
+      out.security_events.push_back("dedup collision: content key " + e.content_key.Hex() + " names block " +
+                                    std::to_string(e.existing.value) + ", candidate block " +
+                                    std::to_string(e.candidate.value) + " has other bytes (domain " +
+                                    std::to_string(e.domain) + "); installed separately");
+    }
+  });
 
-  std::mt19937_64 rng(s.seed);
-  std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
-  auto tokens = [&](uint64_t n) {
-    std::vector<uint32_t> t(n);
-    for (uint32_t& x : t) x = d(rng);
-    return t;
+  Simulation sim(g, s, m.get(), &run);
+  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs),
+                        tool_tokens = sim.Tokens(tools);
+  std::vector<std::vector<uint32_t>> preambles = {sim.Tokens(s.preamble_tokens), sim.Tokens(s.preamble_tokens),
+                                                  sim.Tokens(s.preamble_tokens)};
+  auto concat = [](std::initializer_list<const std::vector<uint32_t>*> parts) {
+    std::vector<uint32_t> all;
+    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+    return all;
   };
   std::vector<Agent> agents;
-  agents.reserve(requests);
-  uint64_t tier_hit_blocks = 0;
-  // Admits `prompt`, resumes a cached prefix (restored or recomputed per strategy) and makes room
-  // for the rest; the caller writes from m->Tokens(a.id).
-  auto admit = [&](Agent& a, const std::vector<uint32_t>& prompt) -> bool {
-    Simulation::Extend(a, prompt);
-    Result<HybridAdmit> r = m->Admit(prompt, RequestSpec{a.tenant, 0, kDefaultRetentionPriority});
-    if (!r.ok()) return false;
-    a.id = r->id;
-    a.live = true;
-    tier_hit_blocks += r->tier_blocks;
-    if (r->cached_tokens > 0) {
-      ++run.prefix_hits;
-      run.prefix_hit_tokens += r->cached_tokens;
-      if (r->state_restored) ++run.states_restored;
-      if (r->recompute_tokens > 0) {
-        run.tokens_recomputed += r->recompute_tokens;
-        std::span<const uint32_t> again =
-            std::span<const uint32_t>(prompt).subspan(r->recompute_from, r->recompute_tokens);
-        if (!m->Recompute(a.id, again, HybridWritersFor(a)).ok()) return false;
-      }
-    }
-    return m->AllocateSlots(a.id, prompt.size() - r->cached_tokens).ok();
-  };
-  auto admit_and_write = [&](Agent& a, const std::vector<uint32_t>& prompt) -> bool {
-    if (!admit(a, prompt)) return false;
-    return m->Append(a.id, std::span<const uint32_t>(prompt).subspan(m->Tokens(a.id)), HybridWritersFor(a)).ok();
-  };
+  agents.reserve(1 + s.agents + s.independent + 2 * pairs);
+  uint64_t first_wave_hits = 0;
 
-  // The orchestrator's shared context, then agents that start with it (prefix hits at block
-  // boundaries, resumed per strategy), then agents with their own preamble, then an identical
-  // pair in the same step (content dedup on seal).
-  std::vector<uint32_t> shared = tokens(s.shared_tokens);
+  // 1. The orchestrator builds the shared context.
+  std::vector<uint32_t> shared = concat({&system_tokens, &doc_tokens, &tool_tokens});
   agents.emplace_back();
-  if (!admit_and_write(agents.back(), shared)) ++out.out_of_blocks;
-  for (uint32_t i = 0; i < s.agents; ++i) {
-    std::vector<uint32_t> prompt = shared;
-    std::vector<uint32_t> task = tokens(s.unique_tokens);
-    prompt.insert(prompt.end(), task.begin(), task.end());
-    agents.emplace_back();
-    agents.back().tenant = i % s.tenants;
-    if (!admit_and_write(agents.back(), prompt)) ++out.out_of_blocks;
+  if (!sim.AdmitAndWrite(agents[0], shared, &first_wave_hits)) ++out.out_of_blocks;
+
+  // 2. Forked agents: each shares the context (window state included) and appends its own task.
+  std::vector<size_t> forked;
+  // Without the orchestrator's context there is nothing to fork: each agent counts as not placed.
+  if (!agents[0].live) out.out_of_blocks += s.agents;
+  for (uint32_t i = 0; i < s.agents && agents[0].live; ++i) {
+    Result<RequestId> child = m->Fork(agents[0].id);
+    if (!child.ok()) {
+      ++out.out_of_blocks;
+      continue;
+    }
+    agents.push_back(agents[0]);
+    Agent& a = agents.back();
+    a.id = *child;
+    a.forked = true;
+    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
+    const uint64_t from = a.tokens.size();
+    Simulation::Extend(a, task);
+    if (!sim.Write(a, from)) ++out.out_of_blocks;
+    forked.push_back(agents.size() - 1);
   }
+
+  // 3. Independent agents: their own preamble (one of two), then the same documents and tools.
+  std::vector<std::vector<uint32_t>> independent_prompts;
+  std::vector<uint32_t> independent_tenants;
   for (uint32_t i = 0; i < s.independent; ++i) {
-    std::vector<uint32_t> prompt = tokens(s.preamble_tokens);
-    prompt.insert(prompt.end(), shared.begin(), shared.end());
+    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
+    std::vector<uint32_t> prompt = concat({&preambles[i % 2], &doc_tokens, &tool_tokens, &task});
     agents.emplace_back();
-    agents.back().tenant = i % s.tenants;
-    if (!admit_and_write(agents.back(), prompt)) ++out.out_of_blocks;
+    Agent& a = agents.back();
+    a.tenant = i % s.tenants;
+    if (!sim.AdmitAndWrite(a, prompt, &first_wave_hits)) ++out.out_of_blocks;
+    independent_prompts.push_back(std::move(prompt));
+    independent_tenants.push_back(a.tenant);
   }
-  std::vector<uint32_t> pair = tokens(s.preamble_tokens + s.shared_tokens);
-  size_t first = agents.size();
-  for (int k = 0; k < 2; ++k) {
-    agents.emplace_back();
-    if (!admit(agents.back(), pair)) ++out.out_of_blocks;
-  }
-  // Lockstep, one block at a time, each from where its admission left it (a cached prefix).
-  for (uint64_t pos = 0; pos < pair.size(); pos += bt) {
-    uint64_t end = std::min<uint64_t>(pair.size(), pos + bt);
-    for (size_t k = first; k < first + 2; ++k) {
-      Agent& a = agents[k];
-      if (!a.live || m->Tokens(a.id) != pos) continue;  // exactly at `pos`, as in the MLA scenario
-      if (!m->Append(a.id, std::span<const uint32_t>(pair).subspan(pos, end - pos), HybridWritersFor(a)).ok()) {
-        ++out.out_of_blocks;
+
+  // 4. Identical prompts in the same step, before either is sealed (per tenant, up to two).
+  std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
+  std::vector<uint32_t> pair_prompt = concat({&preambles[2], &doc_tokens, &pair_task});
+  for (uint32_t t = 0; t < pairs; ++t) {
+    const size_t first = agents.size();
+    for (int k = 0; k < 2; ++k) {
+      agents.emplace_back();
+      agents.back().tenant = t;
+      if (!sim.Admit(agents.back(), pair_prompt, &first_wave_hits)) ++out.out_of_blocks;
+    }
+    // Lockstep, one block at a time: each seal of the second finds the first's equal block.
+    for (uint64_t pos = 0; pos < pair_prompt.size();) {
+      const uint64_t end = std::min<uint64_t>(pair_prompt.size(), (pos / bt + 1) * bt);
+      for (size_t k = first; k < first + 2; ++k) {
+        Agent& a = agents[k];
+        // Only a request exactly at `pos` takes the chunk (a cached prefix starts it further on;
+        // a failed append leaves it behind, and the chunk must not land at another position).
+        if (!a.live || m->Tokens(a.id) != pos) continue;
+        std::span<const uint32_t> chunk = std::span<const uint32_t>(a.tokens).subspan(pos, end - pos);
+        if (!m->Append(a.id, chunk, Simulation::WritersFor(a)).ok()) ++out.out_of_blocks;
       }
+      pos = end;
     }
   }
+
+  // 5. The peak: sharing, copies of the shared context, tenant isolation, bytes held.
   run.bytes_held_peak = m->bytes_held();
-  run.boundaries_kept = m->boundaries_kept();
-  run.bytes_kept_per_boundary = run.boundaries_kept > 0 ? m->boundary_bytes_kept() / run.boundaries_kept : 0;
+  if (m->states() != nullptr) {
+    run.boundaries_kept = m->states()->boundaries_kept();
+    run.bytes_kept_per_boundary = run.boundaries_kept > 0 ? m->states()->boundary_bytes_kept() / run.boundaries_kept : 0;
+  }
+  std::unordered_map<uint32_t, std::set<uint32_t>> block_domains;
   std::set<uint32_t> physical;
-  uint64_t logical = 0;
-  std::unordered_map<uint32_t, std::set<uint32_t>> domains;
+  out.requests = 0;
+  out.logical_blocks = 0;
   for (const Agent& a : agents) {
     if (!a.live) continue;
-    for (BlockId b : m->BlockTable(a.id)) {
+    ++out.requests;
+    std::span<const BlockId> table = m->BlockTable(a.id);
+    out.logical_blocks += table.size();
+    for (BlockId b : table) {
       physical.insert(b.value);
-      domains[b.value].insert(a.tenant);
-      ++logical;
+      block_domains[b.value].insert(m->domain_of(a.tenant));
     }
   }
-  for (const auto& [b, ds] : domains) out.cross_tenant_shares += ds.size() > 1 ? 1 : 0;
-  for (Agent& a : agents) {
-    if (!a.live) continue;
-    VerifyHybrid(*m, g, a, run);
-    m->Free(a.id).IgnoreError();
-    a.live = false;
-  }
-  run.dedup_hits = m->index().stats().dedup_hits.load();
-  if (store) {
-    if (s.tier_write == WritePolicy::kWriteBack) {  // shutdown (see the MLA path)
-      TESSERA_RETURN_IF_ERROR(m->Checkpoint().status());
-    }
-    m->SetBlockSource(nullptr);
-    run.tiers = CollectTierRun(*store, tier_hit_blocks * bt);
-  }
-  out.logical_blocks = logical;
   out.physical_blocks = physical.size();
-  out.bytes_saved = (logical - physical.size()) * out.block_bytes;
-  out.requests = agents.size();
+  out.bytes_saved = (out.logical_blocks - out.physical_blocks) * out.block_bytes;
+  for (const auto& [block, domains] : block_domains) out.cross_tenant_shares += domains.size() > 1 ? 1 : 0;
+  const uint64_t shared_full_blocks = s.shared_tokens / bt;
+  out.shared_context_copies = 0;
+  for (uint64_t i = 0; i < shared_full_blocks; ++i) {
+    std::set<uint32_t> copies;
+    for (size_t k : forked) {
+      // A table shorter than the shared context is possible when the pool is tiny.
+      std::span<const BlockId> table = agents[k].live ? m->BlockTable(agents[k].id) : std::span<const BlockId>();
+      if (i < table.size()) copies.insert(table[i].value);
+    }
+    out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
+  }
+
+  // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
+  for (Agent& a : agents) sim.Release(a, out);
+
+  // 7. Second wave: the independent prompts again, from the cache.
+  for (size_t i = 0; i < independent_prompts.size(); ++i) {
+    Agent a;
+    a.tenant = independent_tenants[i];
+    uint64_t hits = 0;
+    if (!sim.AdmitAndWrite(a, independent_prompts[i], &hits)) ++out.out_of_blocks;
+    out.second_wave_hit_tokens += hits;
+    sim.Release(a, out);
+  }
+
+  // 8. Cold agents: new prompts of the same length; with a tight pool they evict cached blocks.
+  for (size_t i = 0; i < independent_prompts.size(); ++i) {
+    Agent a;
+    a.tenant = independent_tenants[i];
+    if (!sim.AdmitAndWrite(a, sim.Tokens(independent_prompts[i].size()), nullptr)) ++out.out_of_blocks;
+    sim.Release(a, out);
+  }
+
+  const IndexStats& is = m->index().stats();
+  run.dedup_hits = is.dedup_hits.load();
   out.dedup_hits += run.dedup_hits;
-  out.dedup_collisions += m->index().stats().dedup_collisions.load();
+  out.dedup_collisions += is.dedup_collisions.load();
   out.evictions += m->pool().stats().evictions.load();
+  out.cow_copies += m->metrics().cow_copies.load();
   out.prefix_hit_tokens += run.prefix_hit_tokens;
   out.records_verified += run.records_verified;
   out.verify_failures += run.verify_failures;
-  return run;
-}
-
-Result<SimulationResult> RunHybridScenario(const Geometry& g, const AgentScenario& s) {
-  SimulationResult out;
-  out.model = g.name;
-  std::vector<SwaStrategy> strategies = {SwaStrategy::kRecompute, SwaStrategy::kSnapshot, SwaStrategy::kRetain};
-  if (s.swa_strategy) strategies = {*s.swa_strategy};
-  for (SwaStrategy st : strategies) {
-    TESSERA_ASSIGN_OR_RETURN(StrategyRun run, RunHybridStrategy(g, s, st, out));
-    out.strategies.push_back(run);
+  out.metrics = m->CollectMetrics();
+  if (store) {
+    // The end of the run is a graceful shutdown: under write-back the pool's sealed blocks are
+    // written now (write-through wrote them at seal).
+    if (s.tier_write == WritePolicy::kWriteBack) TESSERA_RETURN_IF_ERROR(m->Checkpoint().status());
+    m->SetBlockSource(nullptr);
+    run.tiers = CollectTierRun(*store, run.tier_blocks * bt);
+    for (MetricFamily& f : store->CollectMetrics()) out.metrics.push_back(std::move(f));
+    out.tiers = run.tiers;
   }
-  return out;
+  return run;
 }
 
 }  // namespace
@@ -529,219 +610,17 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   if (s.host_tier_bytes > 0 && s.disk_dir.empty()) {
     return InvalidArgument("host-tier-bytes", "needs a disk directory (the host tier sits above it)");
   }
-  if (g.is_hybrid) return RunHybridScenario(g, s);
-
-  ManagerOptions mo;
-  mo.kv_format = s.kv_format;
-  mo.block_tokens = s.block_tokens;
-  mo.hash = s.hash;
-  mo.hash_bits = s.hash_bits;
-  mo.hash_key_seed = s.seed;
-  // Token layout of the workload.
-  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
-  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
-  const uint64_t docs = s.shared_tokens - system - tools;
-
-  // Capacity: the first wave at its peak, every request live, nothing shared, plus slack for
-  // copy-on-write.
-  TESSERA_ASSIGN_OR_RETURN(Ledger probe, ComputeLedger(g, LedgerOptionsFor(mo, 1, 1)));
-  const uint64_t bt = probe.block_tokens;
-  if (s.capacity_blocks > 0) {
-    mo.capacity_blocks = s.capacity_blocks;
-  } else {
-    uint64_t pairs = std::min<uint32_t>(s.tenants, 2);
-    Checked need =
-        Checked(CeilDiv(s.shared_tokens, bt)) + Checked(s.agents) * CeilDiv(s.shared_tokens + s.unique_tokens, bt) +
-        Checked(s.independent + 2 * pairs) * CeilDiv(s.preamble_tokens + s.shared_tokens + s.unique_tokens, bt) +
-        Checked(s.agents) + 8;
-    if (need.overflowed() || need.value() > (1u << 24))
-      return OutOfRange("agents", "the workload needs too many blocks");
-    mo.capacity_blocks = static_cast<uint32_t>(need.value());
-  }
-  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, mo.capacity_blocks, s));
-  std::vector<std::string> key_warnings;
-  if (!s.disk_dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(TierKey key, LoadOrCreateTierKey(s.disk_dir));
-    mo.hash_key = std::move(key.secret);
-    key_warnings = std::move(key.warnings);
-  }
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BlockManager> m, BlockManager::Create(g, mo));
-  std::unique_ptr<TieredStore> store;
-  if (!s.disk_dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(m->pool(), s, s.disk_dir));
-    m->SetBlockSource(store.get());
-  }
-
   SimulationResult out;
-  out.warnings = std::move(key_warnings);
-  out.model = g.name;
-  out.kv_format = probe.kv_format;
-  out.block_tokens = static_cast<uint32_t>(bt);
-  out.block_bytes = m->pool().block_bytes();
-  out.capacity_blocks = mo.capacity_blocks;
-  m->mutable_index().SetSecurityListener([&out](const SecurityEvent& e) {
-    if (out.security_events.size() < kMaxSecurityEvents) {
-      out.security_events.push_back("dedup collision: content key " + e.content_key.Hex() + " names block " +
-                                    std::to_string(e.existing.value) + ", candidate block " +
-                                    std::to_string(e.candidate.value) + " has other bytes (domain " +
-                                    std::to_string(e.domain) + "); installed separately");
-    }
-  });
-
-  Simulation sim(s, m.get());
-  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs),
-                        tool_tokens = sim.Tokens(tools);
-  std::vector<std::vector<uint32_t>> preambles = {sim.Tokens(s.preamble_tokens), sim.Tokens(s.preamble_tokens),
-                                                  sim.Tokens(s.preamble_tokens)};
-  auto concat = [](std::initializer_list<const std::vector<uint32_t>*> parts) {
-    std::vector<uint32_t> all;
-    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
-    return all;
-  };
-  std::vector<Agent> agents;
-  agents.reserve(1 + s.agents + s.independent + 4);
-
-  // 1. The orchestrator builds the shared context.
-  std::vector<uint32_t> shared = concat({&system_tokens, &doc_tokens, &tool_tokens});
-  agents.emplace_back();
-  Agent& orchestrator = agents.back();
-  if (!sim.AdmitAndWrite(orchestrator, shared, &out.prefix_hit_tokens)) ++out.out_of_blocks;
-
-  // 2. Forked agents: each shares the context and appends its own task.
-  std::vector<size_t> forked;
-  // Without the orchestrator's context there is nothing to fork: each agent counts as not placed.
-  if (!orchestrator.live) out.out_of_blocks += s.agents;
-  for (uint32_t i = 0; i < s.agents && orchestrator.live; ++i) {
-    Result<RequestId> child = m->Fork(agents[0].id);
-    if (!child.ok()) {
-      ++out.out_of_blocks;
-      continue;
-    }
-    agents.push_back(agents[0]);
-    Agent& a = agents.back();
-    a.id = *child;
-    a.forked = true;
-    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
-    uint64_t from = a.tokens.size();
-    Simulation::Extend(a, task);
-    if (!sim.Write(a, from)) ++out.out_of_blocks;
-    forked.push_back(agents.size() - 1);
+  if (!(g.is_hybrid && g.sliding_window > 0)) {
+    TESSERA_ASSIGN_OR_RETURN(StrategyRun run, RunOnce(g, s, std::nullopt, out));
+    (void)run;
+    return out;
   }
-
-  // 3. Independent agents: their own preamble (one of two), then the same documents and tools.
-  std::vector<std::vector<uint32_t>> independent_prompts;
-  std::vector<uint32_t> independent_tenants;
-  for (uint32_t i = 0; i < s.independent; ++i) {
-    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
-    std::vector<uint32_t> prompt = concat({&preambles[i % 2], &doc_tokens, &tool_tokens, &task});
-    agents.emplace_back();
-    Agent& a = agents.back();
-    a.tenant = i % s.tenants;
-    if (!sim.AdmitAndWrite(a, prompt, &out.prefix_hit_tokens)) ++out.out_of_blocks;
-    independent_prompts.push_back(std::move(prompt));
-    independent_tenants.push_back(a.tenant);
-  }
-
-  // 4. Identical prompts in the same step, before either is sealed (per tenant, up to two).
-  std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
-  std::vector<uint32_t> pair_prompt = concat({&preambles[2], &doc_tokens, &pair_task});
-  for (uint32_t t = 0; t < std::min<uint32_t>(s.tenants, 2); ++t) {
-    size_t first = agents.size();
-    for (int k = 0; k < 2; ++k) {
-      agents.emplace_back();
-      Agent& a = agents.back();
-      a.tenant = t;
-      Simulation::Extend(a, pair_prompt);
-      Result<AdmitResult> r = m->Admit(pair_prompt, RequestSpec{t, 0, kDefaultRetentionPriority});
-      if (!r.ok() || !m->AllocateSlots(r->id, pair_prompt.size() - r->cached_tokens).ok()) {
-        ++out.out_of_blocks;
-        if (r.ok()) m->Free(r->id).IgnoreError();
-        continue;
-      }
-      a.id = r->id;
-      a.live = true;
-      out.prefix_hit_tokens += r->cached_tokens;
-    }
-    // Lockstep, one block at a time: each seal of the second finds the first's equal block.
-    uint64_t pos = 0;
-    while (pos < pair_prompt.size()) {
-      uint64_t end = std::min<uint64_t>(pair_prompt.size(), (pos / bt + 1) * bt);
-      for (size_t k = first; k < first + 2; ++k) {
-        Agent& a = agents[k];
-        // Only a request exactly at `pos` takes the chunk (a cached prefix starts it further on;
-        // a failed append leaves it behind, and the chunk must not land at another position).
-        if (!a.live || m->Tokens(a.id) != pos) continue;
-        std::span<const uint32_t> chunk = std::span<const uint32_t>(a.tokens).subspan(pos, end - pos);
-        if (!m->Append(a.id, chunk, sim.WriterFor(a)).ok()) ++out.out_of_blocks;
-      }
-      pos = end;
-    }
-  }
-
-  // 5. The peak: sharing, copies of the shared context, tenant isolation.
-  std::unordered_map<uint32_t, std::set<uint32_t>> block_domains;
-  std::set<uint32_t> physical;
-  for (const Agent& a : agents) {
-    if (!a.live) continue;
-    ++out.requests;
-    std::span<const BlockId> table = m->BlockTable(a.id);
-    out.logical_blocks += table.size();
-    for (BlockId b : table) {
-      physical.insert(b.value);
-      block_domains[b.value].insert(m->domain_of(a.tenant));
-    }
-  }
-  out.physical_blocks = physical.size();
-  out.bytes_saved = (out.logical_blocks - out.physical_blocks) * out.block_bytes;
-  for (const auto& [block, domains] : block_domains) out.cross_tenant_shares += domains.size() > 1 ? 1 : 0;
-  const uint64_t shared_full_blocks = s.shared_tokens / bt;
-  for (uint64_t i = 0; i < shared_full_blocks; ++i) {
-    std::set<uint32_t> copies;
-    for (size_t k : forked) {
-      // A fork whose own blocks could not be allocated still names the shared ones, but check:
-      // a table shorter than the shared context is possible when the pool is tiny.
-      std::span<const BlockId> table = agents[k].live ? m->BlockTable(agents[k].id) : std::span<const BlockId>();
-      if (i < table.size()) copies.insert(table[i].value);
-    }
-    out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
-  }
-
-  // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
-  for (Agent& a : agents) sim.Release(a, out);
-
-  // 7. Second wave: the independent prompts again, from the cache.
-  for (size_t i = 0; i < independent_prompts.size(); ++i) {
-    Agent a;
-    a.tenant = independent_tenants[i];
-    uint64_t hits = 0;
-    if (!sim.AdmitAndWrite(a, independent_prompts[i], &hits)) ++out.out_of_blocks;
-    out.second_wave_hit_tokens += hits;
-    out.prefix_hit_tokens += hits;
-    sim.Release(a, out);
-  }
-
-  // 8. Cold agents: new prompts of the same length; with a tight pool they evict cached blocks.
-  for (size_t i = 0; i < independent_prompts.size(); ++i) {
-    Agent a;
-    a.tenant = independent_tenants[i];
-    if (!sim.AdmitAndWrite(a, sim.Tokens(independent_prompts[i].size()), &out.prefix_hit_tokens)) ++out.out_of_blocks;
-    sim.Release(a, out);
-  }
-
-  const IndexStats& is = m->index().stats();
-  out.dedup_hits = is.dedup_hits.load();
-  out.dedup_collisions = is.dedup_collisions.load();
-  out.evictions = m->pool().stats().evictions.load();
-  out.cow_copies = m->metrics().cow_copies.load();
-  out.metrics = m->CollectMetrics();
-  if (store) {
-    // The end of the run is a graceful shutdown: under write-back the pool's sealed blocks are
-    // written now (write-through wrote them at seal).
-    if (s.tier_write == WritePolicy::kWriteBack) TESSERA_RETURN_IF_ERROR(m->Checkpoint().status());
-    m->SetBlockSource(nullptr);
-    TierRun t = CollectTierRun(*store, m->metrics().tier_hit_tokens.load());
-    for (MetricFamily& f : store->CollectMetrics()) out.metrics.push_back(std::move(f));
-    out.tiers = t;
+  std::vector<SwaStrategy> strategies = {SwaStrategy::kRecompute, SwaStrategy::kSnapshot, SwaStrategy::kRetain};
+  if (s.swa_strategy) strategies = {*s.swa_strategy};
+  for (SwaStrategy st : strategies) {
+    TESSERA_ASSIGN_OR_RETURN(StrategyRun run, RunOnce(g, s, st, out));
+    out.strategies.push_back(run);
   }
   return out;
 }

@@ -50,6 +50,11 @@ Result<std::unique_ptr<RequestStates>> RequestStates::Create(StateOptions o) {
       }
     }
   }
+  // The ring holds the window and the draft tokens, counted in 32 bits.
+  if (uint64_t{o.window} + o.spec_tokens > UINT32_MAX) {
+    return OutOfRange("sliding_window", "a window of " + std::to_string(o.window) + " tokens plus " +
+                                            std::to_string(o.spec_tokens) + " draft tokens does not fit 32 bits");
+  }
   std::unique_ptr<RequestStates> s(new RequestStates());
   s->options_ = std::move(o);
   const StateOptions& opt = s->options_;

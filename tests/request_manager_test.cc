@@ -1,4 +1,4 @@
-#include "tessera/manager.h"
+#include "tessera/request_manager.h"
 
 #include <gtest/gtest.h>
 
@@ -35,20 +35,28 @@ ManagerOptions V3Fp8(uint32_t capacity) {
   return o;
 }
 
-std::unique_ptr<BlockManager> MustManager(const Geometry& g, const ManagerOptions& o) {
-  Result<std::unique_ptr<BlockManager>> m = BlockManager::Create(g, o);
+std::unique_ptr<RequestManager> MustManager(const Geometry& g, const ManagerOptions& o) {
+  Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(g, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-AdmitResult MustAdmit(BlockManager& m, std::span<const uint32_t> prompt, const RequestSpec& spec = {}) {
-  Result<AdmitResult> a = m.Admit(prompt, spec);
+Admission MustAdmit(RequestManager& m, std::span<const uint32_t> prompt, const RequestSpec& spec = {}) {
+  Result<Admission> a = m.Admit(prompt, spec);
   EXPECT_TRUE(a.ok()) << a.status().ToString();
-  return a.ok() ? *a : AdmitResult{};
+  return a.ok() ? *a : Admission{};
+}
+
+// `tokens` and one token more: a prompt whose whole blocks can all be cached (admission always
+// leaves the last prompt token to compute).
+std::vector<uint32_t> AndOneMore(std::span<const uint32_t> tokens) {
+  std::vector<uint32_t> v(tokens.begin(), tokens.end());
+  v.push_back(0xfffffu);
+  return v;
 }
 
 // Allocates and writes the tokens of `stream` past what `r` already holds, up to `upto`.
-void Fill(BlockManager& m, RequestId r, const KvStream& stream, size_t upto) {
+void Fill(RequestManager& m, RequestId r, const KvStream& stream, size_t upto) {
   const size_t have = m.Tokens(r);
   ASSERT_LE(have, upto);
   Status st = m.AllocateSlots(r, upto - have);
@@ -59,7 +67,7 @@ void Fill(BlockManager& m, RequestId r, const KvStream& stream, size_t upto) {
 }
 
 // Every record of `r` (first, middle and last layer of each group) equals the stream's KV.
-::testing::AssertionResult RecordsMatch(const BlockManager& m, RequestId r, const KvStream& stream) {
+::testing::AssertionResult RecordsMatch(const RequestManager& m, RequestId r, const KvStream& stream) {
   std::vector<std::byte> want;
   for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
     for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
@@ -82,18 +90,18 @@ void Fill(BlockManager& m, RequestId r, const KvStream& stream, size_t upto) {
   return ::testing::AssertionSuccess();
 }
 
-std::vector<BlockId> Table(const BlockManager& m, RequestId r) {
+std::vector<BlockId> Table(const RequestManager& m, RequestId r) {
   std::span<const BlockId> t = m.BlockTable(r);
   return {t.begin(), t.end()};
 }
 
-uint64_t PerBlock(const BlockManager& m) { return m.pool().block_bytes() + m.pool().metadata_bytes_per_block(); }
+uint64_t PerBlock(const RequestManager& m) { return m.pool().block_bytes() + m.pool().metadata_bytes_per_block(); }
 
 // --- Create ---------------------------------------------------------------------------------
 
-TEST(BlockManagerCreate, PoolMatchesTheLedgerLayout) {
+TEST(RequestManagerCreate, PoolMatchesTheLedgerLayout) {
   Geometry g = Preset("deepseek-v3");
-  std::unique_ptr<BlockManager> m = MustManager(g, V3Fp8(4));
+  std::unique_ptr<RequestManager> m = MustManager(g, V3Fp8(4));
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->pool().block_tokens(), kBlock);
   ASSERT_EQ(m->pool().groups().size(), 1u);
@@ -105,37 +113,40 @@ TEST(BlockManagerCreate, PoolMatchesTheLedgerLayout) {
   EXPECT_EQ(m->live_requests(), 0u);
 }
 
-TEST(BlockManagerCreate, DeepSeekV4IsRejectedOnModel) {
-  for (const char* name : {"deepseek-v4-pro", "deepseek-v4-flash"}) {
+// One manager for every preset: models with sliding windows get a state component, the others
+// none.
+TEST(RequestManagerCreate, EveryPresetModelIsManaged) {
+  for (const std::string& name : PresetNames()) {
     ManagerOptions o;
     o.capacity_blocks = 4;
+    o.max_requests = 2;
     o.region_kind = RegionKind::kUnbacked;
-    Result<std::unique_ptr<BlockManager>> m = BlockManager::Create(Preset(name), o);
-    ASSERT_FALSE(m.ok()) << name;
-    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ(m.status().field(), "model") << name;
+    Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(Preset(name), o);
+    ASSERT_TRUE(m.ok()) << name << ": " << m.status().ToString();
+    const Geometry g = Preset(name);
+    EXPECT_EQ((*m)->states() != nullptr, g.is_hybrid) << name;
   }
 }
 
-TEST(BlockManagerCreate, BadOptionsNameTheirField) {
+TEST(RequestManagerCreate, BadOptionsNameTheirField) {
   Geometry g = Preset("deepseek-v3");
   ManagerOptions o = V3Fp8(4);
   o.kv_format = "no-such-format";
-  EXPECT_EQ(BlockManager::Create(g, o).status().field(), "kv-format");
+  EXPECT_EQ(RequestManager::Create(g, o).status().field(), "kv-format");
   o = V3Fp8(4);
   o.hash_bits = 0;
-  EXPECT_EQ(BlockManager::Create(g, o).status().field(), "hash-bits");
+  EXPECT_EQ(RequestManager::Create(g, o).status().field(), "hash-bits");
   o = V3Fp8(0);
-  EXPECT_EQ(BlockManager::Create(g, o).status().field(), "capacity-blocks");
+  EXPECT_EQ(RequestManager::Create(g, o).status().field(), "capacity-blocks");
 }
 
 // --- Writing and reading --------------------------------------------------------------------
 
-TEST(BlockManager, AppendWritesRecordsThatReadBack) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+TEST(RequestManager, AppendWritesRecordsThatReadBack) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
   KvStream s;
   s.Add(Range(1000, 150));  // two full blocks and 22 tokens
-  AdmitResult a = MustAdmit(*m, s.tokens());
+  Admission a = MustAdmit(*m, s.tokens());
   EXPECT_EQ(a.cached_tokens, 0u);
   EXPECT_EQ(a.cached_blocks, 0u);
   Fill(*m, a.id, s, 150);
@@ -152,11 +163,11 @@ TEST(BlockManager, AppendWritesRecordsThatReadBack) {
   EXPECT_EQ(m->live_requests(), 1u);
 }
 
-TEST(BlockManager, RecordErrorsNameTheirField) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+TEST(RequestManager, RecordErrorsNameTheirField) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
   KvStream s;
   s.Add(Range(1, 10));
-  AdmitResult a = MustAdmit(*m, s.tokens());
+  Admission a = MustAdmit(*m, s.tokens());
   Fill(*m, a.id, s, 10);
   EXPECT_TRUE(m->Record(a.id, 0, 60, 9).ok());
   EXPECT_EQ(m->Record(a.id, 0, 0, 10).status().field(), "position");  // not written yet
@@ -170,11 +181,13 @@ TEST(BlockManager, RecordErrorsNameTheirField) {
   EXPECT_FALSE(m->Fork(RequestId{99}).ok());
 }
 
-TEST(BlockManager, AppendWithoutSlotsIsAFailedPrecondition) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+TEST(RequestManager, AppendWithoutSlotsIsAFailedPrecondition) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
   KvStream s;
   s.Add(Range(1, 70));
-  AdmitResult a = MustAdmit(*m, s.tokens());
+  RequestSpec no_slots;
+  no_slots.reserve_tokens = 0;
+  Admission a = MustAdmit(*m, s.tokens(), no_slots);
   ASSERT_TRUE(m->AllocateSlots(a.id, 64).ok());
   Status st = m->Append(a.id, s.Slice(0, 65), s.Writer());
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
@@ -182,19 +195,19 @@ TEST(BlockManager, AppendWithoutSlotsIsAFailedPrecondition) {
   EXPECT_EQ(m->Tokens(a.id), 0u);  // nothing written
 }
 
-TEST(BlockManager, SamePromptHitsItsFullBlocks) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+TEST(RequestManager, SamePromptHitsItsFullBlocks) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
   KvStream s;
   s.Add(Range(500, 150));
-  AdmitResult first = MustAdmit(*m, s.tokens());
+  Admission first = MustAdmit(*m, s.tokens());
   Fill(*m, first.id, s, 150);
 
-  AdmitResult second = MustAdmit(*m, s.tokens());
+  Admission second = MustAdmit(*m, s.tokens());
   EXPECT_EQ(second.cached_tokens, 2u * kBlock);
   EXPECT_EQ(second.cached_blocks, 2u);
   EXPECT_EQ(m->Tokens(second.id), 2u * kBlock);
   std::vector<BlockId> t1 = Table(*m, first.id), t2 = Table(*m, second.id);
-  ASSERT_EQ(t2.size(), 2u);
+  ASSERT_EQ(t2.size(), 3u);  // the two cached blocks, and one reserved for the other 22 tokens
   EXPECT_EQ(t2[0], t1[0]);
   EXPECT_EQ(t2[1], t1[1]);
   EXPECT_EQ(m->pool().refcount(t1[0]), 2u);
@@ -212,12 +225,12 @@ TEST(BlockManager, SamePromptHitsItsFullBlocks) {
   EXPECT_EQ(MustAdmit(*m, d.tokens()).cached_blocks, 1u);
 }
 
-TEST(BlockManager, ConcurrentIdenticalPromptsShareOnePhysicalCopy) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+TEST(RequestManager, ConcurrentIdenticalPromptsShareOnePhysicalCopy) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
   KvStream s;
   s.Add(Range(40, 150));
-  AdmitResult a = MustAdmit(*m, s.tokens());
-  AdmitResult b = MustAdmit(*m, s.tokens());  // before a sealed anything: a miss
+  Admission a = MustAdmit(*m, s.tokens());
+  Admission b = MustAdmit(*m, s.tokens());  // before a sealed anything: a miss
   EXPECT_EQ(b.cached_tokens, 0u);
   Fill(*m, a.id, s, 150);
   Fill(*m, b.id, s, 150);
@@ -234,11 +247,11 @@ TEST(BlockManager, ConcurrentIdenticalPromptsShareOnePhysicalCopy) {
 
 // --- Fork -----------------------------------------------------------------------------------
 
-TEST(BlockManagerFork, ChildWriteCopiesTheSharedPartialBlock) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+TEST(RequestManagerFork, ChildWriteCopiesTheSharedPartialBlock) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
   KvStream parent;
   parent.Add(Range(1, 100));  // one sealed block, 36 tokens in the second
-  AdmitResult p = MustAdmit(*m, parent.tokens());
+  Admission p = MustAdmit(*m, parent.tokens());
   Fill(*m, p.id, parent, 100);
   Result<RequestId> c = m->Fork(p.id);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -275,11 +288,11 @@ TEST(BlockManagerFork, ChildWriteCopiesTheSharedPartialBlock) {
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
 
-TEST(BlockManagerFork, SixteenAgentsHoldOneCopyOfTheSharedContext) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(24));
+TEST(RequestManagerFork, SixteenAgentsHoldOneCopyOfTheSharedContext) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(24));
   KvStream ctx;
   ctx.Add(Range(100, 256));
-  AdmitResult root = MustAdmit(*m, ctx.tokens());
+  Admission root = MustAdmit(*m, ctx.tokens());
   Fill(*m, root.id, ctx, 256);
   std::vector<BlockId> shared = Table(*m, root.id);
   ASSERT_EQ(shared.size(), 4u);
@@ -321,17 +334,17 @@ TEST(BlockManagerFork, SixteenAgentsHoldOneCopyOfTheSharedContext) {
 // Regression: AllocateSlots promises room for n more tokens, so it must count (and make) the
 // copy that copy-on-write needs when the request's next slot is shared with a fork; otherwise
 // AllocateSlots(child, 5) succeeds on a full pool and the Append that follows runs out.
-TEST(BlockManagerFork, GrantedSlotsCoverTheCopyOnWriteBlock) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(2));
+TEST(RequestManagerFork, GrantedSlotsCoverTheCopyOnWriteBlock) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(2));
   KvStream parent;
   parent.Add(Range(1, 10));
-  AdmitResult p = MustAdmit(*m, parent.tokens());
+  Admission p = MustAdmit(*m, parent.tokens());
   Fill(*m, p.id, parent, 10);
   Result<RequestId> c = m->Fork(p.id);
   ASSERT_TRUE(c.ok());
   KvStream other;
   other.Add(Range(500, 10));
-  AdmitResult o = MustAdmit(*m, other.tokens());
+  Admission o = MustAdmit(*m, other.tokens());
   Fill(*m, o.id, other, 10);  // the pool is now full
   ASSERT_EQ(m->pool().Available(), 0u);
   KvStream child = parent;
@@ -348,14 +361,14 @@ TEST(BlockManagerFork, GrantedSlotsCoverTheCopyOnWriteBlock) {
 
 // --- Allocation -----------------------------------------------------------------------------
 
-TEST(BlockManager, AllocateSlotsIsAllOrNothing) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+TEST(RequestManager, AllocateSlotsIsAllOrNothing) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
   KvStream s;
   s.Add(Range(1, 10));
-  AdmitResult a = MustAdmit(*m, s.tokens());
+  Admission a = MustAdmit(*m, s.tokens());
   ASSERT_TRUE(m->AllocateSlots(a.id, 5 * kBlock).ok());
   EXPECT_EQ(Table(*m, a.id).size(), 5u);
-  AdmitResult b = MustAdmit(*m, s.tokens());
+  Admission b = MustAdmit(*m, s.tokens());
   ASSERT_TRUE(m->AllocateSlots(b.id, 10).ok());  // one block
   const uint32_t free_before = m->pool().free_count();
   ASSERT_EQ(free_before, 2u);
@@ -382,11 +395,11 @@ TEST(BlockManager, AllocateSlotsIsAllOrNothing) {
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
 
-TEST(BlockManager, FreeCachesSealedBlocksForALaterAdmit) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+TEST(RequestManager, FreeCachesSealedBlocksForALaterAdmit) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
   KvStream s;
   s.Add(Range(300, 150));
-  AdmitResult a = MustAdmit(*m, s.tokens());
+  Admission a = MustAdmit(*m, s.tokens());
   Fill(*m, a.id, s, 150);
   std::vector<BlockId> t = Table(*m, a.id);
   ASSERT_TRUE(m->Free(a.id).ok());
@@ -399,10 +412,10 @@ TEST(BlockManager, FreeCachesSealedBlocksForALaterAdmit) {
   EXPECT_EQ(m->bytes_held(), 2 * PerBlock(*m));
   EXPECT_FALSE(m->Free(a.id).ok());  // double free is an error, not a crash
 
-  AdmitResult again = MustAdmit(*m, s.tokens());
+  Admission again = MustAdmit(*m, s.tokens());
   EXPECT_EQ(again.cached_tokens, 2u * kBlock);
   std::vector<BlockId> t2 = Table(*m, again.id);
-  ASSERT_EQ(t2.size(), 2u);
+  ASSERT_EQ(t2.size(), 3u);  // the two cached blocks, and one reserved for the other 22 tokens
   EXPECT_EQ(t2[0], t[0]);
   EXPECT_EQ(t2[1], t[1]);
   EXPECT_EQ(m->pool().state(t[0]), BlockState::kSealed);
@@ -411,25 +424,25 @@ TEST(BlockManager, FreeCachesSealedBlocksForALaterAdmit) {
   EXPECT_TRUE(RecordsMatch(*m, again.id, s));
 }
 
-TEST(BlockManager, FreeEvictsLeavesBeforeTheirPrefixes) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+TEST(RequestManager, FreeEvictsLeavesBeforeTheirPrefixes) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
   KvStream s;
   s.Add(Range(1, 3 * kBlock));
-  AdmitResult a = MustAdmit(*m, s.tokens());
+  Admission a = MustAdmit(*m, s.tokens());
   Fill(*m, a.id, s, 3 * kBlock);
   std::vector<BlockId> t = Table(*m, a.id);
   ASSERT_TRUE(m->Free(a.id).ok());
   KvStream other;
   other.Add(Range(50000, 10));
-  AdmitResult b = MustAdmit(*m, other.tokens());
+  Admission b = MustAdmit(*m, other.tokens());
   Fill(*m, b.id, other, 10);  // takes one block: the leaf is evicted
   EXPECT_EQ(Table(*m, b.id)[0], t[2]);
   ASSERT_TRUE(m->Free(b.id).ok());
   EXPECT_EQ(MustAdmit(*m, s.tokens()).cached_blocks, 2u);
 }
 
-TEST(BlockManager, HigherPriorityBlocksAreEvictedLast) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+TEST(RequestManager, HigherPriorityBlocksAreEvictedLast) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
   KvStream keep, drop;
   keep.Add(Range(1, kBlock));
   drop.Add(Range(9000, kBlock));
@@ -437,34 +450,36 @@ TEST(BlockManager, HigherPriorityBlocksAreEvictedLast) {
   high.priority = 90;
   RequestSpec low;
   low.priority = 10;
-  AdmitResult k = MustAdmit(*m, keep.tokens(), high);
+  Admission k = MustAdmit(*m, keep.tokens(), high);
   Fill(*m, k.id, keep, kBlock);
   ASSERT_TRUE(m->Free(k.id).ok());
-  AdmitResult d = MustAdmit(*m, drop.tokens(), low);  // cached after `keep`: more recent
+  Admission d = MustAdmit(*m, drop.tokens(), low);  // cached after `keep`: more recent
   Fill(*m, d.id, drop, kBlock);
   ASSERT_TRUE(m->Free(d.id).ok());
   KvStream other;
   other.Add(Range(50000, 2 * kBlock));
-  AdmitResult o = MustAdmit(*m, other.tokens());
+  Admission o = MustAdmit(*m, other.tokens());
   ASSERT_TRUE(m->AllocateSlots(o.id, 2 * kBlock).ok());  // one free block + one eviction
   ASSERT_TRUE(m->Free(o.id).ok());
-  EXPECT_EQ(MustAdmit(*m, keep.tokens(), high).cached_blocks, 1u);
-  EXPECT_EQ(MustAdmit(*m, drop.tokens(), low).cached_blocks, 0u);
+  Admission probe = MustAdmit(*m, AndOneMore(keep.tokens()), high);
+  EXPECT_EQ(probe.cached_blocks, 1u);
+  ASSERT_TRUE(m->Free(probe.id).ok());
+  EXPECT_EQ(MustAdmit(*m, AndOneMore(drop.tokens()), low).cached_blocks, 0u);
 }
 
 // Regression: a request's retention priority below the default (35) must hold for the blocks it
 // seals itself (the pool resets new blocks to the default; only shared blocks keep the max).
-TEST(BlockManager, LowPriorityRequestIsEvictedBeforeADefaultOne) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+TEST(RequestManager, LowPriorityRequestIsEvictedBeforeADefaultOne) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
   KvStream normal, batch;
   normal.Add(Range(1, kBlock));
   batch.Add(Range(9000, kBlock));
   RequestSpec low;
   low.priority = 0;
-  AdmitResult n = MustAdmit(*m, normal.tokens());  // default priority, cached first
+  Admission n = MustAdmit(*m, normal.tokens());  // default priority, cached first
   Fill(*m, n.id, normal, kBlock);
   ASSERT_TRUE(m->Free(n.id).ok());
-  AdmitResult b = MustAdmit(*m, batch.tokens(), low);
+  Admission b = MustAdmit(*m, batch.tokens(), low);
   Fill(*m, b.id, batch, kBlock);
   const BlockId batch_block = Table(*m, b.id)[0];
   EXPECT_EQ(static_cast<unsigned>(m->pool().priority(batch_block)), 0u)
@@ -472,51 +487,53 @@ TEST(BlockManager, LowPriorityRequestIsEvictedBeforeADefaultOne) {
   ASSERT_TRUE(m->Free(b.id).ok());
   KvStream other;
   other.Add(Range(50000, 2 * kBlock));
-  AdmitResult o = MustAdmit(*m, other.tokens());
+  Admission o = MustAdmit(*m, other.tokens());
   ASSERT_TRUE(m->AllocateSlots(o.id, 2 * kBlock).ok());  // one free block + one eviction
   ASSERT_TRUE(m->Free(o.id).ok());
-  EXPECT_EQ(MustAdmit(*m, normal.tokens()).cached_blocks, 1u) << "the default-priority block was evicted";
-  EXPECT_EQ(MustAdmit(*m, batch.tokens(), low).cached_blocks, 0u);
+  Admission probe = MustAdmit(*m, AndOneMore(normal.tokens()));
+  EXPECT_EQ(probe.cached_blocks, 1u) << "the default-priority block was evicted";
+  ASSERT_TRUE(m->Free(probe.id).ok());
+  EXPECT_EQ(MustAdmit(*m, AndOneMore(batch.tokens()), low).cached_blocks, 0u);
 }
 
 // Regression, through the manager (see BlockIndexPrefix.ResealedChildIsFoundAfterItsParentWasEvicted):
 // a request with a higher retention priority extends a shared prefix; the prefix is evicted
 // first and its child is orphaned in the prefix map; a recomputed child must replace the orphan.
-TEST(BlockManager, ChildKeptLongerThanItsParentDoesNotBlockReuse) {
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+TEST(RequestManager, ChildKeptLongerThanItsParentDoesNotBlockReuse) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
   KvStream conv;
   conv.Add(Range(1, 2 * kBlock));
   RequestSpec low;
   low.priority = 10;
   RequestSpec high;
   high.priority = 90;
-  AdmitResult sys = MustAdmit(*m, conv.Slice(0, kBlock), low);  // the shared system prompt
+  Admission sys = MustAdmit(*m, conv.Slice(0, kBlock), low);  // the shared system prompt
   Fill(*m, sys.id, conv, kBlock);
   ASSERT_TRUE(m->Free(sys.id).ok());
-  AdmitResult user = MustAdmit(*m, conv.tokens(), high);  // hits it, extends it
+  Admission user = MustAdmit(*m, conv.tokens(), high);  // hits it, extends it
   ASSERT_EQ(user.cached_blocks, 1u);
   Fill(*m, user.id, conv, 2 * kBlock);
   ASSERT_TRUE(m->Free(user.id).ok());
   // Pressure evicts the low-priority prefix; the high-priority extension stays cached.
   KvStream other;
   other.Add(Range(50000, 3 * kBlock));
-  AdmitResult o = MustAdmit(*m, other.tokens());
+  Admission o = MustAdmit(*m, other.tokens());
   ASSERT_TRUE(m->AllocateSlots(o.id, 3 * kBlock).ok());
   ASSERT_TRUE(m->Free(o.id).ok());
   ASSERT_EQ(m->pool().stats().evictions.load(), 1u);
   // The conversation is computed again in full.
-  AdmitResult redo = MustAdmit(*m, conv.tokens(), high);
+  Admission redo = MustAdmit(*m, conv.tokens(), high);
   ASSERT_EQ(redo.cached_blocks, 0u);
   Fill(*m, redo.id, conv, 2 * kBlock);
   ASSERT_TRUE(m->Free(redo.id).ok());
   // Both blocks are sealed and cached, so the next request should hit both.
-  EXPECT_EQ(MustAdmit(*m, conv.tokens(), high).cached_blocks, 2u)
+  EXPECT_EQ(MustAdmit(*m, AndOneMore(conv.tokens()), high).cached_blocks, 2u)
       << "the orphaned child of the evicted prefix shadows the re-sealed child";
 }
 
 // --- Tenants --------------------------------------------------------------------------------
 
-TEST(BlockManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
+TEST(RequestManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
   KvStream s;
   s.Add(Range(77, 2 * kBlock + 5));
   RequestSpec t1, t2, t3;
@@ -524,11 +541,11 @@ TEST(BlockManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
   t2.tenant = 2;
   t3.tenant = 3;
   {
-    std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+    std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(16));
     EXPECT_EQ(m->domain_of(2), 2u);
-    AdmitResult a = MustAdmit(*m, s.tokens(), t1);
+    Admission a = MustAdmit(*m, s.tokens(), t1);
     Fill(*m, a.id, s, s.tokens().size());
-    AdmitResult b = MustAdmit(*m, s.tokens(), t2);
+    Admission b = MustAdmit(*m, s.tokens(), t2);
     EXPECT_EQ(b.cached_tokens, 0u);
     // Same bytes, other domain: not deduplicated either.
     Fill(*m, b.id, s, s.tokens().size());
@@ -543,15 +560,15 @@ TEST(BlockManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
     EXPECT_EQ(MustAdmit(*m, s.tokens(), t1).cached_tokens, 2u * kBlock);
   }
   {
-    ManagerOptions o = V3Fp8(8);
+    ManagerOptions o = V3Fp8(16);
     o.tenant_domain = {{1, 100}, {2, 100}};
-    std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), o);
+    std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
     EXPECT_EQ(m->domain_of(1), 100u);
     EXPECT_EQ(m->domain_of(2), 100u);
     EXPECT_EQ(m->domain_of(3), 3u);
-    AdmitResult a = MustAdmit(*m, s.tokens(), t1);
+    Admission a = MustAdmit(*m, s.tokens(), t1);
     Fill(*m, a.id, s, s.tokens().size());
-    AdmitResult b = MustAdmit(*m, s.tokens(), t2);
+    Admission b = MustAdmit(*m, s.tokens(), t2);
     EXPECT_EQ(b.cached_tokens, 2u * kBlock);
     EXPECT_EQ(Table(*m, b.id)[0], Table(*m, a.id)[0]);
     EXPECT_EQ(MustAdmit(*m, s.tokens(), t3).cached_tokens, 0u);
@@ -573,18 +590,18 @@ void ExpectLedgerEquality(const LedgerCase& c, uint64_t n_blocks_times, uint64_t
   o.capacity_blocks = 16;
   o.region_kind = c.kind;
   o.hash_key_seed = 3;
-  std::unique_ptr<BlockManager> m = MustManager(g, o);
+  std::unique_ptr<RequestManager> m = MustManager(g, o);
   ASSERT_NE(m, nullptr);
   const uint64_t n = n_blocks_times * m->pool().block_tokens() + extra;
   const uint64_t batch = 3;
   std::vector<KvStream> streams(batch);
   for (uint32_t r = 0; r < batch; ++r) {
     streams[r].Add(Range(100000 * (r + 1), static_cast<uint32_t>(n)));
-    AdmitResult a = MustAdmit(*m, streams[r].tokens());
+    Admission a = MustAdmit(*m, streams[r].tokens());
     ASSERT_EQ(a.cached_tokens, 0u);
     Fill(*m, a.id, streams[r], n);
   }
-  Result<Ledger> l = ComputeLedger(g, LedgerOptionsFor(o, n, batch));
+  Result<Ledger> l = ComputeLedger(g, testing::LedgerOptionsFor(o, n, batch));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   EXPECT_EQ(l->block_tokens, m->pool().block_tokens());
   EXPECT_EQ(m->bytes_held(), l->committed_bytes)
@@ -592,7 +609,7 @@ void ExpectLedgerEquality(const LedgerCase& c, uint64_t n_blocks_times, uint64_t
   EXPECT_GT(m->bytes_held(), 0u);
 }
 
-TEST(BlockManagerLedger, BytesHeldEqualsCommittedBytes) {
+TEST(RequestManagerLedger, BytesHeldEqualsCommittedBytes) {
   const LedgerCase cases[] = {
       {"deepseek-v3", "fp8_ds_mla", RegionKind::kHost},
       {"deepseek-v3", "fp8_ds_mla", RegionKind::kUnbacked},
@@ -608,11 +625,11 @@ TEST(BlockManagerLedger, BytesHeldEqualsCommittedBytes) {
   }
 }
 
-TEST(BlockManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
+TEST(RequestManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
   ManagerOptions o;
   o.capacity_blocks = 2;
   o.region_kind = RegionKind::kUnbacked;
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3.2"), o);
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3.2"), o);
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(m->pool().groups().size(), 2u);
   EXPECT_EQ(m->pool().groups()[0].format.name, "fp8_ds_mla");
@@ -622,12 +639,12 @@ TEST(BlockManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
 
 // The manager is single-owner, but its statistics may be read from any thread while it runs
 // (this test is what TSan checks).
-TEST(BlockManagerMetrics, ReadableFromAnotherThreadWhileTheOwnerWorks) {
+TEST(RequestManagerMetrics, ReadableFromAnotherThreadWhileTheOwnerWorks) {
   ManagerOptions o;
   o.kv_format = "fp8_ds_mla";
   o.capacity_blocks = 64;
   o.region_kind = RegionKind::kUnbacked;
-  std::unique_ptr<BlockManager> m = MustManager(Preset("deepseek-v3"), o);
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
   std::atomic<bool> done{false};
   uint64_t last_allocations = 0;
   bool monotonic = true;
@@ -645,7 +662,7 @@ TEST(BlockManagerMetrics, ReadableFromAnotherThreadWhileTheOwnerWorks) {
   std::iota(prompt.begin(), prompt.end(), 0u);
   for (int round = 0; round < 200; ++round) {
     prompt[0] = static_cast<uint32_t>(round % 7);
-    Result<AdmitResult> a = m->Admit(prompt, RequestSpec{});
+    Result<Admission> a = m->Admit(prompt, RequestSpec{});
     ASSERT_TRUE(a.ok());
     ASSERT_TRUE(m->AllocateSlots(a->id, prompt.size() - a->cached_tokens).ok());
     ASSERT_TRUE(m->Append(a->id, std::span<const uint32_t>(prompt).subspan(a->cached_tokens), nullptr).ok());

@@ -1,4 +1,4 @@
-#include "tessera/hybrid.h"
+#include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
 #include "tessera/tiered_store.h"
@@ -31,8 +31,8 @@ float StateValue(uint32_t layer, bool indexer, uint64_t pos, size_t col) {
   return static_cast<float>((layer * 17 + pos * 5 + col + (indexer ? 1000 : 0)) % 97);
 }
 
-HybridWriters Writers() {
-  HybridWriters w;
+KvWriters Writers() {
+  KvWriters w;
   w.window = [](uint32_t layer, uint64_t pos, std::span<std::byte> rec) {
     for (size_t i = 0; i < rec.size(); ++i) rec[i] = std::byte{WindowByte(layer, pos, i)};
   };
@@ -49,8 +49,8 @@ std::vector<uint32_t> Tokens(uint64_t n, uint32_t first = 1) {
   return t;
 }
 
-std::unique_ptr<HybridManager> Make(const Geometry& g, HybridOptions o) {
-  Result<std::unique_ptr<HybridManager>> m = HybridManager::Create(g, o);
+std::unique_ptr<RequestManager> Make(const Geometry& g, ManagerOptions o) {
+  Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(g, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return m.ok() ? std::move(*m) : nullptr;
 }
@@ -87,7 +87,7 @@ std::vector<std::byte> Flatten(const RecordView& v) {
 }
 
 TEST(Hybrid, LayerMapAndGroups) {
-  std::unique_ptr<HybridManager> m = Make(Tiny(), HybridOptions{});
+  std::unique_ptr<RequestManager> m = Make(Tiny(), ManagerOptions{});
   EXPECT_EQ(m->block_tokens(), 256u);
   ASSERT_EQ(m->pool().groups().size(), 3u);  // compressed/4, indexer/4, compressed/128
   uint32_t c4 = 0, c128 = 0, idx = 0;
@@ -102,11 +102,11 @@ TEST(Hybrid, LayerMapAndGroups) {
 }
 
 TEST(Hybrid, EntriesLandAtTheRightBlockAndOffsetForLengthsOneToAThousand) {
-  HybridOptions o;
+  ManagerOptions o;
   o.capacity_blocks = 8;
-  std::unique_ptr<HybridManager> m = Make(Tiny(), o);
-  HybridWriters w = Writers();
-  HybridAdmit a = *m->Admit({}, RequestSpec{});
+  std::unique_ptr<RequestManager> m = Make(Tiny(), o);
+  KvWriters w = Writers();
+  Admission a = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
   std::vector<uint32_t> toks = Tokens(1000);
   const uint32_t ratios[] = {0, 4, 128, 4};
   for (uint64_t n = 1; n <= 1000; ++n) {
@@ -149,8 +149,8 @@ TEST(Hybrid, EntriesLandAtTheRightBlockAndOffsetForLengthsOneToAThousand) {
 }
 
 TEST(Hybrid, AppendWithoutPagesIsAFailedPrecondition) {
-  std::unique_ptr<HybridManager> m = Make(Tiny(), HybridOptions{});
-  HybridAdmit a = *m->Admit({}, RequestSpec{});
+  std::unique_ptr<RequestManager> m = Make(Tiny(), ManagerOptions{});
+  Admission a = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
   std::vector<uint32_t> toks = Tokens(4);
   Status st = m->Append(a.id, toks, Writers());
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
@@ -158,11 +158,11 @@ TEST(Hybrid, AppendWithoutPagesIsAFailedPrecondition) {
 
 // Runs `prefix` tokens uninterrupted, returns the live state at the boundary.
 std::vector<std::byte> Uninterrupted(const Geometry& g, SwaStrategy s, const std::vector<uint32_t>& toks) {
-  HybridOptions o;
-  o.strategy = s;
+  ManagerOptions o;
+  o.window_strategy = s;
   o.capacity_blocks = 16;
-  std::unique_ptr<HybridManager> m = Make(g, o);
-  HybridAdmit a = *m->Admit({}, RequestSpec{});
+  std::unique_ptr<RequestManager> m = Make(g, o);
+  Admission a = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
   EXPECT_TRUE(m->AllocateSlots(a.id, toks.size()).ok());
   EXPECT_TRUE(m->Append(a.id, toks, Writers()).ok());
   return m->LiveState(a.id);
@@ -171,9 +171,9 @@ std::vector<std::byte> Uninterrupted(const Geometry& g, SwaStrategy s, const std
 // `second` was admitted with `toks` and found the first `cached` tokens: resumes it per strategy,
 // checks the live state against an uninterrupted run, then continues to the end of `toks` and
 // checks again.
-void ResumeAndContinue(HybridManager& m, const HybridAdmit& second, const Geometry& g, SwaStrategy s,
+void ResumeAndContinue(RequestManager& m, const Admission& second, const Geometry& g, SwaStrategy s,
                        const std::vector<uint32_t>& toks, uint64_t cached) {
-  HybridWriters w = Writers();
+  KvWriters w = Writers();
   std::vector<uint32_t> prefix(toks.begin(), toks.begin() + static_cast<ptrdiff_t>(cached));
   std::vector<uint32_t> rest(toks.begin() + static_cast<ptrdiff_t>(cached), toks.end());
   EXPECT_EQ(second.cached_tokens, cached);
@@ -201,18 +201,18 @@ TEST_P(HybridResume, ResumedStateIsIdenticalToAnUninterruptedRun) {
   std::vector<uint32_t> toks = Tokens(512 + 40);
   std::vector<uint32_t> prefix(toks.begin(), toks.begin() + 512);
   std::vector<uint32_t> rest(toks.begin() + 512, toks.end());
-  HybridOptions o;
-  o.strategy = s;
+  ManagerOptions o;
+  o.window_strategy = s;
   o.capacity_blocks = 16;
-  std::unique_ptr<HybridManager> m = Make(g, o);
-  HybridWriters w = Writers();
+  std::unique_ptr<RequestManager> m = Make(g, o);
+  KvWriters w = Writers();
   // A first request seals two boundaries and leaves.
-  HybridAdmit first = *m->Admit({}, RequestSpec{});
+  Admission first = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
   ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
   ASSERT_TRUE(m->Append(first.id, prefix, w).ok());
   ASSERT_TRUE(m->Free(first.id).ok());
   // A second request with the same prompt resumes at the 512-token boundary.
-  HybridAdmit second = *m->Admit(toks, RequestSpec{});
+  Admission second = *m->Admit(toks, RequestSpec{});
   ResumeAndContinue(*m, second, g, s, toks, 512);
 }
 
@@ -227,12 +227,12 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
   testing::TempDir dir;
   Result<TierKey> key = LoadOrCreateTierKey(dir.path());
   ASSERT_TRUE(key.ok());
-  HybridOptions o;
-  o.strategy = s;
+  ManagerOptions o;
+  o.window_strategy = s;
   o.capacity_blocks = 16;
   o.hash_key = key->secret;
-  HybridWriters w = Writers();
-  auto store_for = [&](const HybridManager& m) {
+  KvWriters w = Writers();
+  auto store_for = [&](const RequestManager& m) {
     DiskTierOptions d;
     d.dir = dir.path();
     std::vector<std::unique_ptr<Tier>> tiers;
@@ -242,10 +242,10 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     return std::move(*TieredStore::Create(m.pool(), so, std::move(tiers)));
   };
   {
-    std::unique_ptr<HybridManager> m = Make(g, o);
+    std::unique_ptr<RequestManager> m = Make(g, o);
     auto store = store_for(*m);
     m->SetBlockSource(store.get());
-    HybridAdmit first = *m->Admit({}, RequestSpec{});
+    Admission first = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
     ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
     ASSERT_TRUE(m->Append(first.id, prefix, w).ok());
     ASSERT_TRUE(m->Free(first.id).ok());
@@ -256,10 +256,10 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     EXPECT_EQ(store->tier_counters(0).records, 2u);
     m->SetBlockSource(nullptr);
   }
-  std::unique_ptr<HybridManager> m = Make(g, o);
+  std::unique_ptr<RequestManager> m = Make(g, o);
   auto store = store_for(*m);
   m->SetBlockSource(store.get());
-  HybridAdmit second = *m->Admit(toks, RequestSpec{});
+  Admission second = *m->Admit(toks, RequestSpec{});
   EXPECT_EQ(second.tier_blocks, 2u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
   ResumeAndContinue(*m, second, g, s, toks, 512);
@@ -288,13 +288,13 @@ INSTANTIATE_TEST_SUITE_P(All, HybridResume,
 // Bytes held by pages + arena == the ledger's committed bytes, at every phase of a chunked
 // prefill, for one request.
 void ExpectLedgerEquality(const Geometry& g, uint64_t n, SwaStrategy s, uint32_t spec, RegionKind pages) {
-  HybridOptions o;
-  o.strategy = s;
+  ManagerOptions o;
+  o.window_strategy = s;
   o.spec_tokens = spec;
-  o.page_region = pages;
+  o.region_kind = pages;
   o.max_requests = 1;
   o.capacity_blocks = static_cast<uint32_t>(n / 256 + 4);
-  std::unique_ptr<HybridManager> m = Make(g, o);
+  std::unique_ptr<RequestManager> m = Make(g, o);
   LedgerOptions lo;
   lo.swa_strategy = s;
   lo.spec_tokens = spec;
@@ -305,7 +305,7 @@ void ExpectLedgerEquality(const Geometry& g, uint64_t n, SwaStrategy s, uint32_t
     return *l;
   };
   std::vector<uint32_t> toks = Tokens(n);
-  HybridAdmit a = *m->Admit({}, RequestSpec{});
+  Admission a = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
   const uint64_t chunk = 8192;
   ASSERT_TRUE(m->AllocateSlots(a.id, std::min(n, chunk)).ok());
   // Admission: the arena plus the first chunk's pages, which is the ledger's admission figure.
@@ -313,7 +313,8 @@ void ExpectLedgerEquality(const Geometry& g, uint64_t n, SwaStrategy s, uint32_t
   if (s == SwaStrategy::kRecompute && spec == 0) {
     EXPECT_EQ(m->bytes_held(), full.phases[0].bytes) << g.name << " admission at " << n;
   }
-  HybridWriters none;  // bookkeeping only: no bytes written
+  // Bookkeeping only (no bytes) for an unbacked pool; a pool that holds bytes gets them written.
+  const KvWriters none = pages == RegionKind::kHost ? Writers() : KvWriters();
   for (uint64_t done = 0; done < n;) {
     uint64_t step = std::min(chunk, n - done);
     ASSERT_TRUE(m->AllocateSlots(a.id, step).ok());
@@ -347,18 +348,18 @@ TEST(HybridLedger, NonMultiplesStrategiesAndSpeculation) {
 
 TEST(HybridLedger, ArenaIsTheLedgersConstantTerm) {
   Geometry g = Preset("deepseek-v4-pro");
-  std::unique_ptr<HybridManager> m = Make(g, HybridOptions{});
+  std::unique_ptr<RequestManager> m = Make(g, ManagerOptions{});
   // window rings + compressor rings: 61 x 128 x 584 + 30 x 8 x 8192 + 30 x 8 x 2048 + 31 x 128 x 4096
-  EXPECT_EQ(m->arena_bytes_per_request(), 61ULL * 128 * 584 + 30ULL * 8 * 8192 + 30ULL * 8 * 2048 + 31ULL * 128 * 4096);
+  EXPECT_EQ(m->states()->slab_bytes(), 61ULL * 128 * 584 + 30ULL * 8 * 8192 + 30ULL * 8 * 2048 + 31ULL * 128 * 4096);
 }
 
 TEST(Hybrid, ContentDedupOfIdenticalConcurrentRequests) {
-  HybridOptions o;
+  ManagerOptions o;
   o.capacity_blocks = 16;
-  std::unique_ptr<HybridManager> m = Make(Tiny(), o);
+  std::unique_ptr<RequestManager> m = Make(Tiny(), o);
   std::vector<uint32_t> toks = Tokens(512);
-  HybridAdmit a = *m->Admit(toks, RequestSpec{});
-  HybridAdmit b = *m->Admit(toks, RequestSpec{});
+  Admission a = *m->Admit(toks, RequestSpec{});
+  Admission b = *m->Admit(toks, RequestSpec{});
   ASSERT_TRUE(m->AllocateSlots(a.id, 512).ok());
   ASSERT_TRUE(m->AllocateSlots(b.id, 512).ok());
   ASSERT_TRUE(m->Append(a.id, toks, Writers()).ok());
@@ -387,26 +388,26 @@ Geometry TinyWithWindow(uint32_t window) {
 // the window; snapshot and retain copy those rows and resume exactly with any window.
 TEST(Hybrid, RecomputeNeedsAWindowCoveringACsaGroup) {
   for (uint32_t window : {1u, 2u, 3u}) {
-    HybridOptions o;
-    o.strategy = SwaStrategy::kRecompute;
-    Result<std::unique_ptr<HybridManager>> m = HybridManager::Create(TinyWithWindow(window), o);
+    ManagerOptions o;
+    o.window_strategy = SwaStrategy::kRecompute;
+    Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(TinyWithWindow(window), o);
     ASSERT_FALSE(m.ok()) << window;
     EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(m.status().field(), "sliding_window");
   }
-  HybridOptions four;
-  EXPECT_TRUE(HybridManager::Create(TinyWithWindow(4), four).ok());
+  ManagerOptions four;
+  EXPECT_TRUE(RequestManager::Create(TinyWithWindow(4), four).ok());
 
   for (SwaStrategy s : {SwaStrategy::kSnapshot, SwaStrategy::kRetain}) {
     SCOPED_TRACE(std::string(SwaStrategyName(s)));
     Geometry g = TinyWithWindow(2);
     std::vector<uint32_t> toks = Tokens(512 + 40);
     std::vector<uint32_t> prefix(toks.begin(), toks.begin() + 512);
-    HybridOptions o;
-    o.strategy = s;
+    ManagerOptions o;
+    o.window_strategy = s;
     o.capacity_blocks = 16;
-    std::unique_ptr<HybridManager> m = Make(g, o);
-    HybridAdmit first = *m->Admit({}, RequestSpec{});
+    std::unique_ptr<RequestManager> m = Make(g, o);
+    Admission first = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
     ASSERT_TRUE(m->AllocateSlots(first.id, prefix.size()).ok());
     ASSERT_TRUE(m->Append(first.id, prefix, Writers()).ok());
     ASSERT_TRUE(m->Free(first.id).ok());
@@ -417,27 +418,30 @@ TEST(Hybrid, RecomputeNeedsAWindowCoveringACsaGroup) {
 // The window ring has window + draft slots, counted in 32 bits: a 2^32 - 1 window with a draft
 // token wrapped to a ring of 0 slots.
 TEST(Hybrid, WindowPlusDraftSlotsAreChecked) {
-  HybridOptions o;
-  o.strategy = SwaStrategy::kSnapshot;
+  ManagerOptions o;
+  o.window_strategy = SwaStrategy::kSnapshot;
   o.spec_tokens = 1;
-  Result<std::unique_ptr<HybridManager>> m = HybridManager::Create(TinyWithWindow(UINT32_MAX), o);
+  Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(TinyWithWindow(UINT32_MAX), o);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().field(), "sliding_window");
 }
 
 TEST(Hybrid, BadInput) {
-  EXPECT_EQ(HybridManager::Create(Preset("deepseek-v3"), HybridOptions{}).status().field(), "model");
-  HybridOptions o;
+  // A model without windows has no state to recompute.
+  std::unique_ptr<RequestManager> v3 = Make(Preset("deepseek-v3"), ManagerOptions{});
+  Admission v3a = *v3->Admit(std::span<const uint32_t>(), RequestSpec{});
+  EXPECT_EQ(v3->Recompute(v3a.id, std::span<const uint32_t>(), Writers()).field(), "model");
+  ManagerOptions o;
   o.max_requests = 0;
-  EXPECT_EQ(HybridManager::Create(Tiny(), o).status().field(), "max-requests");
-  o = HybridOptions{};
+  EXPECT_EQ(RequestManager::Create(Tiny(), o).status().field(), "max-requests");
+  o = ManagerOptions{};
   o.block_tokens = 100;
-  EXPECT_EQ(HybridManager::Create(Tiny(), o).status().field(), "block-tokens");
-  o = HybridOptions{};
+  EXPECT_EQ(RequestManager::Create(Tiny(), o).status().field(), "block-tokens");
+  o = ManagerOptions{};
   o.max_requests = 1;
-  std::unique_ptr<HybridManager> m = Make(Tiny(), o);
-  ASSERT_TRUE(m->Admit({}, RequestSpec{}).ok());
-  EXPECT_EQ(m->Admit({}, RequestSpec{}).status().code(), StatusCode::kOutOfBlocks);
+  std::unique_ptr<RequestManager> m = Make(Tiny(), o);
+  ASSERT_TRUE(m->Admit(std::span<const uint32_t>(), RequestSpec{}).ok());
+  EXPECT_EQ(m->Admit(std::span<const uint32_t>(), RequestSpec{}).status().code(), StatusCode::kOutOfBlocks);
 }
 
 }  // namespace
