@@ -54,19 +54,19 @@ class BlockSource {
                        std::vector<std::vector<std::byte>>* states = nullptr) = 0;
 };
 
-// Promotes blocks past `chain` from `source` into fresh pool blocks — block i of `prompt` has
-// prefix key keys[i], up to keys.size() blocks — sealing each into `index` as the child of the
-// one before and appending it to `chain` and `table`; takes no more blocks than the pool has
-// available. Returns how many it promoted; `states` (optional) receives their states.
+// Fetches the blocks of `prompt` from block `first` on from `source` into fresh pool blocks —
+// block i has prefix key keys[i], up to keys.size() blocks — taking no more than the pool has
+// available. Appends the leading run the source delivered and verified to `blocks` (kFilling,
+// refcount 1, bytes in place, not sealed: the caller seals each as the child of the one before),
+// releases the rest, and returns how many; `states` (optional) receives their states.
+size_t FetchFromSource(BlockPool& pool, const BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
+                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt,
+                       std::vector<BlockId>* blocks, std::vector<std::vector<std::byte>>* states = nullptr);
+
 // Hands every sealed (or cached) block of `pool` that `index` holds to source.OnCheckpoint, with
 // the state `state_of` gives it (none when not given), between BeginCheckpoint and
 // FinishCheckpoint; returns how many, or FinishCheckpoint's error.
 Result<uint64_t> CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,
                                   const std::function<std::vector<std::byte>(BlockId)>& state_of = {});
-
-uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                           std::span<const Hash128> keys, uint32_t domain, uint64_t salt, uint8_t priority,
-                           std::vector<PrefixRef>& chain, std::vector<BlockId>& table,
-                           std::vector<std::vector<std::byte>>* states = nullptr);
 
 }  // namespace tessera

@@ -231,7 +231,7 @@ class RequestManager {
   Status CopyOnWrite(Request& q, size_t slot);
   Status Reserve(Request& q, uint64_t n);
   Status WriteToken(Request& q, uint32_t token, const KvWriters& w);
-  void Seal(Request& q);
+  void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, const std::vector<std::byte>* promoted_state);
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).
   void SyncStateBytes();

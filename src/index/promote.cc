@@ -4,36 +4,29 @@
 
 namespace tessera {
 
-uint32_t PromoteFromSource(BlockPool& pool, BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                           std::span<const Hash128> keys, uint32_t domain, uint64_t salt, uint8_t priority,
-                           std::vector<PrefixRef>& chain, std::vector<BlockId>& table,
-                           std::vector<std::vector<std::byte>>* states) {
+size_t FetchFromSource(BlockPool& pool, const BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
+                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt,
+                       std::vector<BlockId>* blocks, std::vector<std::vector<std::byte>>* states) {
   const uint32_t bt = pool.block_tokens();
   const size_t full_blocks = std::min<size_t>(prompt.size() / bt, keys.size());
-  if (!pool.backed() || chain.size() >= full_blocks) return 0;
+  if (!pool.backed() || first >= full_blocks) return 0;
   std::vector<ChainLink> links;
-  links.reserve(full_blocks - chain.size());
-  Hash128 parent = chain.empty() ? index.root_key() : chain.back().key;
-  for (size_t i = chain.size(); i < full_blocks; ++i) {
+  links.reserve(full_blocks - first);
+  Hash128 parent = first == 0 ? index.root_key() : keys[first - 1];
+  for (size_t i = first; i < full_blocks; ++i) {
     links.push_back({keys[i], parent, domain, salt, prompt.subspan(i * bt, bt), index.root_key()});
     parent = keys[i];
   }
   const size_t want = std::min<size_t>(source.Probe(links), pool.Available());
   if (want == 0) return 0;
-  std::vector<BlockId> blocks;
-  if (!pool.Allocate(static_cast<uint32_t>(want), &blocks).ok()) return 0;
-  const size_t got = source.Fetch(pool, std::span(links).first(want), blocks, states);
-  for (size_t i = 0; i < got; ++i) {
-    PrefixRef parent_ref = chain.empty() ? PrefixRef{} : chain.back();
-    BlockIndex::SealResult sealed = index.Seal(blocks[i], parent_ref, links[i].tokens, domain, salt);
-    BlockId kept = sealed.ref.block;
-    pool.SetPriority(kept, sealed.deduplicated ? std::max(pool.priority(kept), priority) : priority);
-    table.push_back(kept);
-    chain.push_back(sealed.ref);
-  }
-  for (size_t i = got; i < blocks.size(); ++i) pool.Unref(blocks[i]);  // filling -> free
+  std::vector<BlockId> taken;
+  if (!pool.Allocate(static_cast<uint32_t>(want), &taken).ok()) return 0;
+  const size_t got = source.Fetch(pool, std::span(links).first(want), taken, states);
+  for (size_t i = got; i < taken.size(); ++i) pool.Unref(taken[i]);  // filling -> free
+  taken.resize(got);
   if (states != nullptr) states->resize(got);
-  return static_cast<uint32_t>(got);
+  blocks->insert(blocks->end(), taken.begin(), taken.end());
+  return got;
 }
 
 Result<uint64_t> CheckpointBlocks(const BlockPool& pool, const BlockIndex& index, BlockSource& source,

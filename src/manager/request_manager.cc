@@ -245,13 +245,16 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
     q.table.push_back(hit.block);
   }
   Admission a;
-  std::vector<std::vector<std::byte>> states;
   if (source_ != nullptr && q.chain.size() < max_blocks && pool_->backed()) {
-    const size_t before = q.table.size();
-    a.tier_blocks = PromoteFromSource(*pool_, *index_, *source_, prompt, std::span(keys.keys_).first(max_blocks),
-                                      q.domain, q.salt, q.priority, q.chain, q.table, states_ ? &states : nullptr);
-    if (states_) {
-      for (size_t i = 0; i < a.tier_blocks; ++i) states_->Install(q.table[before + i], states[i]);
+    std::vector<BlockId> fetched;
+    std::vector<std::vector<std::byte>> states;
+    a.tier_blocks = static_cast<uint32_t>(FetchFromSource(*pool_, *index_, *source_, prompt,
+                                                          std::span(keys.keys_).first(max_blocks), q.chain.size(),
+                                                          q.domain, q.salt, &fetched, states_ ? &states : nullptr));
+    for (size_t i = 0; i < fetched.size(); ++i) {
+      const size_t slot = q.table.size();
+      q.table.push_back(fetched[i]);
+      SealSlot(q, slot, prompt.subspan(slot * block_tokens_, block_tokens_), states_ ? &states[i] : nullptr);
     }
   }
   a.cached_blocks = static_cast<uint32_t>(q.table.size());
@@ -385,21 +388,29 @@ Status RequestManager::WriteToken(Request& q, uint32_t token, const KvWriters& w
   }
   q.span_tokens.push_back(token);
   ++q.tokens;
-  if (q.tokens % block_tokens_ == 0) Seal(q);
+  if (q.tokens % block_tokens_ == 0) {
+    SealSlot(q, q.tokens / block_tokens_ - 1, q.span_tokens, nullptr);
+    q.span_tokens.clear();
+  }
   return Status::Ok();
 }
 
-void RequestManager::Seal(Request& q) {
-  const size_t s = q.tokens / block_tokens_ - 1;
+// The one seal path, for a span the request wrote and for one promoted from the block source
+// (`promoted_state` non-null: its state came with it; it is not written back).
+void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
+                              const std::vector<std::byte>* promoted_state) {
   const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
-  const BlockIndex::SealResult sealed = index_->Seal(q.table[s], parent, q.span_tokens, q.domain, q.salt);
+  const BlockIndex::SealResult sealed = index_->Seal(q.table[slot], parent, tokens, q.domain, q.salt);
   const BlockId kept = sealed.ref.block;
   // A block this request sealed takes its priority; a shared one keeps the highest.
   pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
-  q.table[s] = kept;
+  q.table[slot] = kept;
   q.chain.push_back(sealed.ref);
-  q.span_tokens.clear();
-  if (states_) states_->Sealed(q.state, q.tokens, kept);
+  if (promoted_state != nullptr) {
+    states_->Install(kept, *promoted_state);
+    return;
+  }
+  if (states_) states_->Sealed(q.state, uint64_t{slot + 1} * block_tokens_, kept);
   if (source_ != nullptr && !sealed.deduplicated && pool_->backed()) {
     std::vector<std::byte> state = TierState(kept);
     SealedIdentity id = index_->IdentityOf(kept);
