@@ -104,13 +104,11 @@ void BM_AllocateFree(benchmark::State& state) {
   po.capacity_blocks = 1024;
   po.region_kind = RegionKind::kUnbacked;
   auto owned = *BlockPool::Create(po);
-  BlockPool& pool = *owned;
-  std::vector<BlockId> ids;
+  PinnedBlocks ids(owned.get());
   ids.reserve(64);
   for (auto _ : state) {
-    ids.clear();
-    (void)pool.Allocate(64, &ids);
-    for (BlockId b : ids) pool.Unref(b);
+    (void)ids.Allocate(64);
+    ids.Clear();
   }
   state.SetItemsProcessed(state.iterations() * 64);
 }

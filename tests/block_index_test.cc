@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 #include <cstring>
 #include <deque>
 #include <random>
@@ -9,6 +11,8 @@
 
 namespace tessera {
 namespace {
+
+using Peer = BlockPoolTestPeer;
 
 constexpr uint32_t kBlockTokens = 4;
 
@@ -42,7 +46,7 @@ ContentHasher Hasher(uint32_t bits = 128, uint64_t seed = 99) {
 
 BlockId Alloc(BlockPool& pool) {
   std::vector<BlockId> out;
-  Status st = pool.Allocate(1, &out);
+  Status st = Peer::Allocate(pool, 1, &out);
   EXPECT_TRUE(st.ok()) << st.ToString();
   return out.empty() ? BlockId{} : out[0];
 }
@@ -103,7 +107,7 @@ TEST(BlockIndexPrefix, SealThenLookupFromRootHits) {
   // Lookup does not take a reference.
   EXPECT_EQ(f.pool->refcount(s.ref.block), 1u);
   // A cached block still hits.
-  f.pool->Unref(s.ref.block);
+  Peer::Unref(*f.pool, s.ref.block);
   ASSERT_EQ(f.pool->state(s.ref.block), BlockState::kCached);
   EXPECT_TRUE(f.index.Lookup(PrefixRef{}, t, 5, 77).has_value());
 }
@@ -146,12 +150,12 @@ TEST(BlockIndexPrefix, EvictionRemovesEntries) {
   BlockIndex::SealResult a = f.SealNew(PrefixRef{}, Toks(1, 2, 3, 4), 1);
   BlockIndex::SealResult b = f.SealNew(a.ref, Toks(5, 6, 7, 8), 2);
   EXPECT_EQ(f.index.prefix_entries(), 2u);
-  f.pool->Unref(b.ref.block);
-  f.pool->Unref(a.ref.block);
+  Peer::Unref(*f.pool, b.ref.block);
+  Peer::Unref(*f.pool, a.ref.block);
   ASSERT_TRUE(f.index.Lookup(PrefixRef{}, Toks(1, 2, 3, 4), 0, 0).has_value());
   // Allocate the whole pool: both cached blocks are evicted.
   std::vector<BlockId> all;
-  ASSERT_TRUE(f.pool->Allocate(4, &all).ok());
+  ASSERT_TRUE(Peer::Allocate(*f.pool, 4, &all).ok());
   EXPECT_EQ(f.pool->stats().evictions.load(), 2u);
   EXPECT_EQ(f.index.prefix_entries(), 0u);
   EXPECT_FALSE(f.index.Lookup(PrefixRef{}, Toks(1, 2, 3, 4), 0, 0).has_value());
@@ -161,7 +165,7 @@ TEST(BlockIndexPrefix, EvictionRemovesEntries) {
 TEST(BlockIndexPrefix, ReusedBlockIdDoesNotServeTheOldPrefix) {
   Fixture f(1);
   BlockIndex::SealResult a = f.SealNew(PrefixRef{}, Toks(1, 2, 3, 4), 1);
-  f.pool->Unref(a.ref.block);
+  Peer::Unref(*f.pool, a.ref.block);
   // The only block is evicted and resealed with other tokens.
   BlockIndex::SealResult b = f.SealNew(PrefixRef{}, Toks(7, 7, 7, 7), 2);
   ASSERT_EQ(b.ref.block, a.ref.block);
@@ -180,11 +184,11 @@ TEST(BlockIndexPrefix, ResealedChildIsFoundAfterItsParentWasEvicted) {
   BlockIndex::SealResult p = f.SealNew(PrefixRef{}, Toks(1, 2, 3, 4), 1);
   BlockIndex::SealResult c = f.SealNew(p.ref, Toks(5, 6, 7, 8), 2);
   f.pool->SetPriority(c.ref.block, 100);  // the extension is kept longer than its parent
-  f.pool->Unref(c.ref.block);
-  f.pool->Unref(p.ref.block);
+  Peer::Unref(*f.pool, c.ref.block);
+  Peer::Unref(*f.pool, p.ref.block);
   // Three blocks: two free ones, then the parent (priority 35) is evicted; the child stays cached.
   std::vector<BlockId> fresh;
-  ASSERT_TRUE(f.pool->Allocate(3, &fresh).ok());
+  ASSERT_TRUE(Peer::Allocate(*f.pool, 3, &fresh).ok());
   ASSERT_EQ(f.pool->state(c.ref.block), BlockState::kCached);
   ASSERT_EQ(f.pool->stats().evictions.load(), 1u);
   // The same two blocks are computed again and sealed.
@@ -226,7 +230,7 @@ TEST(BlockIndexDedup, IdenticalBytesAndIdentityAreShared) {
 TEST(BlockIndexDedup, CachedBlockIsRevivedByDedup) {
   Fixture f(8);
   BlockIndex::SealResult first = f.SealNew(PrefixRef{}, Toks(1, 2, 3, 4), 42);
-  f.pool->Unref(first.ref.block);
+  Peer::Unref(*f.pool, first.ref.block);
   ASSERT_EQ(f.pool->state(first.ref.block), BlockState::kCached);
   BlockIndex::SealResult second = f.SealNew(PrefixRef{}, Toks(1, 2, 3, 4), 42);
   EXPECT_TRUE(second.deduplicated);
@@ -400,7 +404,7 @@ TEST(BlockIndexAdversarial, OneBitKeysNeverShareUnequalBytesOrCrossDomains) {
     }
     // Keep at most 6 references; release the oldest (the block becomes cached, then churns out).
     while (held.size() > 6) {
-      f.pool->Unref(held.front());
+      Peer::Unref(*f.pool, held.front());
       held.pop_front();
     }
     if (i % 97 == 0) {

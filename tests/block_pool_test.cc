@@ -13,6 +13,8 @@
 namespace tessera {
 namespace {
 
+using Peer = BlockPoolTestPeer;
+
 using testing::Preset;
 
 // A small per-token format: `count` bf16 values per record.
@@ -45,7 +47,7 @@ std::unique_ptr<BlockPool> TinyPool(uint32_t capacity, RegionKind kind = RegionK
 // Allocates n blocks, marks them sealed and returns them.
 std::vector<BlockId> SealedBlocks(BlockPool& pool, uint32_t n) {
   std::vector<BlockId> out;
-  EXPECT_TRUE(pool.Allocate(n, &out).ok());
+  EXPECT_TRUE(Peer::Allocate(pool, n, &out).ok());
   for (BlockId b : out) pool.MarkSealed(b);
   return out;
 }
@@ -127,7 +129,7 @@ TEST(BlockPoolCreate, UnbackedPoolIsNotBacked) {
   ASSERT_NE(pool, nullptr);
   EXPECT_FALSE(pool->backed());
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(4, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 4, &out).ok());
   EXPECT_EQ(pool->bytes_held(), 4 * (pool->block_bytes() + pool->metadata_bytes_per_block()));
 }
 
@@ -136,14 +138,14 @@ TEST(BlockPoolCreate, UnbackedPoolIsNotBacked) {
 TEST(BlockPool, FreshPoolHandsOutIdsInOrder) {
   std::unique_ptr<BlockPool> pool = TinyPool(5);
   std::vector<BlockId> out = {BlockId{77}};  // Allocate appends
-  ASSERT_TRUE(pool->Allocate(3, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 3, &out).ok());
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[0].value, 77u);
   EXPECT_EQ(out[1].value, 0u);
   EXPECT_EQ(out[2].value, 1u);
   EXPECT_EQ(out[3].value, 2u);
   std::vector<BlockId> more;
-  ASSERT_TRUE(pool->Allocate(2, &more).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 2, &more).ok());
   EXPECT_EQ(more[0].value, 3u);
   EXPECT_EQ(more[1].value, 4u);
   for (uint32_t i = 0; i < 5; ++i) {
@@ -157,7 +159,7 @@ TEST(BlockPool, FreshPoolHandsOutIdsInOrder) {
 TEST(BlockPool, FullLifeCycleFreeFillingSealedCachedEvictedFree) {
   std::unique_ptr<BlockPool> pool = TinyPool(1);
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(1, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
   BlockId b = out[0];
   EXPECT_EQ(pool->state(b), BlockState::kFilling);
   EXPECT_EQ(pool->free_count(), 0u);
@@ -168,11 +170,11 @@ TEST(BlockPool, FullLifeCycleFreeFillingSealedCachedEvictedFree) {
   EXPECT_EQ(pool->stats().seals.load(), 1u);
   EXPECT_INVARIANTS(*pool);
 
-  pool->Ref(b);
+  Peer::Ref(*pool, b);
   EXPECT_EQ(pool->refcount(b), 2u);
-  pool->Unref(b);
+  Peer::Unref(*pool, b);
   EXPECT_EQ(pool->state(b), BlockState::kSealed);  // still referenced
-  pool->Unref(b);
+  Peer::Unref(*pool, b);
   EXPECT_EQ(pool->state(b), BlockState::kCached);
   EXPECT_EQ(pool->refcount(b), 0u);
   EXPECT_EQ(pool->cached_count(), 1u);
@@ -182,7 +184,7 @@ TEST(BlockPool, FullLifeCycleFreeFillingSealedCachedEvictedFree) {
   EXPECT_INVARIANTS(*pool);
 
   std::vector<BlockId> again;
-  ASSERT_TRUE(pool->Allocate(1, &again).ok());  // evicts
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &again).ok());  // evicts
   EXPECT_EQ(again[0], b);
   EXPECT_EQ(pool->state(b), BlockState::kFilling);
   EXPECT_EQ(pool->refcount(b), 1u);
@@ -195,12 +197,12 @@ TEST(BlockPool, FullLifeCycleFreeFillingSealedCachedEvictedFree) {
 TEST(BlockPool, LastUnrefOfFillingBlockFreesIt) {
   std::unique_ptr<BlockPool> pool = TinyPool(3);
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(1, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
   BlockId b = out[0];
-  pool->Ref(b);
-  pool->Unref(b);
+  Peer::Ref(*pool, b);
+  Peer::Unref(*pool, b);
   EXPECT_EQ(pool->state(b), BlockState::kFilling);
-  pool->Unref(b);
+  Peer::Unref(*pool, b);
   EXPECT_EQ(pool->state(b), BlockState::kFree);
   EXPECT_EQ(pool->refcount(b), 0u);
   EXPECT_EQ(pool->generation(b), 1u);
@@ -213,10 +215,10 @@ TEST(BlockPool, LastUnrefOfFillingBlockFreesIt) {
 TEST(BlockPool, RefOnCachedBlockMakesItSealedAndUnevictable) {
   std::unique_ptr<BlockPool> pool = TinyPool(2);
   std::vector<BlockId> blocks = SealedBlocks(*pool, 2);
-  pool->Unref(blocks[0]);
-  pool->Unref(blocks[1]);
+  Peer::Unref(*pool, blocks[0]);
+  Peer::Unref(*pool, blocks[1]);
   ASSERT_EQ(pool->cached_count(), 2u);
-  pool->Ref(blocks[0]);
+  Peer::Ref(*pool, blocks[0]);
   EXPECT_EQ(pool->state(blocks[0]), BlockState::kSealed);
   EXPECT_EQ(pool->refcount(blocks[0]), 1u);
   EXPECT_EQ(pool->cached_count(), 1u);
@@ -224,8 +226,8 @@ TEST(BlockPool, RefOnCachedBlockMakesItSealedAndUnevictable) {
   EXPECT_INVARIANTS(*pool);
   // Only blocks[1] can be evicted now.
   std::vector<BlockId> out;
-  EXPECT_EQ(pool->Allocate(2, &out).code(), StatusCode::kOutOfBlocks);
-  ASSERT_TRUE(pool->Allocate(1, &out).ok());
+  EXPECT_EQ(Peer::Allocate(*pool, 2, &out).code(), StatusCode::kOutOfBlocks);
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
   EXPECT_EQ(out[0], blocks[1]);
   EXPECT_EQ(pool->state(blocks[0]), BlockState::kSealed);
   EXPECT_INVARIANTS(*pool);
@@ -234,8 +236,8 @@ TEST(BlockPool, RefOnCachedBlockMakesItSealedAndUnevictable) {
 TEST(BlockPool, AllocateIsAllOrNothing) {
   std::unique_ptr<BlockPool> pool = TinyPool(8);
   std::vector<BlockId> held = SealedBlocks(*pool, 6);  // 2 free
-  pool->Unref(held[0]);
-  pool->Unref(held[1]);  // 2 cached
+  Peer::Unref(*pool, held[0]);
+  Peer::Unref(*pool, held[1]);  // 2 cached
   ASSERT_EQ(pool->Available(), 4u);
   const uint32_t free_before = pool->free_count(), cached_before = pool->cached_count();
   const uint64_t held_before = pool->bytes_held();
@@ -243,7 +245,7 @@ TEST(BlockPool, AllocateIsAllOrNothing) {
   pool->AddEvictionListener([&](BlockId) { ++evictions_seen; });
 
   std::vector<BlockId> out = {BlockId{5}};
-  Status st = pool->Allocate(5, &out);
+  Status st = Peer::Allocate(*pool, 5, &out);
   EXPECT_EQ(st.code(), StatusCode::kOutOfBlocks);
   EXPECT_EQ(out.size(), 1u);  // nothing appended
   EXPECT_EQ(pool->free_count(), free_before);
@@ -257,7 +259,7 @@ TEST(BlockPool, AllocateIsAllOrNothing) {
 
   // Exactly Available() succeeds: free blocks first, then the cached ones.
   out.clear();
-  ASSERT_TRUE(pool->Allocate(4, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 4, &out).ok());
   EXPECT_EQ(evictions_seen, 2);
   EXPECT_EQ(pool->Available(), 0u);
   EXPECT_EQ(pool->bytes_held(), 8 * (pool->block_bytes() + pool->metadata_bytes_per_block()));
@@ -267,12 +269,12 @@ TEST(BlockPool, AllocateIsAllOrNothing) {
 TEST(BlockPool, FreeBlocksAreTakenBeforeCachedOnes) {
   std::unique_ptr<BlockPool> pool = TinyPool(4);
   std::vector<BlockId> sealed = SealedBlocks(*pool, 2);
-  pool->Unref(sealed[0]);
-  pool->Unref(sealed[1]);
+  Peer::Unref(*pool, sealed[0]);
+  Peer::Unref(*pool, sealed[1]);
   std::vector<BlockId> evicted;
   pool->AddEvictionListener([&](BlockId b) { evicted.push_back(b); });
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(2, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 2, &out).ok());
   EXPECT_TRUE(evicted.empty());
   EXPECT_EQ(out[0].value, 2u);
   EXPECT_EQ(out[1].value, 3u);
@@ -286,13 +288,13 @@ TEST(BlockPool, EvictionOrderIsLowestPriorityThenLeastRecentlyCached) {
   for (uint32_t i = 0; i < 8; ++i) pool->SetPriority(b[i], prio[i]);
   for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(pool->priority(b[i]), prio[i]);
   const uint32_t unref_order[8] = {7, 6, 5, 4, 3, 2, 1, 0};
-  for (uint32_t i : unref_order) pool->Unref(b[i]);
+  for (uint32_t i : unref_order) Peer::Unref(*pool, b[i]);
   EXPECT_INVARIANTS(*pool);
 
   std::vector<uint32_t> evicted;
   pool->AddEvictionListener([&](BlockId id) { evicted.push_back(id.value); });
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(8, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 8, &out).ok());
   // priority 0 in cache order (6, 3, 1), then 35 (5), 50 (4, 0), 100 (7, 2).
   const std::vector<uint32_t> expected = {6, 3, 1, 5, 4, 0, 7, 2};
   EXPECT_EQ(evicted, expected);
@@ -307,15 +309,15 @@ TEST(BlockPool, EvictionOrderIsLowestPriorityThenLeastRecentlyCached) {
 TEST(BlockPool, RecachingMakesABlockMostRecent) {
   std::unique_ptr<BlockPool> pool = TinyPool(3);
   std::vector<BlockId> b = SealedBlocks(*pool, 3);
-  pool->Unref(b[0]);
-  pool->Unref(b[1]);
-  pool->Unref(b[2]);
-  pool->Ref(b[0]);    // hit: leaves the LRU list
-  pool->Unref(b[0]);  // cached again, now the most recent
+  Peer::Unref(*pool, b[0]);
+  Peer::Unref(*pool, b[1]);
+  Peer::Unref(*pool, b[2]);
+  Peer::Ref(*pool, b[0]);    // hit: leaves the LRU list
+  Peer::Unref(*pool, b[0]);  // cached again, now the most recent
   std::vector<uint32_t> evicted;
   pool->AddEvictionListener([&](BlockId id) { evicted.push_back(id.value); });
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(3, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 3, &out).ok());
   EXPECT_EQ(evicted, (std::vector<uint32_t>{1, 2, 0}));
 }
 
@@ -325,13 +327,13 @@ TEST(BlockPool, PriorityIsClampedTo100) {
   pool->SetPriority(b[0], 255);
   EXPECT_EQ(pool->priority(b[0]), kMaxRetentionPriority);
   pool->SetPriority(b[1], 99);
-  pool->Unref(b[0]);
-  pool->Unref(b[1]);
+  Peer::Unref(*pool, b[0]);
+  Peer::Unref(*pool, b[1]);
   EXPECT_INVARIANTS(*pool);
   std::vector<uint32_t> evicted;
   pool->AddEvictionListener([&](BlockId id) { evicted.push_back(id.value); });
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(2, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 2, &out).ok());
   EXPECT_EQ(evicted, (std::vector<uint32_t>{b[1].value, b[0].value}));
 }
 
@@ -341,7 +343,7 @@ TEST(BlockPool, EvictionListenersSeeTheBlockIntactBeforeReuse) {
   BlockHandle h = pool->BlockHandleOf(b[0], 0);
   std::span<std::byte> bytes = pool->Bytes(h);
   std::memset(bytes.data(), 0x5A, bytes.size());
-  pool->Unref(b[0]);
+  Peer::Unref(*pool, b[0]);
 
   std::vector<int> calls;
   auto check = [&](int which) {
@@ -358,7 +360,7 @@ TEST(BlockPool, EvictionListenersSeeTheBlockIntactBeforeReuse) {
   pool->AddEvictionListener(check(1));
   pool->AddEvictionListener(check(2));
   std::vector<BlockId> out;
-  ASSERT_TRUE(pool->Allocate(1, &out).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
   EXPECT_EQ(calls, (std::vector<int>{1, 2}));  // in order
   EXPECT_EQ(pool->generation(b[0]), 1u);
   EXPECT_EQ(pool->state(b[0]), BlockState::kFilling);
@@ -368,13 +370,13 @@ TEST(BlockPool, BytesHeldCountsEveryNonFreeBlock) {
   std::unique_ptr<BlockPool> pool = TinyPool(10);
   const uint64_t per_block = pool->block_bytes() + pool->metadata_bytes_per_block();
   std::vector<BlockId> b;
-  ASSERT_TRUE(pool->Allocate(7, &b).ok());
+  ASSERT_TRUE(Peer::Allocate(*pool, 7, &b).ok());
   EXPECT_EQ(pool->bytes_held(), 7 * per_block);
   pool->MarkSealed(b[0]);
   pool->MarkSealed(b[1]);
-  pool->Unref(b[0]);  // cached: still held
+  Peer::Unref(*pool, b[0]);  // cached: still held
   EXPECT_EQ(pool->bytes_held(), 7 * per_block);
-  pool->Unref(b[2]);  // filling -> free
+  Peer::Unref(*pool, b[2]);  // filling -> free
   EXPECT_EQ(pool->bytes_held(), 6 * per_block);
   EXPECT_EQ(pool->bytes_held(), (pool->capacity() - pool->free_count()) * per_block);
 }
@@ -523,7 +525,7 @@ TEST(BlockPoolProperty, RandomOperationsKeepInvariantsAndDisjointPages) {
         }
         shadow = saved;
       }
-      Status st = pool->Allocate(n, &out);
+      Status st = Peer::Allocate(*pool, n, &out);
       if (n > free_before + cached_before) {
         ASSERT_EQ(st.code(), StatusCode::kOutOfBlocks);
         ASSERT_TRUE(out.empty());
@@ -549,13 +551,13 @@ TEST(BlockPoolProperty, RandomOperationsKeepInvariantsAndDisjointPages) {
     } else if (kind == 3) {  // ref a live or cached block
       uint32_t i = pick([](const Shadow& s) { return s.state != BlockState::kFree; });
       if (i == UINT32_MAX) continue;
-      pool->Ref(BlockId{i});
+      Peer::Ref(*pool, BlockId{i});
       if (shadow[i].state == BlockState::kCached) shadow[i].state = BlockState::kSealed;
       ++shadow[i].refcount;
     } else if (kind <= 6) {  // unref
       uint32_t i = pick([](const Shadow& s) { return s.refcount > 0; });
       if (i == UINT32_MAX) continue;
-      pool->Unref(BlockId{i});
+      Peer::Unref(*pool, BlockId{i});
       Shadow& s = shadow[i];
       if (--s.refcount == 0) {
         if (s.state == BlockState::kSealed) {
@@ -613,6 +615,46 @@ TEST(BlockPoolProperty, RandomOperationsKeepInvariantsAndDisjointPages) {
   EXPECT_GT(allocations, 100);
   EXPECT_GT(pool->stats().evictions.load(), 0u);
   EXPECT_GT(pool->stats().frees.load(), 0u);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// PinnedBlocks owns its references: released when it goes, last block first; a clone adds one
+// reference to each; a replacement releases the old block; a refused allocation changes nothing.
+TEST(PinnedBlocks, OwnsItsReferencesAndReleasesTheTailFirst) {
+  std::unique_ptr<BlockPool> pool = TinyPool(4);
+  {
+    PinnedBlocks t(pool.get());
+    ASSERT_TRUE(t.Allocate(3).ok());
+    EXPECT_EQ(pool->free_count(), 1u);
+    for (BlockId b : t.ids()) pool->MarkSealed(b);
+    {
+      PinnedBlocks fork = t.Clone();
+      EXPECT_EQ(pool->refcount(t[0]), 2u);
+      PinnedBlocks moved = std::move(fork);
+      EXPECT_TRUE(fork.empty());
+      EXPECT_EQ(pool->refcount(t[2]), 2u);
+    }
+    EXPECT_EQ(pool->refcount(t[0]), 1u);
+    EXPECT_EQ(t.Allocate(2).code(), StatusCode::kOutOfBlocks);
+    EXPECT_EQ(t.size(), 3u);
+    PinnedBlocks fresh(pool.get());
+    ASSERT_TRUE(fresh.Allocate(1).ok());
+    const BlockId old = t[1], replacement = fresh[0];
+    t.Replace(1, std::move(fresh));
+    EXPECT_EQ(t[1], replacement);
+    EXPECT_EQ(pool->state(old), BlockState::kCached);  // its last reference went
+    t.Truncate(1);
+    EXPECT_EQ(pool->free_count(), 1u);  // the unsealed replacement was freed
+    EXPECT_EQ(pool->cached_count(), 2u);
+  }
+  // The table went: every block cached (sealed) or free, and the cache order is the tail first.
+  EXPECT_EQ(pool->cached_count(), 3u);
+  EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
 }  // namespace

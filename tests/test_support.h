@@ -12,10 +12,23 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/block_pool.h"
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
 #include "tessera/request_manager.h"
+
+namespace tessera {
+
+// The pool's own reference counting, for the pool's and the index's unit tests (everything else
+// holds references through PinnedBlocks).
+struct BlockPoolTestPeer {
+  static Status Allocate(BlockPool& p, uint32_t n, std::vector<BlockId>* out) { return p.Allocate(n, out); }
+  static void Ref(BlockPool& p, BlockId b) { p.Ref(b); }
+  static void Unref(BlockPool& p, BlockId b) { p.Unref(b); }
+};
+
+}  // namespace tessera
 
 namespace tessera::testing {
 

@@ -76,22 +76,18 @@ struct PoolStats {
   std::array<std::atomic<uint64_t>, 4> blocks_in_state{};  // indexed by BlockState
 };
 
+class PinnedBlocks;
+
 class BlockPool {
  public:
   // Errors: kInvalidArgument naming the option (no groups, mixed block spans, zero capacity),
   // kOutOfBlocks when a region cannot be mapped.
   static Result<std::unique_ptr<BlockPool>> Create(BlockPoolOptions options);
 
-  // Allocates n blocks into `out` (appended), taking free blocks first, then evicting cached
-  // ones. Each returned block is kFilling with refcount 1. kOutOfBlocks leaves the pool as it was.
-  Status Allocate(uint32_t n, std::vector<BlockId>* out);
-  // Blocks Allocate(n) could hand out now (free + evictable).
+  // Blocks an allocation could hand out now (free + evictable). References are taken and
+  // released through a PinnedBlocks (a request's blocks) or by the index.
   uint32_t Available() const { return free_count_ + cached_count_; }
 
-  // REQUIRES: state != kFree. A cached block becomes sealed and leaves its LRU list.
-  void Ref(BlockId b);
-  // REQUIRES: refcount > 0. At zero a filling block is freed and a sealed one is cached.
-  void Unref(BlockId b);
   // REQUIRES: kFilling.
   void MarkSealed(BlockId b);
   // Retention priority 0..100 (clamped). A cached block moves to its new LRU list at once (as
@@ -135,7 +131,20 @@ class BlockPool {
   Status CheckInvariants() const;
 
  private:
+  // The holders of references: a table's ids each hold one; the index moves a sealing
+  // candidate's reference to an equal block; the pool's tests probe the counting directly.
+  friend class PinnedBlocks;
+  friend class BlockIndex;
+  friend struct BlockPoolTestPeer;
+
   BlockPool() = default;
+  // Allocates n blocks into `out` (appended), taking free blocks first, then evicting cached
+  // ones. Each returned block is kFilling with refcount 1. kOutOfBlocks leaves the pool as it was.
+  Status Allocate(uint32_t n, std::vector<BlockId>* out);
+  // REQUIRES: state != kFree. A cached block becomes sealed and leaves its LRU list.
+  void Ref(BlockId b);
+  // REQUIRES: refcount > 0. At zero a filling block is freed and a sealed one is cached.
+  void Unref(BlockId b);
   void SetState(BlockId b, BlockState s);
   void LruPush(BlockId b);
   void LruRemove(BlockId b);
@@ -167,6 +176,52 @@ class BlockPool {
 
   std::vector<std::function<void(BlockId)>> eviction_listeners_;
   PoolStats stats_;
+};
+
+// The blocks one owner holds (a request's block table, blocks fetched for a promotion), in
+// order: each id holds one reference, released when the table is truncated, cleared or
+// destroyed — the last block first, so that a prefix is cached after (more recently than) its
+// extensions and LRU evicts the longest chains' leaves first. Move-only: one owner; no manual
+// reference counting outside it.
+//
+// Thread-safety: as the pool (single owner).
+class PinnedBlocks {
+ public:
+  PinnedBlocks() = default;
+  explicit PinnedBlocks(BlockPool* pool) : pool_(pool) {}
+  PinnedBlocks(PinnedBlocks&& o) noexcept : pool_(o.pool_), ids_(std::move(o.ids_)) { o.ids_.clear(); }
+  PinnedBlocks& operator=(PinnedBlocks&& o) noexcept;
+  PinnedBlocks(const PinnedBlocks&) = delete;
+  PinnedBlocks& operator=(const PinnedBlocks&) = delete;
+  ~PinnedBlocks() { Clear(); }
+
+  std::span<const BlockId> ids() const { return ids_; }
+  size_t size() const { return ids_.size(); }
+  bool empty() const { return ids_.empty(); }
+  BlockId operator[](size_t i) const { return ids_[i]; }
+  void reserve(size_t n) { ids_.reserve(n); }
+
+  // Appends a new reference to `b` (a sealed or cached block: a prefix hit).
+  void Pin(BlockId b);
+  // Appends n fresh blocks (kFilling, taking free blocks first, then evicting cached ones);
+  // kOutOfBlocks on "blocks" changes nothing.
+  Status Allocate(uint32_t n);
+  // Moves every reference of `other` to the end of this table (same pool).
+  void Append(PinnedBlocks&& other);
+  // The reference at `slot` is released and replaced by `fresh`'s only reference (a
+  // copy-on-write). REQUIRES: fresh.size() == 1.
+  void Replace(size_t slot, PinnedBlocks&& fresh);
+  // The reference at `slot` now names `b`: BlockIndex::Seal moved it to an equal sealed block.
+  void Rename(size_t slot, BlockId b) { ids_[slot] = b; }
+  // A second table with one more reference to every block (a fork).
+  PinnedBlocks Clone() const;
+  // Releases the references past the first `n`, last first.
+  void Truncate(size_t n);
+  void Clear() { Truncate(0); }
+
+ private:
+  BlockPool* pool_ = nullptr;
+  std::vector<BlockId> ids_;
 };
 
 }  // namespace tessera

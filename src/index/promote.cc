@@ -5,8 +5,8 @@
 namespace tessera {
 
 size_t FetchFromSource(BlockPool& pool, const BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt,
-                       std::vector<BlockId>* blocks, std::vector<std::vector<std::byte>>* states) {
+                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt, PinnedBlocks* blocks,
+                       std::vector<std::vector<std::byte>>* states) {
   const uint32_t bt = pool.block_tokens();
   const size_t full_blocks = std::min<size_t>(prompt.size() / bt, keys.size());
   if (!pool.backed() || first >= full_blocks) return 0;
@@ -19,13 +19,11 @@ size_t FetchFromSource(BlockPool& pool, const BlockIndex& index, BlockSource& so
   }
   const size_t want = std::min<size_t>(source.Probe(links), pool.Available());
   if (want == 0) return 0;
-  std::vector<BlockId> taken;
-  if (!pool.Allocate(static_cast<uint32_t>(want), &taken).ok()) return 0;
-  const size_t got = source.Fetch(pool, std::span(links).first(want), taken, states);
-  for (size_t i = got; i < taken.size(); ++i) pool.Unref(taken[i]);  // filling -> free
-  taken.resize(got);
+  const size_t start = blocks->size();
+  if (!blocks->Allocate(static_cast<uint32_t>(want)).ok()) return 0;
+  const size_t got = source.Fetch(pool, std::span(links).first(want), blocks->ids().subspan(start), states);
+  blocks->Truncate(start + got);  // the undelivered ones: filling -> free
   if (states != nullptr) states->resize(got);
-  blocks->insert(blocks->end(), taken.begin(), taken.end());
   return got;
 }
 

@@ -19,7 +19,7 @@ struct RequestManager::Request {
   uint8_t priority = kDefaultRetentionPriority;
   uint64_t tokens = 0;               // tokens written
   std::vector<uint32_t> span_tokens;  // the tokens of the block span not sealed yet
-  std::vector<BlockId> table;        // one block id per block span (allocated slots)
+  PinnedBlocks table;                // one block per block span (allocated slots), each pinned
   std::vector<PrefixRef> chain;      // one per sealed block
   uint32_t state = UINT32_MAX;       // the state component's slab (models with windows)
 };
@@ -233,6 +233,7 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   // The last prompt token is always computed: its logits start generation.
   const size_t max_blocks = prompt.empty() ? 0 : std::min((prompt.size() - 1) / block_tokens_, keys.keys_.size());
   Request q;
+  q.table = PinnedBlocks(pool_.get());
   q.live = true;
   q.tenant = spec.tenant;
   q.domain = keys.domain_;
@@ -240,20 +241,16 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   q.priority = std::min(spec.priority, kMaxRetentionPriority);
   q.chain = index_->LongestPrefix(prompt, std::span(keys.keys_).first(max_blocks), q.domain, q.salt);
   q.table.reserve(CeilDiv(prompt.size() + options_.spec_tokens, block_tokens_) + 1);
-  for (const PrefixRef& hit : q.chain) {
-    pool_->Ref(hit.block);
-    q.table.push_back(hit.block);
-  }
+  for (const PrefixRef& hit : q.chain) q.table.Pin(hit.block);
   Admission a;
   if (source_ != nullptr && q.chain.size() < max_blocks && pool_->backed()) {
-    std::vector<BlockId> fetched;
+    const size_t first = q.table.size();
     std::vector<std::vector<std::byte>> states;
     a.tier_blocks = static_cast<uint32_t>(FetchFromSource(*pool_, *index_, *source_, prompt,
-                                                          std::span(keys.keys_).first(max_blocks), q.chain.size(),
-                                                          q.domain, q.salt, &fetched, states_ ? &states : nullptr));
-    for (size_t i = 0; i < fetched.size(); ++i) {
-      const size_t slot = q.table.size();
-      q.table.push_back(fetched[i]);
+                                                          std::span(keys.keys_).first(max_blocks), first, q.domain,
+                                                          q.salt, &q.table, states_ ? &states : nullptr));
+    for (size_t i = 0; i < a.tier_blocks; ++i) {
+      const size_t slot = first + i;
       SealSlot(q, slot, prompt.subspan(slot * block_tokens_, block_tokens_), states_ ? &states[i] : nullptr);
     }
   }
@@ -265,11 +262,9 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   const uint64_t reserve = std::min(rest, spec.reserve_tokens.value_or(rest));
   const uint64_t need = BlocksNeeded(a.cached_tokens + reserve + options_.spec_tokens);
   const uint64_t more = need > q.table.size() ? need - q.table.size() : 0;
-  if (more > pool_->Available()) {
-    for (auto it = q.table.rbegin(); it != q.table.rend(); ++it) pool_->Unref(*it);
-    return OutOfBlocks(more);
-  }
-  Status allocated = pool_->Allocate(static_cast<uint32_t>(more), &q.table);
+  // Refused: the request's table releases its references as it goes out of scope.
+  if (more > pool_->Available()) return OutOfBlocks(more);
+  Status allocated = q.table.Allocate(static_cast<uint32_t>(more));
   assert(allocated.ok());
   (void)allocated;
   if (states_) {
@@ -325,9 +320,9 @@ Status RequestManager::UnshareSlots(Request& q, uint64_t n) {
 
 Status RequestManager::CopyOnWrite(Request& q, size_t slot) {
   const BlockId old = q.table[slot];
-  std::vector<BlockId> fresh;
   if (pool_->Available() == 0) return OutOfBlocks(1);
-  TESSERA_RETURN_IF_ERROR(pool_->Allocate(1, &fresh));
+  PinnedBlocks fresh(pool_.get());
+  TESSERA_RETURN_IF_ERROR(fresh.Allocate(1));
   if (pool_->backed()) {
     for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
       std::span<std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
@@ -335,8 +330,7 @@ Status RequestManager::CopyOnWrite(Request& q, size_t slot) {
       std::memcpy(to.data(), from.data(), from.size());
     }
   }
-  pool_->Unref(old);
-  q.table[slot] = fresh[0];
+  q.table.Replace(slot, std::move(fresh));
   metrics_.cow_copies.fetch_add(1, std::memory_order_relaxed);
   return Status::Ok();
 }
@@ -352,7 +346,7 @@ Status RequestManager::Reserve(Request& q, uint64_t n) {
   if (more + copies == 0) return Status::Ok();
   if (more + copies > pool_->Available()) return OutOfBlocks(more + copies);
   TESSERA_RETURN_IF_ERROR(UnshareSlots(q, n));
-  return pool_->Allocate(static_cast<uint32_t>(more), &q.table);
+  return q.table.Allocate(static_cast<uint32_t>(more));
 }
 
 Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
@@ -404,7 +398,7 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
   const BlockId kept = sealed.ref.block;
   // A block this request sealed takes its priority; a shared one keeps the highest.
   pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
-  q.table[slot] = kept;
+  q.table.Rename(slot, kept);
   q.chain.push_back(sealed.ref);
   if (promoted_state != nullptr) {
     states_->Install(kept, *promoted_state);
@@ -480,7 +474,8 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
       out->codes[i] = st.code();
       ++out->failed;
     } else {
-      out->new_blocks.insert(out->new_blocks.end(), q->table.begin() + static_cast<ptrdiff_t>(before), q->table.end());
+      const std::span<const BlockId> added = q->table.ids().subspan(before);
+      out->new_blocks.insert(out->new_blocks.end(), added.begin(), added.end());
     }
     out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
   }
@@ -508,11 +503,19 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
     return Status(StatusCode::kOutOfBlocks, "requests",
                   "all " + std::to_string(options_.max_requests) + " request slots are in use");
   }
-  Request copy = *p;  // before TakeSlot may move requests_
+  Request copy;  // filled before TakeSlot may move requests_
   if (states_) {
     TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
   }
-  for (BlockId b : copy.table) pool_->Ref(b);
+  copy.live = true;
+  copy.tenant = p->tenant;
+  copy.domain = p->domain;
+  copy.salt = p->salt;
+  copy.priority = p->priority;
+  copy.tokens = p->tokens;
+  copy.span_tokens = p->span_tokens;
+  copy.table = p->table.Clone();
+  copy.chain = p->chain;
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
   requests_[id] = std::move(copy);
   ++live_;
@@ -524,9 +527,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
 Status RequestManager::Free(RequestId r) {
   Request* q = Get(r);
   if (q == nullptr) return NoRequest(r);
-  // Release the tail first so that a prefix's blocks are cached after (more recently than) its
-  // extensions are — LRU then evicts the longest chains' leaves first.
-  for (auto it = q->table.rbegin(); it != q->table.rend(); ++it) pool_->Unref(*it);
+  q->table.Clear();  // the tail first (BlockTable)
   if (states_) states_->Close(q->state);
   *q = Request{};
   free_request_ids_.push_back(r.value);
@@ -537,7 +538,7 @@ Status RequestManager::Free(RequestId r) {
 
 std::span<const BlockId> RequestManager::BlockTable(RequestId r) const {
   const Request* q = GetConst(r);
-  return q == nullptr ? std::span<const BlockId>() : std::span<const BlockId>(q->table);
+  return q == nullptr ? std::span<const BlockId>() : q->table.ids();
 }
 
 uint64_t RequestManager::Tokens(RequestId r) const {

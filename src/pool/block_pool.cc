@@ -274,4 +274,48 @@ Status BlockPool::CheckInvariants() const {
   return Status::Ok();
 }
 
+PinnedBlocks& PinnedBlocks::operator=(PinnedBlocks&& o) noexcept {
+  if (this != &o) {
+    Clear();
+    pool_ = o.pool_;
+    ids_ = std::move(o.ids_);
+    o.ids_.clear();
+  }
+  return *this;
+}
+
+void PinnedBlocks::Pin(BlockId b) {
+  pool_->Ref(b);
+  ids_.push_back(b);
+}
+
+Status PinnedBlocks::Allocate(uint32_t n) { return pool_->Allocate(n, &ids_); }
+
+void PinnedBlocks::Append(PinnedBlocks&& other) {
+  assert(other.pool_ == pool_ || other.ids_.empty());
+  ids_.insert(ids_.end(), other.ids_.begin(), other.ids_.end());
+  other.ids_.clear();
+}
+
+void PinnedBlocks::Replace(size_t slot, PinnedBlocks&& fresh) {
+  assert(fresh.ids_.size() == 1 && fresh.pool_ == pool_);
+  pool_->Unref(ids_[slot]);
+  ids_[slot] = fresh.ids_[0];
+  fresh.ids_.clear();
+}
+
+PinnedBlocks PinnedBlocks::Clone() const {
+  PinnedBlocks copy(pool_);
+  copy.ids_ = ids_;
+  for (BlockId b : ids_) pool_->Ref(b);
+  return copy;
+}
+
+void PinnedBlocks::Truncate(size_t n) {
+  while (ids_.size() > n) {
+    pool_->Unref(ids_.back());
+    ids_.pop_back();
+  }
+}
+
 }  // namespace tessera
