@@ -230,7 +230,9 @@ class RequestManager {
   Status UnshareSlots(Request& q, uint64_t n);
   Status CopyOnWrite(Request& q, size_t slot);
   Status Reserve(Request& q, uint64_t n);
-  Status WriteToken(Request& q, uint32_t token, const KvWriters& w);
+  Status AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w);
+  StatusCode StepOne(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
+                     std::vector<BlockId>* new_blocks);
   void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, const std::vector<std::byte>* promoted_state);
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).

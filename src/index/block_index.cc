@@ -53,6 +53,10 @@ BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup
       identity_(pool->capacity()),
       tokens_(static_cast<size_t>(pool->capacity()) * pool->block_tokens()) {
   pool_->AddEvictionListener([this](BlockId b) { OnEvict(b); });
+  // Sized once for the pool: a map that grows rehashes every key in one call, a multi-millisecond
+  // stall of whichever scheduler step crosses the threshold.
+  prefix_.reserve(pool_->capacity());
+  if (content_dedup_) content_.reserve(pool_->capacity());
 }
 
 std::span<const uint32_t> BlockIndex::Tokens(BlockId b) const {

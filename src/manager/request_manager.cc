@@ -197,6 +197,7 @@ Status RequestManager::OutOfBlocks(uint64_t needed) {
 
 // A block id per block span: the group whose entries need the most blocks decides.
 uint64_t RequestManager::BlocksNeeded(uint64_t tokens) const {
+  if (!states_) return CeilDiv(tokens, block_tokens_);  // per-token groups: a block per span
   uint64_t need = 0;
   for (const PoolGroup& g : pool_->groups()) {
     need = std::max(need, CeilDiv(tokens / g.page.compress_ratio, g.page.entries_per_block));
@@ -240,7 +241,12 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   q.salt = keys.salt_;
   q.priority = std::min(spec.priority, kMaxRetentionPriority);
   q.chain = index_->LongestPrefix(prompt, std::span(keys.keys_).first(max_blocks), q.domain, q.salt);
-  q.table.reserve(CeilDiv(prompt.size() + options_.spec_tokens, block_tokens_) + 1);
+  // Room for the prompt and as much again of generation: tables that grow at a block boundary
+  // grow for every request crossing it in the same scheduler step.
+  const size_t blocks_ahead = 2 * (CeilDiv(prompt.size() + options_.spec_tokens, block_tokens_) + 1);
+  q.table.reserve(blocks_ahead);
+  q.chain.reserve(blocks_ahead);
+  q.span_tokens.reserve(block_tokens_);
   for (const PrefixRef& hit : q.chain) q.table.Pin(hit.block);
   Admission a;
   if (source_ != nullptr && q.chain.size() < max_blocks && pool_->backed()) {
@@ -355,21 +361,30 @@ Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
   return Reserve(*q, n);
 }
 
-Status RequestManager::WriteToken(Request& q, uint32_t token, const KvWriters& w) {
-  const uint64_t p = q.tokens;
-  if (w.page && pool_->backed() && token_groups_) {
-    // Per-token groups have a block from the span's first token on (compressed groups only once
-    // an entry completes).
-    const BlockId b = q.table[p / block_tokens_];
-    assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 &&
-           "writing into a shared or sealed block");
-    const uint64_t slot = p % block_tokens_;
-    for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
-      if (pool_->groups()[g].page.compress_ratio != 1) continue;
-      for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) w.page(g, l, p, pool_->Record(b, g, l, slot));
+// Writes `tokens` (REQUIRES: their slots are reserved and unshared), one block span at a time:
+// per-token records only where writers fill them, the state component token by token, and a
+// seal where a span completes. Bookkeeping alone costs per span, not per token.
+Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w) {
+  const bool pages = w.page && pool_->backed() && token_groups_;
+  while (!tokens.empty()) {
+    const uint64_t p0 = q.tokens;
+    const size_t n = std::min<size_t>(tokens.size(), block_tokens_ - p0 % block_tokens_);
+    if (pages) {
+      // Per-token groups have a block from the span's first token on (compressed groups only
+      // once an entry completes).
+      const BlockId b = q.table[p0 / block_tokens_];
+      assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 &&
+             "writing into a shared or sealed block");
+      for (uint64_t p = p0; p < p0 + n; ++p) {
+        for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
+          if (pool_->groups()[g].page.compress_ratio != 1) continue;
+          for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) {
+            w.page(g, l, p, pool_->Record(b, g, l, p % block_tokens_));
+          }
+        }
+      }
     }
-  }
-  if (states_) {
+    if (states_) {
     const EntrySink sink = [this, &q](uint32_t group, uint32_t layer, uint64_t entry) -> Result<RecordView> {
       const uint64_t epb = pool_->groups()[group].page.entries_per_block;
       if (entry / epb >= q.table.size()) {
@@ -378,13 +393,22 @@ Status RequestManager::WriteToken(Request& q, uint32_t token, const KvWriters& w
       }
       return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
     };
-    TESSERA_RETURN_IF_ERROR(states_->WriteToken(q.state, p, w, pool_->backed() ? &sink : nullptr));
-  }
-  q.span_tokens.push_back(token);
-  ++q.tokens;
-  if (q.tokens % block_tokens_ == 0) {
-    SealSlot(q, q.tokens / block_tokens_ - 1, q.span_tokens, nullptr);
-    q.span_tokens.clear();
+      for (uint64_t p = p0; p < p0 + n; ++p) {
+        Status st = states_->WriteToken(q.state, p, w, pool_->backed() ? &sink : nullptr);
+        if (!st.ok()) {  // tokens before p are written and stay
+          q.span_tokens.insert(q.span_tokens.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(p - p0));
+          q.tokens = p;
+          return st;
+        }
+      }
+    }
+    q.span_tokens.insert(q.span_tokens.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n));
+    q.tokens += n;
+    if (q.tokens % block_tokens_ == 0) {
+      SealSlot(q, q.tokens / block_tokens_ - 1, q.span_tokens, nullptr);
+      q.span_tokens.clear();
+    }
+    tokens = tokens.subspan(n);
   }
   return Status::Ok();
 }
@@ -436,11 +460,7 @@ Status RequestManager::Append(RequestId r, std::span<const uint32_t> tokens, con
     if (copies > pool_->Available()) return OutOfBlocks(copies);
     TESSERA_RETURN_IF_ERROR(UnshareSlots(*q, tokens.size()));
   }
-  Status st = Status::Ok();
-  for (uint32_t token : tokens) {
-    st = WriteToken(*q, token, writers);
-    if (!st.ok()) break;
-  }
+  Status st = AppendReserved(*q, tokens, writers);
   SyncStateBytes();
   return st;
 }
@@ -456,6 +476,9 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
     return InvalidArgument("batch", "counts add up to " + std::to_string(total) + " tokens, " +
                                         std::to_string(batch.tokens.size()) + " given");
   }
+  if (pool_->backed() && writers.empty() && total > 0) {
+    return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
+  }
   out->codes.assign(batch.requests.size(), StatusCode::kOk);
   out->failed = 0;
   out->offsets.assign(1, 0);
@@ -465,21 +488,26 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
     next += batch.counts[i];
-    Request* q = Get(batch.requests[i]);
-    Status st = q == nullptr ? NoRequest(batch.requests[i]) : Status::Ok();
-    const size_t before = q == nullptr ? 0 : q->table.size();
-    if (st.ok()) st = Reserve(*q, tokens.size());
-    if (st.ok()) st = Append(batch.requests[i], tokens, writers);
-    if (!st.ok()) {
-      out->codes[i] = st.code();
-      ++out->failed;
-    } else {
-      const std::span<const BlockId> added = q->table.ids().subspan(before);
-      out->new_blocks.insert(out->new_blocks.end(), added.begin(), added.end());
-    }
+    out->codes[i] = StepOne(batch.requests[i], tokens, writers, &out->new_blocks);
+    if (out->codes[i] != StatusCode::kOk) ++out->failed;
     out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
   }
+  SyncStateBytes();
   return Status::Ok();
+}
+
+// One request of a Step: Reserve (which also unshares what the tokens land in), then the
+// append; the request is left unchanged when the reservation is refused.
+StatusCode RequestManager::StepOne(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
+                                   std::vector<BlockId>* new_blocks) {
+  Request* q = Get(r);
+  if (q == nullptr) return StatusCode::kInvalidArgument;
+  const size_t before = q->table.size();
+  if (Status st = Reserve(*q, tokens.size()); !st.ok()) return st.code();
+  if (Status st = AppendReserved(*q, tokens, writers); !st.ok()) return st.code();
+  const std::span<const BlockId> added = q->table.ids().subspan(before);
+  new_blocks->insert(new_blocks->end(), added.begin(), added.end());
+  return StatusCode::kOk;
 }
 
 Status RequestManager::Recompute(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers) {
