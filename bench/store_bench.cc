@@ -94,7 +94,8 @@ void BM_SealDedupBlock(benchmark::State& state) {
     (void)m->Free(twin.id);
     state.ResumeTiming();
   }
-  if (m->index().stats().dedup_hits.load() != static_cast<uint64_t>(state.iterations())) state.SkipWithError("seal did not deduplicate");
+  if (m->index().stats().dedup_hits.load() != static_cast<uint64_t>(state.iterations()))
+    state.SkipWithError("seal did not deduplicate");
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kV3Fp8BlockBytes));
 }
 BENCHMARK(BM_SealDedupBlock);
@@ -206,8 +207,8 @@ void BM_SchedulerTrace(benchmark::State& state) {
   state.counters["free_all_us"] = free_ns / n / 1e3;
   // Where the worst step falls (step index within its iteration): 0, 64, 128, 192 are the
   // trace's block boundaries, where every request seals a block in the same step.
-  state.counters["step_max_at"] = static_cast<double>(
-      (std::max_element(steps.begin(), steps.end()) - steps.begin()) % kSteps);
+  state.counters["step_max_at"] =
+      static_cast<double>((std::max_element(steps.begin(), steps.end()) - steps.begin()) % kSteps);
 }
 BENCHMARK(BM_SchedulerTrace)->Unit(benchmark::kMillisecond)->Iterations(5);
 

@@ -433,3 +433,17 @@ TEST(BlockIndexAdversarial, OneBitKeysNeverShareUnequalBytesOrCrossDomains) {
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The ledger counts 64 B of host metadata per block as a model (layout.h); the structures that
+// hold it take what this test pins. A change to either structure must update the model's
+// comment (and, when the ledger adopts the real figure, the ledger).
+TEST(BlockMetadata, LedgerModelAgainstTheStructures) {
+  EXPECT_EQ(BlockPool::kHeaderBytes + BlockIndex::kIdentityBytes, 98u);
+  EXPECT_EQ(BlockMetadataBytes(64), kBlockHeaderBytes + 4u * 64);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -88,8 +88,8 @@ TEST(CheckpointBlocks, EverySealedBlockLiveOrCached) {
   auto m = Manager(16);
   ScriptedSource src;
   m->SetBlockSource(&src);
-  Write(*m, KvStream(1, 3 * kBlock + 5));         // 3 cached blocks (the tail block is freed)
-  Write(*m, KvStream(900, 2 * kBlock), false);    // 2 sealed blocks held by a live request
+  Write(*m, KvStream(1, 3 * kBlock + 5));       // 3 cached blocks (the tail block is freed)
+  Write(*m, KvStream(900, 2 * kBlock), false);  // 2 sealed blocks held by a live request
   EXPECT_EQ(src.sealed, 5u);
   EXPECT_EQ(*m->Checkpoint(), 5u);
   EXPECT_EQ(src.checkpointed, 5u);
@@ -97,9 +97,9 @@ TEST(CheckpointBlocks, EverySealedBlockLiveOrCached) {
   EXPECT_EQ(src.with_state, 0u);  // MLA blocks carry no state
   // With a state function, each block's state travels along.
   ScriptedSource other;
-  EXPECT_EQ(*CheckpointBlocks(m->pool(), m->index(), other,
-                              [](BlockId) { return std::vector<std::byte>(3, std::byte{1}); }),
-            5u);
+  EXPECT_EQ(
+      *CheckpointBlocks(m->pool(), m->index(), other, [](BlockId) { return std::vector<std::byte>(3, std::byte{1}); }),
+      5u);
   EXPECT_EQ(other.with_state, 5u);
   m->SetBlockSource(nullptr);
   EXPECT_EQ(*m->Checkpoint(), 0u);  // no source, nothing to hand over

@@ -274,7 +274,8 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
         Result<RecordView> got = m->Entry(second.id, layer, indexer, e);
         ASSERT_TRUE(got.ok()) << got.status().ToString();
         uint32_t floats = indexer ? 2 * 2 * 32 : 2 * (r == 4 ? 2 : 1) * 128;
-        EXPECT_EQ(Flatten(*got), ExpectedEntry(layer, indexer, r, e, floats, *got)) << "layer " << layer << " entry " << e;
+        EXPECT_EQ(Flatten(*got), ExpectedEntry(layer, indexer, r, e, floats, *got))
+            << "layer " << layer << " entry " << e;
       }
     }
   }
@@ -283,7 +284,9 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
 
 INSTANTIATE_TEST_SUITE_P(All, HybridResume,
                          ::testing::Values(SwaStrategy::kRecompute, SwaStrategy::kSnapshot, SwaStrategy::kRetain),
-                         [](const ::testing::TestParamInfo<SwaStrategy>& p) { return std::string(SwaStrategyName(p.param)); });
+                         [](const ::testing::TestParamInfo<SwaStrategy>& p) {
+                           return std::string(SwaStrategyName(p.param));
+                         });
 
 // Bytes held by pages + arena == the ledger's committed bytes, at every phase of a chunked
 // prefill, for one request.

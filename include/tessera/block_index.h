@@ -105,8 +105,8 @@ class BlockIndex {
   std::vector<PrefixRef> LongestPrefix(std::span<const uint32_t> prompt, uint32_t domain, uint64_t salt);
   // As LongestPrefix, with the prefix keys of the prompt's blocks computed already (a scheduler
   // keeps them across admission retries); at most keys.size() blocks.
-  std::vector<PrefixRef> LongestPrefix(std::span<const uint32_t> prompt, std::span<const Hash128> keys,
-                                       uint32_t domain, uint64_t salt);
+  std::vector<PrefixRef> LongestPrefix(std::span<const uint32_t> prompt, std::span<const Hash128> keys, uint32_t domain,
+                                       uint64_t salt);
 
   struct SealResult {
     PrefixRef ref;              // the block the caller now holds in its table
@@ -142,6 +142,13 @@ class BlockIndex {
 
  private:
   const Hash128& KeyOf(const PrefixRef& parent) const { return parent.is_root() ? root_key_ : parent.key; }
+  struct Identity;
+
+ public:
+  // Host bytes the index keeps per block besides its token ids.
+  static const uint64_t kIdentityBytes;
+
+ private:
   struct Identity {
     Hash128 prefix_key;
     Hash128 content_key;

@@ -22,7 +22,7 @@
 // Allocation is all-or-nothing: Allocate(n) either returns n blocks or kOutOfBlocks with the
 // pool unchanged.
 //
-// Thread-safety: single owner (the request manager). The statistics returned by Stats() are
+// Thread-safety: single owner (the request manager). The statistics returned by stats() are
 // atomics and safe to read from any thread.
 #pragma once
 
@@ -129,6 +129,10 @@ class BlockPool {
 
   // Checks every invariant above (free list, LRU lists, states, refcounts); for tests.
   Status CheckInvariants() const;
+
+  // Host bytes of the per-block arrays below (state, refcount, generation, priority, links).
+  static constexpr uint64_t kHeaderBytes =
+      sizeof(BlockState) + 3 * sizeof(uint32_t) + sizeof(uint8_t) + sizeof(uint32_t);
 
  private:
   // The holders of references: a table's ids each hold one; the index moves a sealing

@@ -60,8 +60,8 @@ class BlockSource {
 // bytes in place, not sealed: the caller seals each as the child of the one before), releases
 // the rest, and returns how many; `states` (optional) receives their states.
 size_t FetchFromSource(BlockPool& pool, const BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt, PinnedBlocks* blocks,
-                       std::vector<std::vector<std::byte>>* states = nullptr);
+                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt,
+                       PinnedBlocks* blocks, std::vector<std::vector<std::byte>>* states = nullptr);
 
 // Hands every sealed (or cached) block of `pool` that `index` holds to source.OnCheckpoint, with
 // the state `state_of` gives it (none when not given), between BeginCheckpoint and

@@ -36,8 +36,8 @@ struct KvWriters {
   // A per-token page writer alone (models without windows).
   KvWriters(KvWriter page_writer) : page(std::move(page_writer)) {}  // NOLINT(google-explicit-constructor)
   template <typename F>
-    requires std::is_invocable_v<F&, uint32_t, uint32_t, uint64_t, const RecordView&>
-  KvWriters(F page_writer) : page(std::move(page_writer)) {}  // NOLINT(google-explicit-constructor)
+  requires std::is_invocable_v<F&, uint32_t, uint32_t, uint64_t, const RecordView&> KvWriters(F page_writer)
+      : page(std::move(page_writer)) {}  // NOLINT(google-explicit-constructor)
   KvWriters(WindowWriter w, StateWriter s, Compressor c)
       : window(std::move(w)), state(std::move(s)), compress(std::move(c)) {}
 

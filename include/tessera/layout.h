@@ -66,9 +66,12 @@ struct PageLayout {
 Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compress_ratio, uint32_t block_tokens,
                                      uint64_t alignment = 0);
 
-// Host bytes Tessera's pool keeps per block id: a fixed header (ids, refcount, state, LRU links,
-// prefix key, content key) plus the block's token ids, stored so that a prefix hit is verified
-// token by token.
+// Host bytes Tessera's pool keeps per block id, as the ledger counts them: a model of a fixed
+// header (state, refcount, generation, LRU links, prefix key, content key) plus the block's token
+// ids, stored so that a prefix hit is verified token by token. A model, not a measurement: the
+// structures that hold the header today (the pool's per-block arrays and the index's identity)
+// take BlockPool::kHeaderBytes + BlockIndex::kIdentityBytes = 98 B, not 64 (pinned by
+// BlockMetadata.LedgerModelAgainstTheStructures); the token ids are exactly 4 B each.
 constexpr uint64_t kBlockHeaderBytes = 64;
 constexpr uint64_t BlockMetadataBytes(uint32_t block_tokens) { return kBlockHeaderBytes + 4ULL * block_tokens; }
 

@@ -58,6 +58,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -100,6 +101,9 @@ struct RedisClusterOptions {
   uint32_t connect_timeout_ms = 200;
   uint32_t timeout_ms = 200;  // the budget of one batch call (all nodes, rounds and reloads)
   uint32_t reconnect_interval_ms = 100;
+  // The time the reconnection backoff reads (tests advance it instead of sleeping); empty: the
+  // steady clock. Deadlines on the wire always use the steady clock.
+  std::function<std::chrono::steady_clock::time_point()> backoff_clock;
 };
 
 struct RedisClusterNodeStats {
@@ -148,6 +152,9 @@ class RedisClusterTier {
   std::string KeyOf(const Hash128& key) const;
 
  private:
+  std::chrono::steady_clock::time_point BackoffNow() const {
+    return options_.backoff_clock ? options_.backoff_clock() : std::chrono::steady_clock::now();
+  }
   struct Node;
   struct Op;
   using Clock = std::chrono::steady_clock;

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,6 +69,9 @@ struct RedisTierOptions {
   uint64_t max_value_bytes = 64ull << 20;
   uint32_t timeout_ms = 200;  // the budget of one call: connect, write the pipeline, read every reply
   uint32_t reconnect_interval_ms = 100;
+  // The time the reconnection backoff reads (tests advance it instead of sleeping); empty: the
+  // steady clock. Deadlines on the wire always use the steady clock.
+  std::function<std::chrono::steady_clock::time_point()> backoff_clock;
 };
 
 struct RedisTierStats {
@@ -105,6 +109,9 @@ class RedisTier {
   RedisTierStats stats() const;
 
  private:
+  std::chrono::steady_clock::time_point BackoffNow() const {
+    return options_.backoff_clock ? options_.backoff_clock() : std::chrono::steady_clock::now();
+  }
   RedisTier(RedisTierOptions options, std::unique_ptr<const redis_value::Codec> codec);
   bool EnsureConnected(std::chrono::steady_clock::time_point deadline);
   void Drop();

@@ -233,7 +233,8 @@ class RequestManager {
   Status AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w);
   StatusCode StepOne(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
                      std::vector<BlockId>* new_blocks);
-  void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, const std::vector<std::byte>* promoted_state);
+  void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
+                const std::vector<std::byte>* promoted_state);
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).
   void SyncStateBytes();
@@ -248,7 +249,7 @@ class RequestManager {
   size_t live_ = 0;
   uint32_t block_tokens_ = 0;
   bool token_groups_ = false;  // some group holds a record per token (else entries only)
-  uint64_t identity_ = 0;  // tells this manager's PromptKeys from another's (unique per process)
+  uint64_t identity_ = 0;      // tells this manager's PromptKeys from another's (unique per process)
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
 };

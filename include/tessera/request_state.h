@@ -40,9 +40,9 @@ namespace tessera {
 
 // One model layer with a window, and its compressor when it has one.
 struct StateLayer {
-  uint32_t layer = 0;  // model layer index
-  uint32_t ratio = 0;  // tokens per compressed entry; 0: window only
-  uint32_t coff = 1;   // groups one entry reads (2: an overlapping compressor)
+  uint32_t layer = 0;                            // model layer index
+  uint32_t ratio = 0;                            // tokens per compressed entry; 0: window only
+  uint32_t coff = 1;                             // groups one entry reads (2: an overlapping compressor)
   uint32_t state_slots = 0, state_floats = 0;    // main compressor ring (doubled under speculation)
   uint32_t istate_slots = 0, istate_floats = 0;  // the indexer's compressor ring
   // Where the layer's entries go: pool group and layer within it (-1: none).
@@ -97,8 +97,8 @@ class WindowStrategy {
   virtual void Close(SlabState& /*q*/) {}
   virtual void Fork(const SlabState& /*parent*/, SlabState& /*child*/) {}
   virtual uint64_t boundaries_kept() const = 0;
-  virtual uint64_t boundary_rows_bytes() const = 0;   // copied rows kept
-  virtual uint64_t boundary_bytes_kept() const = 0;   // rows plus the chunks kept alive
+  virtual uint64_t boundary_rows_bytes() const = 0;  // copied rows kept
+  virtual uint64_t boundary_bytes_kept() const = 0;  // rows plus the chunks kept alive
 };
 
 class RequestStates {
@@ -123,8 +123,8 @@ class RequestStates {
   void Sealed(uint32_t id, uint64_t tokens, BlockId block);
 
   struct Resumption {
-    bool restored = false;         // snapshot/retain: the boundary state was restored
-    uint64_t recompute_from = 0;   // otherwise: tokens [recompute_from, cached) to recompute
+    bool restored = false;        // snapshot/retain: the boundary state was restored
+    uint64_t recompute_from = 0;  // otherwise: tokens [recompute_from, cached) to recompute
     uint64_t recompute_tokens = 0;
   };
   // A request resumes at `cached_tokens` (a block boundary) whose last block is `last`.

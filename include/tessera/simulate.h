@@ -29,14 +29,14 @@
 namespace tessera {
 
 struct AgentScenario {
-  std::string kv_format;              // empty: the model's default
-  uint32_t agents = 16;               // forked from the orchestrator
-  uint32_t independent = 8;           // arriving on their own
-  uint64_t shared_tokens = 1024;      // system prompt + documents + tool schemas
-  uint64_t unique_tokens = 128;       // each agent's own task
-  uint64_t preamble_tokens = 96;      // an independent agent's own preamble
+  std::string kv_format;          // empty: the model's default
+  uint32_t agents = 16;           // forked from the orchestrator
+  uint32_t independent = 8;       // arriving on their own
+  uint64_t shared_tokens = 1024;  // system prompt + documents + tool schemas
+  uint64_t unique_tokens = 128;   // each agent's own task
+  uint64_t preamble_tokens = 96;  // an independent agent's own preamble
   std::optional<uint64_t> block_tokens;
-  uint32_t capacity_blocks = 0;       // 0: enough for the whole first wave
+  uint32_t capacity_blocks = 0;  // 0: enough for the whole first wave
   uint32_t tenants = 1;
   HashAlgorithm hash = HashAlgorithm::kXxh3;
   uint32_t hash_bits = 128;
@@ -50,23 +50,22 @@ struct AgentScenario {
   uint64_t host_tier_bytes = 0;  // > 0: a host tier of this many bytes above the disk
 };
 
-
 // What the tiers did in a run with a disk directory.
 struct TierRun {
-  uint64_t tier_hits = 0;        // blocks promoted from the tiers (every byte verified after)
+  uint64_t tier_hits = 0;  // blocks promoted from the tiers (every byte verified after)
   uint64_t tier_hit_tokens = 0;
   uint64_t tier_verify_failures = 0;  // records refused by the store's checks (quarantined)
   uint64_t disk_quarantined = 0;      // records the disk tier quarantined (checksums)
   uint64_t written = 0;               // blocks written through or demoted
   uint64_t write_errors = 0;
-  uint64_t disk_records = 0;          // live records in the directory after the run
+  uint64_t disk_records = 0;  // live records in the directory after the run
   std::string last_error;
 };
 
 // One run of the scenario through one manager (a model with windows: one per window strategy).
 struct StrategyRun {
   SwaStrategy strategy = SwaStrategy::kRecompute;
-  uint64_t prefix_hits = 0;              // admissions that resumed from a cached boundary
+  uint64_t prefix_hits = 0;  // admissions that resumed from a cached boundary
   uint64_t prefix_hit_tokens = 0;
   uint64_t tokens_recomputed = 0;        // recompute: tokens the engine re-ran after hits
   uint64_t states_restored = 0;          // snapshot/retain: boundary states restored
@@ -91,8 +90,9 @@ struct SimulationResult {
   uint64_t logical_blocks = 0;   // sum of block-table lengths
   uint64_t physical_blocks = 0;  // distinct blocks those tables name
   uint64_t bytes_saved = 0;      // (logical - physical) x block_bytes
-  uint64_t shared_context_copies = 0;  // physical copies of each shared-context block among forked agents (1 = one copy)
-  uint64_t cross_tenant_shares = 0;    // blocks named by requests of two tenant domains (must be 0)
+  uint64_t shared_context_copies =
+      0;                             // physical copies of each shared-context block among forked agents (1 = one copy)
+  uint64_t cross_tenant_shares = 0;  // blocks named by requests of two tenant domains (must be 0)
   // Over the whole run:
   uint64_t prefix_hit_tokens = 0;
   uint64_t dedup_hits = 0;

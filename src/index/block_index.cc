@@ -42,6 +42,8 @@ Hash128 CacheIdentityKey(std::string_view config_sha256, std::string_view weight
   return out;
 }
 
+const uint64_t BlockIndex::kIdentityBytes = sizeof(BlockIndex::Identity);
+
 BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit,
                        Hash128 root_key)
     : pool_(pool),

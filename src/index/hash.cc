@@ -49,7 +49,8 @@ Result<ContentHasher> ContentHasher::Create(HashAlgorithm algorithm, uint32_t bi
 
 Result<ContentHasher> ContentHasher::CreateWithKey(HashAlgorithm algorithm, uint32_t bits,
                                                    std::span<const std::byte> key) {
-  if (bits == 0 || bits > 128) return InvalidArgument("hash-bits", "must be in 1..128 (got " + std::to_string(bits) + ")");
+  if (bits == 0 || bits > 128)
+    return InvalidArgument("hash-bits", "must be in 1..128 (got " + std::to_string(bits) + ")");
   if (key.size() < 16) {
     return InvalidArgument("hash-key", "needs at least 16 bytes (got " + std::to_string(key.size()) + ")");
   }
@@ -131,7 +132,8 @@ Hash128 ContentHasher::PrefixKey(const Hash128& parent, std::span<const uint32_t
     std::memcpy(buf.data(), &parent, sizeof parent);
     std::memcpy(buf.data() + sizeof parent, &extra, sizeof extra);
     std::memcpy(buf.data() + kHead, tokens.data(), tokens.size_bytes());
-    const XXH128_hash_t d = XXH3_128bits_withSecret(buf.data(), kHead + tokens.size_bytes(), secret_.data(), secret_.size());
+    const XXH128_hash_t d =
+        XXH3_128bits_withSecret(buf.data(), kHead + tokens.size_bytes(), secret_.data(), secret_.size());
     return {d.low64, d.high64};
   }
   XXH3_state_t st;

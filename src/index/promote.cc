@@ -5,8 +5,8 @@
 namespace tessera {
 
 size_t FetchFromSource(BlockPool& pool, const BlockIndex& index, BlockSource& source, std::span<const uint32_t> prompt,
-                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt, PinnedBlocks* blocks,
-                       std::vector<std::vector<std::byte>>* states) {
+                       std::span<const Hash128> keys, size_t first, uint32_t domain, uint64_t salt,
+                       PinnedBlocks* blocks, std::vector<std::vector<std::byte>>* states) {
   const uint32_t bt = pool.block_tokens();
   const size_t full_blocks = std::min<size_t>(prompt.size() / bt, keys.size());
   if (!pool.backed() || first >= full_blocks) return 0;

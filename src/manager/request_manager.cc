@@ -1,8 +1,8 @@
 #include "tessera/request_manager.h"
 
 #include <algorithm>
-#include <cassert>
 #include <atomic>
+#include <cassert>
 #include <cstring>
 
 #include "base/slots.h"
@@ -17,11 +17,11 @@ struct RequestManager::Request {
   uint32_t domain = 0;
   uint64_t salt = 0;
   uint8_t priority = kDefaultRetentionPriority;
-  uint64_t tokens = 0;               // tokens written
+  uint64_t tokens = 0;                // tokens written
   std::vector<uint32_t> span_tokens;  // the tokens of the block span not sealed yet
-  PinnedBlocks table;                // one block per block span (allocated slots), each pinned
-  std::vector<PrefixRef> chain;      // one per sealed block
-  uint32_t state = UINT32_MAX;       // the state component's slab (models with windows)
+  PinnedBlocks table;                 // one block per block span (allocated slots), each pinned
+  std::vector<PrefixRef> chain;       // one per sealed block
+  uint32_t state = UINT32_MAX;        // the state component's slab (models with windows)
 };
 
 namespace {
@@ -385,14 +385,14 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
       }
     }
     if (states_) {
-    const EntrySink sink = [this, &q](uint32_t group, uint32_t layer, uint64_t entry) -> Result<RecordView> {
-      const uint64_t epb = pool_->groups()[group].page.entries_per_block;
-      if (entry / epb >= q.table.size()) {
-        return Status(StatusCode::kFailedPrecondition, "tokens",
-                      "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
-      }
-      return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
-    };
+      const EntrySink sink = [this, &q](uint32_t group, uint32_t layer, uint64_t entry) -> Result<RecordView> {
+        const uint64_t epb = pool_->groups()[group].page.entries_per_block;
+        if (entry / epb >= q.table.size()) {
+          return Status(StatusCode::kFailedPrecondition, "tokens",
+                        "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
+        }
+        return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
+      };
       for (uint64_t p = p0; p < p0 + n; ++p) {
         Status st = states_->WriteToken(q.state, p, w, pool_->backed() ? &sink : nullptr);
         if (!st.ok()) {  // tokens before p are written and stay
@@ -519,7 +519,8 @@ Status RequestManager::Recompute(RequestId r, std::span<const uint32_t> tokens, 
   }
   const uint64_t end = q->tokens;
   Status st = Status::Ok();
-  for (uint64_t p = end - tokens.size(); p < end && st.ok(); ++p) st = states_->WriteToken(q->state, p, writers, nullptr);
+  for (uint64_t p = end - tokens.size(); p < end && st.ok(); ++p)
+    st = states_->WriteToken(q->state, p, writers, nullptr);
   SyncStateBytes();
   return st;
 }
@@ -596,7 +597,8 @@ Result<RecordView> RequestManager::Entry(RequestId r, uint32_t layer, bool index
     const int32_t group = indexer ? l.igroup : l.group;
     if (group < 0) return InvalidArgument("layer", "layer " + std::to_string(layer) + " has no such cache");
     const uint64_t epb = pool_->groups()[static_cast<size_t>(group)].page.entries_per_block;
-    if (entry >= q->tokens / l.ratio) return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
+    if (entry >= q->tokens / l.ratio)
+      return InvalidArgument("entry", "entry " + std::to_string(entry) + " not complete");
     return pool_->Record(q->table[entry / epb], static_cast<uint32_t>(group), indexer ? l.igroup_layer : l.group_layer,
                          entry % epb);
   }
@@ -609,9 +611,7 @@ std::vector<std::byte> RequestManager::LiveState(RequestId r) const {
   return states_->LiveState(q->state, q->tokens);
 }
 
-uint64_t RequestManager::bytes_held() const {
-  return pool_->bytes_held() + (states_ ? states_->bytes_held() : 0);
-}
+uint64_t RequestManager::bytes_held() const { return pool_->bytes_held() + (states_ ? states_->bytes_held() : 0); }
 
 Result<uint64_t> RequestManager::Checkpoint() {
   if (source_ == nullptr) return uint64_t{0};
@@ -643,7 +643,9 @@ std::vector<MetricFamily> RequestManager::CollectMetrics() const {
        "Prefix keys that matched while tokens or parent did not.",
        "counter",
        {{"", v(is.prefix_key_mismatches)}}},
-      {"tessera_dedup_hits_total", "Sealed blocks shared with a byte-identical block.", "counter",
+      {"tessera_dedup_hits_total",
+       "Sealed blocks shared with a byte-identical block.",
+       "counter",
        {{"", v(is.dedup_hits)}}},
       {"tessera_dedup_collisions_total",
        "Content-key matches whose bytes differed (security events; never shared).",
@@ -653,13 +655,19 @@ std::vector<MetricFamily> RequestManager::CollectMetrics() const {
        "Byte-identical blocks not shared because their tokens differed.",
        "counter",
        {{"", v(is.dedup_identity_mismatches)}}},
-      {"tessera_dedup_bytes_compared_total", "Bytes compared to verify content-key matches.", "counter",
+      {"tessera_dedup_bytes_compared_total",
+       "Bytes compared to verify content-key matches.",
+       "counter",
        {{"", v(is.bytes_compared)}}},
-      {"tessera_cow_copies_total", "Shared unsealed blocks copied before a write.", "counter",
+      {"tessera_cow_copies_total",
+       "Shared unsealed blocks copied before a write.",
+       "counter",
        {{"", v(metrics_.cow_copies)}}},
       {"tessera_forks_total", "Requests forked.", "counter", {{"", v(metrics_.forks)}}},
       {"tessera_requests_admitted_total", "Requests admitted.", "counter", {{"", v(metrics_.requests_admitted)}}},
-      {"tessera_out_of_blocks_total", "Allocations refused for lack of blocks.", "counter",
+      {"tessera_out_of_blocks_total",
+       "Allocations refused for lack of blocks.",
+       "counter",
        {{"", v(metrics_.out_of_blocks)}}},
       {"tessera_window_states_restored_total",
        "Resumptions that restored kept window state (snapshot, retain).",

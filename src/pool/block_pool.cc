@@ -13,10 +13,14 @@ constexpr uint32_t kNil = UINT32_MAX;
 
 std::string_view BlockStateName(BlockState s) {
   switch (s) {
-    case BlockState::kFree: return "free";
-    case BlockState::kFilling: return "filling";
-    case BlockState::kSealed: return "sealed";
-    case BlockState::kCached: return "cached";
+    case BlockState::kFree:
+      return "free";
+    case BlockState::kFilling:
+      return "filling";
+    case BlockState::kSealed:
+      return "sealed";
+    case BlockState::kCached:
+      return "cached";
   }
   return "?";
 }

@@ -105,7 +105,6 @@ struct Agent {
   bool live = false;
 };
 
-
 // One run of the scenario through one manager (a model with windows: under one strategy).
 // DeepSeek-V4: synthetic rows that depend on the layer, the position and every token up to it.
 uint64_t RowSeed(uint64_t prefix_hash, uint32_t layer, bool indexer) {
@@ -115,7 +114,6 @@ uint64_t RowSeed(uint64_t prefix_hash, uint32_t layer, bool indexer) {
 float StateValue(uint64_t row_seed, size_t col) {
   return static_cast<float>(((row_seed + col * 0x9e3779b1ULL) >> 24) & 0xff);
 }
-
 
 // Checks the request's live window rows and a sample of its compressed entries (every entry of
 // its last block span, every 8th before) against the functions that wrote them.
@@ -148,7 +146,6 @@ TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
   t.disk_quarantined = disk.quarantined;
   return t;
 }
-
 
 class Simulation {
  public:
@@ -511,7 +508,8 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   run.bytes_held_peak = m->bytes_held();
   if (m->states() != nullptr) {
     run.boundaries_kept = m->states()->boundaries_kept();
-    run.bytes_kept_per_boundary = run.boundaries_kept > 0 ? m->states()->boundary_bytes_kept() / run.boundaries_kept : 0;
+    run.bytes_kept_per_boundary =
+        run.boundaries_kept > 0 ? m->states()->boundary_bytes_kept() / run.boundaries_kept : 0;
   }
   std::unordered_map<uint32_t, std::set<uint32_t>> block_domains;
   std::set<uint32_t> physical;

@@ -106,8 +106,7 @@ void RequestStates::Close(uint32_t id) {
 
 Result<uint32_t> RequestStates::Fork(uint32_t parent) {
   TESSERA_ASSIGN_OR_RETURN(uint32_t child, Open());
-  std::memcpy(arena_.get() + uint64_t{child} * slab_bytes_, arena_.get() + uint64_t{parent} * slab_bytes_,
-              slab_bytes_);
+  std::memcpy(arena_.get() + uint64_t{child} * slab_bytes_, arena_.get() + uint64_t{parent} * slab_bytes_, slab_bytes_);
   strategy_->Fork(states_[parent], states_[child]);
   return child;
 }
@@ -151,8 +150,8 @@ Status RequestStates::WriteToken(uint32_t id, uint64_t p, const KvWriters& w, co
       const bool indexer = which == 1;
       const int32_t group = indexer ? l.igroup : l.group;
       if (group < 0) continue;
-      TESSERA_ASSIGN_OR_RETURN(RecordView entry, (*entries)(static_cast<uint32_t>(group),
-                                                            indexer ? l.igroup_layer : l.group_layer, g));
+      TESSERA_ASSIGN_OR_RETURN(RecordView entry,
+                               (*entries)(static_cast<uint32_t>(group), indexer ? l.igroup_layer : l.group_layer, g));
       const uint32_t floats = indexer ? l.istate_floats : l.state_floats;
       std::vector<float> rows;
       rows.reserve((p + 1 - first) * floats);
@@ -166,7 +165,9 @@ Status RequestStates::WriteToken(uint32_t id, uint64_t p, const KvWriters& w, co
   return Status::Ok();
 }
 
-void RequestStates::Sealed(uint32_t id, uint64_t tokens, BlockId block) { strategy_->Persist(states_[id], tokens, block); }
+void RequestStates::Sealed(uint32_t id, uint64_t tokens, BlockId block) {
+  strategy_->Persist(states_[id], tokens, block);
+}
 
 RequestStates::Resumption RequestStates::Resume(uint32_t id, uint64_t cached_tokens, BlockId last) {
   Resumption r;

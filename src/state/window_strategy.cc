@@ -59,7 +59,8 @@ class KeepingStrategy : public WindowStrategy {
   // accepted only of exactly that shape, and only when boundaries fall on chunk edges.
   bool TierShaped(std::span<const std::byte> state) const {
     const StateOptions& o = states_.options();
-    return o.block_tokens % o.window == 0 && state.size() == states_.chunk_bytes() + states_.compressor_boundary_bytes();
+    return o.block_tokens % o.window == 0 &&
+           state.size() == states_.chunk_bytes() + states_.compressor_boundary_bytes();
   }
   std::vector<std::byte> CopyRows(const SlabState& q, uint64_t tokens, bool window_rows) const {
     std::vector<std::byte> rows;

@@ -183,13 +183,13 @@ bool RedisClusterTier::EnsureConnected(Node& node, Clock::time_point deadline) {
     }
     DropNode(node);
   } else if (node.last_attempt.time_since_epoch().count() != 0 &&
-             Clock::now() - node.last_attempt < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
+             BackoffNow() - node.last_attempt < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
     return false;
   }
   std::chrono::milliseconds left =
       std::min(redis_io::Remaining(deadline), std::chrono::milliseconds(options_.connect_timeout_ms));
   if (left.count() <= 0) return false;  // no time left: not an attempt
-  node.last_attempt = Clock::now();
+  node.last_attempt = BackoffNow();
   std::string why;
   if (!node.conn.Open(node.host, node.port, left, &why)) {
     NodeError(node);
@@ -241,13 +241,13 @@ std::optional<std::vector<Range>> ParseSlotMap(const Reply& reply, const std::st
 }  // namespace
 
 bool RedisClusterTier::RefreshSlotMap(bool rate_limited, std::optional<Clock::time_point> batch_deadline) {
-  auto now = Clock::now();
+  const auto backoff_now = BackoffNow();
   if (rate_limited && last_refresh_attempt_.time_since_epoch().count() != 0 &&
-      now - last_refresh_attempt_ < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
+      backoff_now - last_refresh_attempt_ < std::chrono::milliseconds(options_.reconnect_interval_ms)) {
     return false;
   }
-  if (batch_deadline && now >= *batch_deadline) return false;  // no time left: not an attempt
-  last_refresh_attempt_ = now;
+  if (batch_deadline && Clock::now() >= *batch_deadline) return false;  // no time left: not an attempt
+  last_refresh_attempt_ = backoff_now;
   // Ask nodes with a live connection first, then the others (seeds first: they were added first).
   std::vector<size_t> order(nodes_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;

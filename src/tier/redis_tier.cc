@@ -81,12 +81,12 @@ bool RedisTier::EnsureConnected(Clock::time_point deadline) {
     }
     Drop();
   } else {
-    auto now = Clock::now();
+    auto now = BackoffNow();
     if (ever_connected_ || last_attempt_.time_since_epoch().count() != 0) {
       if (now - last_attempt_ < std::chrono::milliseconds(options_.reconnect_interval_ms)) return false;
     }
   }
-  last_attempt_ = Clock::now();
+  last_attempt_ = BackoffNow();
   std::chrono::milliseconds left = redis_io::Remaining(deadline);
   std::string why;
   if (left.count() <= 0 || !conn_->Open(options_.host, options_.port, left, &why)) {

@@ -3,6 +3,10 @@
 //   tessera report                      the main job: ledgers for DeepSeek-V3 and V4-Pro and the claim check
 //   tessera ledger --model NAME --context 128k [...]
 //   tessera receipt --model NAME --context 128k --out PREFIX
+//   tessera layout --model NAME          block span and page bytes per cache group
+//   tessera simulate | stats [...]       the agents workload through the request manager (stats:
+//                                        its counters as Prometheus text); --disk DIR adds tiers
+//   tessera tier fsck | stats DIR        verify or count a disk tier
 //   tessera models | formats
 //
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
