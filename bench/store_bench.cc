@@ -120,7 +120,7 @@ BENCHMARK(BM_AllocateFree);
 // Admission of a 128K-token prompt that is cached whole: 2,048 verified prefix hits.
 void BM_PrefixLookup128K(benchmark::State& state) {
   auto m = *RequestManager::Create(V3(), Fp8(4096, RegionKind::kUnbacked));
-  std::vector<uint32_t> prompt(131072);
+  std::vector<uint32_t> prompt(131072 + 1);  // 2,048 whole blocks and the token to compute
   std::iota(prompt.begin(), prompt.end(), 0);
   Admission r = *m->Admit(prompt, RequestSpec{});
   (void)m->AllocateSlots(r.id, prompt.size());
@@ -209,6 +209,17 @@ void BM_SchedulerTrace(benchmark::State& state) {
   // trace's block boundaries, where every request seals a block in the same step.
   state.counters["step_max_at"] =
       static_cast<double>((std::max_element(steps.begin(), steps.end()) - steps.begin()) % kSteps);
+  // The steps where every request seals a block (decode token 64k + 63): the trace's worst by
+  // construction, a thousand seals in one step.
+  double seal_sum = 0;
+  size_t seal_steps = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (i % kSteps % 64 == 63) {
+      seal_sum += steps[i];
+      ++seal_steps;
+    }
+  }
+  state.counters["seal_step_mean_us"] = seal_sum / static_cast<double>(seal_steps) / 1e3;
 }
 BENCHMARK(BM_SchedulerTrace)->Unit(benchmark::kMillisecond)->Iterations(5);
 

@@ -53,11 +53,11 @@ BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup
       bucket_limit_(bucket_limit),
       block_tokens_(pool->block_tokens()),
       identity_(pool->capacity()),
-      tokens_(static_cast<size_t>(pool->capacity()) * pool->block_tokens()) {
+      tokens_(static_cast<size_t>(pool->capacity()) * pool->block_tokens()),
+      prefix_(pool->capacity()) {
   pool_->AddEvictionListener([this](BlockId b) { OnEvict(b); });
   // Sized once for the pool: a map that grows rehashes every key in one call, a multi-millisecond
-  // stall of whichever scheduler step crosses the threshold.
-  prefix_.reserve(pool_->capacity());
+  // stall of whichever scheduler step crosses the threshold (the prefix map is sized at birth).
   if (content_dedup_) content_.reserve(pool_->capacity());
 }
 
@@ -81,12 +81,12 @@ std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<c
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, const Hash128& key,
                                             std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) {
-  auto it = prefix_.find(key);
-  if (it == prefix_.end()) {
+  const BlockId* found = prefix_.Find(key);
+  if (found == nullptr) {
     stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
-  BlockId e = it->second;
+  const BlockId e = *found;
   BlockState s = pool_->state(e);
   if ((s != BlockState::kSealed && s != BlockState::kCached) || !SameIdentity(e, parent, tokens, domain, salt)) {
     stats_.prefix_key_mismatches.fetch_add(1, std::memory_order_relaxed);
@@ -191,12 +191,12 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
   }
   // The first live block under a key keeps it. An entry whose block no longer carries this
   // identity (a child orphaned when its parent was evicted, or a key collision) gives way.
-  auto [entry, inserted] = prefix_.try_emplace(key, candidate);
+  auto [entry, inserted] = prefix_.TryEmplace(key, candidate);
   if (!inserted) {
-    BlockId e = entry->second;
-    BlockState st = pool_->state(e);
-    bool live = st == BlockState::kSealed || st == BlockState::kCached;
-    if (!live || !SameIdentity(e, parent, tokens, domain, salt)) entry->second = candidate;
+    const BlockId e = *entry;
+    const BlockState st = pool_->state(e);
+    const bool live = st == BlockState::kSealed || st == BlockState::kCached;
+    if (!live || !SameIdentity(e, parent, tokens, domain, salt)) *entry = candidate;
   }
   return {PrefixRef{candidate, pool_->generation(candidate), key}, false};
 }
@@ -210,8 +210,7 @@ void BlockIndex::OnEvict(BlockId b) {
   Identity& id = identity_[b.value];
   if (!id.indexed) return;
   if (evict_hook_) evict_hook_(b, IdentityOf(b));
-  auto p = prefix_.find(id.prefix_key);
-  if (p != prefix_.end() && p->second == b) prefix_.erase(p);
+  if (const BlockId* p = prefix_.Find(id.prefix_key); p != nullptr && *p == b) prefix_.Erase(id.prefix_key);
   if (id.in_content) {
     auto c = content_.find(id.content_key);
     if (c != content_.end()) {
