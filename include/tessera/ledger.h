@@ -132,32 +132,14 @@ struct Ledger {
   uint64_t mha_equivalent_bytes = 0;
   uint64_t mha_bytes_per_token_per_layer = 0;
   Fraction mha_ratio;  // mha_equivalent_bytes / requested_bytes
+  // Engine tessera: the cache groups its pools and arena hold (ComputeCacheLayout, the layout the
+  // request manager builds its pools from). Empty for other engines.
+  std::vector<CacheGroup> groups;
 
   const CacheLine* FindLine(std::string_view name) const;
   const LayerKindSummary* FindKind(LayerKind kind) const;
   uint64_t TermBytes(std::string_view name) const;  // 0 when absent
 };
-
-// The per-layer cache map as groups: layers whose caches share a role, a format and an
-// entries-per-block (pages) or a ring size (arena) form one group, whatever their layer kind.
-struct CacheGroup {
-  std::string name;            // "compressed/4", "indexer/4", "window", "compressor_state/4", ...
-  CacheRole role = CacheRole::kLatent;
-  RecordFormat format;
-  uint32_t layers = 0;
-  std::vector<std::string> lines;  // the ledger lines merged into this group
-  bool in_pages = true;
-  uint32_t compress_ratio = 1;  // pages: tokens per entry
-  PageLayout page;              // pages
-  uint32_t slots = 0;           // arena: ring slots per layer (without speculative extras)
-  uint64_t bytes_per_request = 0;  // arena: layers x slots x record
-};
-std::vector<CacheGroup> BuildCacheMap(const Ledger& ledger);
-
-// The model's default record formats ("mla-bf16" for dense MLA, "fp8_ds_mla" + "indexer-fp8"
-// for DeepSeek-V3.2, "v4-fp8" + "indexer-fp8" for DeepSeek-V4, "mha-bf16" for MHA/GQA).
-std::string DefaultKvFormat(const Geometry& g);
-std::string DefaultIndexerFormat(const Geometry& g, std::string_view kv_format);
 
 // Computes the ledger. Errors name the offending option or config field ("context", "batch",
 // "kv-format", "block-tokens", "tp", "dcp", ...).

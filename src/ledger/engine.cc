@@ -25,7 +25,6 @@ struct Policy {
   uint64_t alignment = 0;     // 0: the format's own
   bool by_tokens = false;     // engine allocates a block per block_tokens tokens, complete entries or not
   uint64_t window = 0;        // > 0: only blocks holding the last `window` tokens are kept
-  std::string group;          // block-id group
 };
 
 uint64_t Blocks(const Policy& p, const PageLayout& page, uint64_t tokens) {
@@ -228,7 +227,8 @@ Checked VllmPrefillPeakBlocks(uint64_t n, uint64_t chunk, uint32_t full_block_to
   return peak;
 }
 
-Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat& main_format, Ledger& ledger) {
+Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const CacheMap& caches, Ledger& ledger) {
+  const RecordFormat& main_format = caches.main_format;
   std::vector<CacheLine>& lines = ledger.lines;
   std::vector<Policy> policies(lines.size());
 
@@ -241,7 +241,8 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
 
   switch (o.engine) {
     case Engine::kTessera: {
-      TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice choice, ChooseBlockTokens(ratios, g.is_mla, o.kernel, o.block_tokens));
+      TESSERA_ASSIGN_OR_RETURN(CacheLayout layout, LayoutCaches(g, caches, LayoutOptionsOf(o)));
+      const BlockTokensChoice& choice = layout.block;
       ledger.block_tokens = choice.block_tokens;
       ledger.block_reasons = choice.reasons;
       for (const std::string& n : choice.notes) ledger.notes.push_back("block-tokens " + n);
@@ -251,8 +252,9 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
         p.in_pages = true;
         p.block_tokens = choice.block_tokens;
         p.entry_tokens = lines[i].compress_ratio;
-        p.group = lines[i].format.name + "/" + std::to_string(lines[i].compress_ratio);
+        lines[i].page = layout.groups[layout.group_of_line[i]].page;
       }
+      ledger.groups = layout.groups;
       if (g.is_hybrid)
         ledger.notes.push_back("window rings and compressor state live in a per-request arena, sized once");
       break;
@@ -290,13 +292,11 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
               p.entry_tokens = l.compress_ratio;
               // SGLang leaves its indexer pages unpadded; vLLM pads every V4 page.
               p.alignment = (vllm || l.role == CacheRole::kCompressed) ? v4_align : 1;
-              p.group = "full";
               break;
             case CacheRole::kWindow:
               p.block_tokens = vllm ? kV4WindowBlockTokens : l.slots;
               p.alignment = v4_align;
               p.window = l.slots;
-              p.group = "window";
               break;
             default:  // compressor states
               if (!vllm) {
@@ -307,7 +307,6 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
               p.block_tokens = l.slots <= 8 ? 4 : 8;
               p.alignment = v4_align;
               p.window = l.slots;
-              p.group = "state";
               break;
           }
         }
@@ -332,7 +331,6 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
           p.block_tokens = bt;
           p.entry_tokens = 1;
           p.alignment = 1;
-          p.group = "full";
         }
       }
       break;
@@ -342,7 +340,7 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
   // Page layouts.
   for (size_t i = 0; i < lines.size(); ++i) {
     lines[i].in_pages = policies[i].in_pages;
-    if (!policies[i].in_pages) continue;
+    if (!policies[i].in_pages || o.engine == Engine::kTessera) continue;  // Tessera's: from the layout
     TESSERA_ASSIGN_OR_RETURN(lines[i].page, ComputePageLayout(lines[i].format, policies[i].entry_tokens,
                                                               policies[i].block_tokens, policies[i].alignment));
   }
@@ -509,9 +507,9 @@ Status ApplyEngine(const Geometry& g, const LedgerOptions& o, const RecordFormat
   }
   if (window_tokens > 0) ledger.cached_boundaries = ledger.tokens_per_rank / ledger.block_tokens;
 
-  static const char* kTermOrder[] = {"records",           "page_rounding",  "alignment_padding",
-                                     "ring_capacity",     "speculative_slots", "block_metadata",
-                                     "boundary_state",    "uniform_block_padding"};
+  static const char* kTermOrder[] = {"records",        "page_rounding",        "alignment_padding",
+                                     "ring_capacity",  "speculative_slots",    "block_metadata",
+                                     "boundary_state", "uniform_block_padding"};
   for (const char* name : kTermOrder) {
     auto it = busiest.terms.find(name);
     if (it == busiest.terms.end()) continue;

@@ -37,6 +37,9 @@ Checked VllmPrefillPeakBlocks(uint64_t n, uint64_t chunk, uint32_t full_block_to
 // Fills, per line: in_pages, page, committed_bytes, terms, read_bytes_per_token; and on the
 // ledger: block_tokens and its reasons, tokens_per_rank, terms, committed totals, the
 // admission reservation and read totals.
-Status ApplyEngine(const Geometry& g, const LedgerOptions& options, const RecordFormat& main_format, Ledger& ledger);
+Status ApplyEngine(const Geometry& g, const LedgerOptions& options, const CacheMap& caches, Ledger& ledger);
+
+// The layout options the ledger's options imply.
+CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& options);
 
 }  // namespace tessera::detail

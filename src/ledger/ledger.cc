@@ -48,57 +48,18 @@ uint64_t Ledger::TermBytes(std::string_view name) const {
   return 0;
 }
 
-std::vector<CacheGroup> BuildCacheMap(const Ledger& ledger) {
-  std::vector<CacheGroup> groups;
-  for (const CacheLine& line : ledger.lines) {
-    std::string name = std::string(CacheRoleName(line.role));
-    if (line.in_pages) {
-      name += "/" + std::to_string(line.compress_ratio);
-    } else if (line.role != CacheRole::kWindow) {
-      name += "/" + std::to_string(line.slots);
-    }
-    CacheGroup* g = nullptr;
-    for (CacheGroup& existing : groups) {
-      bool same = existing.name == name && existing.format.name == line.format.name &&
-                  existing.format.record_bytes() == line.format.record_bytes() && existing.in_pages == line.in_pages &&
-                  existing.slots == line.slots;
-      if (same) g = &existing;
-    }
-    if (g == nullptr) {
-      CacheGroup fresh;
-      fresh.name = name;
-      fresh.role = line.role;
-      fresh.format = line.format;
-      fresh.in_pages = line.in_pages;
-      fresh.compress_ratio = line.compress_ratio;
-      fresh.page = line.page;
-      fresh.slots = line.slots;
-      groups.push_back(std::move(fresh));
-      g = &groups.back();
-    }
-    g->layers += line.layers;
-    g->lines.push_back(line.name);
-    if (!line.in_pages) g->bytes_per_request = uint64_t{g->layers} * g->slots * g->format.record_bytes();
-  }
-  return groups;
-}
-
-std::string DefaultKvFormat(const Geometry& g) {
-  if (g.is_hybrid) return "v4-fp8";
-  if (!g.is_mla) return "mha-bf16";
-  for (const LayerSpec& l : g.layers) {
-    if (l.kind == LayerKind::kMlaSparse) return "fp8_ds_mla";
-  }
-  return "mla-bf16";
-}
-
-std::string DefaultIndexerFormat(const Geometry& g, std::string_view kv_format) {
-  if (g.index_head_dim == 0) return "";
-  if (kv_format == "v4-seed") return "indexer-fp4-seed";
-  return "indexer-fp8";
-}
-
 namespace detail {
+
+CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& o) {
+  CacheLayoutOptions lo;
+  lo.kv_format = o.kv_format;
+  lo.indexer_format = o.indexer_format;
+  lo.block_tokens = o.block_tokens;
+  lo.kernel = o.kernel;
+  lo.include_mtp = o.include_mtp;
+  lo.tp = o.tp;
+  return lo;
+}
 
 Checked Entries(uint64_t tokens, uint32_t ratio) { return Checked(ratio <= 1 ? tokens : tokens / ratio); }
 
@@ -113,18 +74,9 @@ uint64_t WindowBlocksHeld(uint64_t tokens, uint64_t window, uint64_t block_token
 namespace {
 
 using detail::Entries;
+using detail::LayoutOptionsOf;
 
-struct LineKey {
-  LayerKind kind;
-  CacheRole role;
-  bool mtp;
-  uint32_t ratio;
-  uint32_t slots;
-  uint32_t floats;
-  auto operator<=>(const LineKey&) const = default;
-};
-
-Status ValidateOptions(const Geometry& g, const LedgerOptions& o) {
+Status ValidateOptions(const LedgerOptions& o) {
   if (o.context_tokens == 0) return InvalidArgument("context", "must be a positive token count");
   if (o.batch == 0) return InvalidArgument("batch", "must be positive");
   if (o.tp == 0) return InvalidArgument("tp", "must be positive");
@@ -138,15 +90,27 @@ Status ValidateOptions(const Geometry& g, const LedgerOptions& o) {
   if (o.context_tokens > (uint64_t{1} << 62)) {
     return OutOfRange("context", std::to_string(o.context_tokens) + " tokens is beyond 2^62");
   }
-  if (!g.is_mla && o.tp > g.num_kv_heads && o.tp % g.num_kv_heads != 0) {
-    return InvalidArgument(
-        "tp", std::to_string(o.tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
-  }
-  if (!g.is_mla && o.tp <= g.num_kv_heads && g.num_kv_heads % o.tp != 0) {
-    return InvalidArgument(
-        "tp", std::to_string(g.num_kv_heads) + " KV heads cannot be split over " + std::to_string(o.tp) + " ranks");
-  }
+  // The KV heads a rank holds: MapCaches checks them next (CheckTensorParallel).
   return Status::Ok();
+}
+
+// A ledger line from the layout's: the structure, and the per-token figures of the whole model
+// (not per rank).
+CacheLine LineOf(const CacheLineSpec& spec) {
+  CacheLine line;
+  line.name = spec.name;
+  line.layer_kind = spec.layer_kind;
+  line.role = spec.role;
+  line.mtp = spec.mtp;
+  line.layers = static_cast<uint32_t>(spec.model_layers.size());
+  line.format = spec.format;
+  line.record_bytes = spec.record_bytes;
+  line.grows = IsPaged(spec.role);
+  line.compress_ratio = spec.compress_ratio;
+  line.slots = spec.slots;
+  line.bytes_per_token_per_layer =
+      line.grows ? Fraction(line.record_bytes, line.compress_ratio) : Fraction::Integer(line.record_bytes);
+  return line;
 }
 
 // Shape of one cache line's tensor for the whole batch.
@@ -169,111 +133,21 @@ void FillShape(CacheLine& line, const Geometry& g, uint64_t batch, uint64_t toke
 }  // namespace
 
 Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
-  TESSERA_RETURN_IF_ERROR(ValidateOptions(g, options));
+  TESSERA_RETURN_IF_ERROR(ValidateOptions(options));
   Ledger ledger;
   ledger.model = g.name;
   ledger.model_type = g.model_type;
   ledger.config_sha256 = g.config_sha256;
   ledger.options = options;
   ledger.notes = g.notes;
-  ledger.kv_format = options.kv_format.empty() ? DefaultKvFormat(g) : options.kv_format;
-  ledger.indexer_format =
-      options.indexer_format.empty() ? DefaultIndexerFormat(g, ledger.kv_format) : options.indexer_format;
-
-  // Formats, for the whole model and for one rank (MHA heads shard over tensor-parallel ranks;
-  // an MLA latent is one KV head, so every rank keeps all of it).
-  TESSERA_ASSIGN_OR_RETURN(RecordFormat main_format, BuildFormat(ledger.kv_format, g, "kv-format"));
-  Geometry rank_geometry = g;
-  rank_geometry.num_kv_heads = std::max<uint32_t>(1, g.num_kv_heads / options.tp);
-  rank_geometry.num_attention_heads = std::max<uint32_t>(1, g.num_attention_heads / options.tp);
-  TESSERA_ASSIGN_OR_RETURN(RecordFormat rank_main_format, BuildFormat(ledger.kv_format, rank_geometry, "kv-format"));
-  bool needs_kv = !g.is_mla;
-  if (needs_kv != (main_format.use == FormatUse::kKv)) {
-    if (!(g.is_mla && main_format.use == FormatUse::kKv)) {
-      return InvalidArgument("kv-format", ledger.kv_format + " is a " + std::string(FormatUseName(main_format.use)) +
-                                              " format; " + g.name + " needs a " + (needs_kv ? "kv" : "latent") +
-                                              " format");
-    }
-  }
-  if (main_format.use == FormatUse::kIndexer) {
-    return InvalidArgument("kv-format", ledger.kv_format + " is an indexer format; pass it as --indexer-format");
-  }
-  std::optional<RecordFormat> indexer_format;
-  bool has_indexer = false;
-  for (const LayerSpec& l : g.layers) {
-    for (const CacheSpec& c : l.caches) has_indexer = has_indexer || c.role == CacheRole::kIndexer;
-  }
-  if (has_indexer) {
-    TESSERA_ASSIGN_OR_RETURN(RecordFormat f, BuildFormat(ledger.indexer_format, g, "indexer-format"));
-    if (f.use != FormatUse::kIndexer) {
-      return InvalidArgument("indexer-format", ledger.indexer_format + " is not an indexer format");
-    }
-    indexer_format = f;
-  } else if (!options.indexer_format.empty()) {
-    return InvalidArgument("indexer-format", g.name + " has no indexer");
-  }
-  // A per-head expanded format on an MLA model replaces the latent: the whole model is then
-  // cached the way an expanding stack caches it.
-  bool expanded = g.is_mla && main_format.use == FormatUse::kKv;
-  if (expanded && g.is_hybrid) {
-    return InvalidArgument("kv-format", ledger.kv_format + " cannot describe " + g.name + "'s compressed layers");
-  }
-
-  // Group layers into cache lines.
-  std::map<LineKey, size_t> index;
-  for (const LayerSpec& layer : g.layers) {
-    if (layer.is_mtp && !options.include_mtp) continue;
-    ++ledger.layers_counted;
-    for (const CacheSpec& spec : layer.caches) {
-      if (expanded && spec.role == CacheRole::kIndexer) continue;
-      LineKey key{layer.kind,   expanded ? CacheRole::kKv : spec.role,
-                  layer.is_mtp, spec.compress_ratio,
-                  spec.slots,   spec.state_floats};
-      auto [it, inserted] = index.try_emplace(key, ledger.lines.size());
-      if (inserted) {
-        CacheLine line;
-        line.layer_kind = layer.kind;
-        line.role = key.role;
-        line.mtp = layer.is_mtp;
-        line.grows = IsPaged(key.role);
-        line.compress_ratio = spec.compress_ratio;
-        line.slots = spec.slots;
-        line.name = std::string(layer.is_mtp ? "mtp." : "") + std::string(LayerKindName(layer.kind)) + "." +
-                    std::string(CacheRoleName(key.role));
-        switch (key.role) {
-          case CacheRole::kKv:
-          case CacheRole::kLatent:
-          case CacheRole::kCompressed:
-          case CacheRole::kWindow:
-            line.format = rank_main_format;
-            break;
-          case CacheRole::kIndexer:
-            line.format = *indexer_format;
-            break;
-          case CacheRole::kCompressorState:
-          case CacheRole::kIndexerCompressorState:
-            line.format = CompressorStateFormat(spec.state_floats);
-            break;
-        }
-        ledger.lines.push_back(std::move(line));
-      }
-      ++ledger.lines[it->second].layers;
-    }
-  }
-
-  // Per-token figures (whole model, not per rank).
-  for (CacheLine& line : ledger.lines) {
-    line.record_bytes = line.format.record_bytes();
-    if (line.role == CacheRole::kKv || line.role == CacheRole::kLatent || line.role == CacheRole::kCompressed ||
-        line.role == CacheRole::kWindow) {
-      line.record_bytes = main_format.record_bytes();
-    }
-    line.bytes_per_token_per_layer =
-        line.grows ? Fraction(line.record_bytes, line.compress_ratio) : Fraction::Integer(line.record_bytes);
-  }
+  TESSERA_ASSIGN_OR_RETURN(CacheMap caches, MapCaches(g, LayoutOptionsOf(options)));
+  ledger.kv_format = caches.kv_format;
+  ledger.indexer_format = caches.indexer_format;
+  ledger.layers_counted = caches.layers_counted;
+  for (const CacheLineSpec& spec : caches.lines) ledger.lines.push_back(LineOf(spec));
 
   // Engine: block spans, page layouts, committed bytes and terms.
-  TESSERA_RETURN_IF_ERROR(detail::ApplyEngine(g, options, main_format, ledger));
+  TESSERA_RETURN_IF_ERROR(detail::ApplyEngine(g, options, caches, ledger));
 
   // Requested (logical, whole request, every rank's share together) and the MHA baseline.
   Checked requested(0);

@@ -297,7 +297,8 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
 
   Table phases({"phase (per rank)", "bytes"});
   for (const Term& t : l.phases) phases.Add({t.name, FormatBytes(t.bytes)});
-  out << (md ? "### Phases\n\n" + phases.Markdown() : "phases (admission, chunked-prefill peak, decode):\n" + phases.Text())
+  out << (md ? "### Phases\n\n" + phases.Markdown()
+             : "phases (admission, chunked-prefill peak, decode):\n" + phases.Text())
       << "\n";
   if (!l.swa_strategies.empty()) {
     Table st({"window strategy", "kept per boundary", "copied per boundary", "tokens recomputed per hit"});
@@ -337,7 +338,7 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
 }
 
 std::string RenderLayout(const Ledger& l, OutputFormat format) {
-  std::vector<CacheGroup> groups = BuildCacheMap(l);
+  const std::vector<CacheGroup>& groups = l.groups;
   ordered_json j;
   j["model"] = l.model;
   j["kernel"] = std::string(KernelName(l.options.kernel));
@@ -374,8 +375,9 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
     } else {
       gj["slots"] = g.slots;
       gj["bytes_per_request"] = g.bytes_per_request;
-      gj["reason"] = g.role == CacheRole::kWindow ? "a ring of the last sliding_window tokens per layer"
-                                                  : "fp32 compressor rows of incomplete (and, overlapping, previous) groups";
+      gj["reason"] = g.role == CacheRole::kWindow
+                         ? "a ring of the last sliding_window tokens per layer"
+                         : "fp32 compressor rows of incomplete (and, overlapping, previous) groups";
     }
     gs.push_back(gj);
   }
@@ -390,10 +392,13 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
   Table t({"group", "layers", "format", "record", "storage", "entries/block", "page bytes", "padding", "why"});
   for (const auto& gj : gs) {
     bool pages = gj["storage"] == "pages";
-    t.Add({gj["group"].get<std::string>(), std::to_string(gj["layers"].get<uint32_t>()), gj["format"].get<std::string>(),
-           std::to_string(gj["record_bytes"].get<uint64_t>()) + " B", gj["storage"].get<std::string>(),
-           pages ? std::to_string(gj["entries_per_block"].get<uint32_t>()) : std::to_string(gj["slots"].get<uint32_t>()) + " slots",
-           pages ? WithThousands(gj["page_bytes"].get<uint64_t>()) : WithThousands(gj["bytes_per_request"].get<uint64_t>()) + "/request",
+    t.Add({gj["group"].get<std::string>(), std::to_string(gj["layers"].get<uint32_t>()),
+           gj["format"].get<std::string>(), std::to_string(gj["record_bytes"].get<uint64_t>()) + " B",
+           gj["storage"].get<std::string>(),
+           pages ? std::to_string(gj["entries_per_block"].get<uint32_t>())
+                 : std::to_string(gj["slots"].get<uint32_t>()) + " slots",
+           pages ? WithThousands(gj["page_bytes"].get<uint64_t>())
+                 : WithThousands(gj["bytes_per_request"].get<uint64_t>()) + "/request",
            pages ? std::to_string(gj["padding_bytes"].get<uint64_t>()) : "-", gj["reason"].get<std::string>()});
   }
   out << "\n" << (md ? t.Markdown() : t.Text());
