@@ -51,10 +51,37 @@ struct LedgerOptions {
   uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
 };
 
+// The named terms committed bytes decompose into (ADR 0004), in the order outputs list them.
+enum class LedgerTerm {
+  kRecords,              // the live records themselves
+  kPageRounding,         // unused entries of the last page of a block
+  kAlignmentPadding,     // page bytes padded to the format's (or the engine's) alignment
+  kRingCapacity,         // arena rings allocated whole, before they fill
+  kSpeculativeSlots,     // pages or ring slots for draft tokens (compressor rings double)
+  kBlockMetadata,        // Tessera's host bytes per block id (header + token ids)
+  kBoundaryState,        // window state kept beside sealed block boundaries (snapshot, retain)
+  kUniformBlockPadding,  // vLLM DeepSeek-V4: every block id costs the same bytes
+};
+// The name outputs print ("records", "page_rounding", ...).
+std::string_view LedgerTermName(LedgerTerm term);
+
+// The phases of one request whose per-rank bytes the ledger reports, in order.
+enum class LedgerPhase {
+  kAdmission,    // what must be free to admit the request
+  kPrefillPeak,  // the most held while the prompt is written in chunks
+  kDecode,       // held once the context is cached (= committed_bytes)
+};
+// The name outputs print ("admission", "prefill_peak", "decode").
+std::string_view LedgerPhaseName(LedgerPhase phase);
+
 struct Term {
-  std::string name;
+  LedgerTerm term = LedgerTerm::kRecords;
   uint64_t bytes = 0;
-  std::string note;
+};
+
+struct PhaseBytes {
+  LedgerPhase phase = LedgerPhase::kAdmission;
+  uint64_t bytes = 0;
 };
 
 // One cache kind over the layers that hold it (e.g. "csa.compressed" over 30 layers).
@@ -120,9 +147,8 @@ struct Ledger {
   uint64_t reserved_at_admission_bytes = 0;
   // vLLM's DeepSeek-V4 pool: the bytes one block id costs whatever group owns it (0 elsewhere).
   uint64_t block_id_bytes = 0;
-  // Bytes one rank holds or reserves per phase: "admission" (what must be free to admit),
-  // "prefill_peak" (the most held during a chunked prefill), "decode" (= committed_bytes).
-  std::vector<Term> phases;
+  // Bytes one rank holds or reserves per phase, in LedgerPhase order.
+  std::vector<PhaseBytes> phases;
   // Models with windows: the three persistence strategies, and the boundaries a request of this
   // context has sealed (full block spans).
   std::vector<StrategyFigures> swa_strategies;
@@ -138,7 +164,7 @@ struct Ledger {
 
   const CacheLine* FindLine(std::string_view name) const;
   const LayerKindSummary* FindKind(LayerKind kind) const;
-  uint64_t TermBytes(std::string_view name) const;  // 0 when absent
+  uint64_t TermBytes(LedgerTerm term) const;  // 0 when absent
 };
 
 // Computes the ledger. Errors name the offending option or config field ("context", "batch",

@@ -1,9 +1,10 @@
 #include "tessera/ledger.h"
 
 #include <algorithm>
-#include <map>
+#include <memory>
+#include <string>
 
-#include "engine.h"
+#include "engine_profile.h"
 #include "tessera/checked.h"
 
 namespace tessera {
@@ -41,35 +42,46 @@ const LayerKindSummary* Ledger::FindKind(LayerKind kind) const {
   return nullptr;
 }
 
-uint64_t Ledger::TermBytes(std::string_view name) const {
+uint64_t Ledger::TermBytes(LedgerTerm term) const {
   for (const Term& t : terms) {
-    if (t.name == name) return t.bytes;
+    if (t.term == term) return t.bytes;
   }
   return 0;
 }
 
-namespace detail {
-
-CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& o) {
-  CacheLayoutOptions lo;
-  lo.kv_format = o.kv_format;
-  lo.indexer_format = o.indexer_format;
-  lo.block_tokens = o.block_tokens;
-  lo.kernel = o.kernel;
-  lo.include_mtp = o.include_mtp;
-  lo.tp = o.tp;
-  return lo;
+std::string_view LedgerTermName(LedgerTerm term) {
+  switch (term) {
+    case LedgerTerm::kRecords:
+      return "records";
+    case LedgerTerm::kPageRounding:
+      return "page_rounding";
+    case LedgerTerm::kAlignmentPadding:
+      return "alignment_padding";
+    case LedgerTerm::kRingCapacity:
+      return "ring_capacity";
+    case LedgerTerm::kSpeculativeSlots:
+      return "speculative_slots";
+    case LedgerTerm::kBlockMetadata:
+      return "block_metadata";
+    case LedgerTerm::kBoundaryState:
+      return "boundary_state";
+    case LedgerTerm::kUniformBlockPadding:
+      return "uniform_block_padding";
+  }
+  return "?";
 }
 
-Checked Entries(uint64_t tokens, uint32_t ratio) { return Checked(ratio <= 1 ? tokens : tokens / ratio); }
-
-uint64_t WindowBlocksHeld(uint64_t tokens, uint64_t window, uint64_t block_tokens) {
-  if (tokens == 0) return 0;
-  uint64_t first = tokens > window ? tokens - window : 0;
-  return CeilDiv(tokens, block_tokens) - first / block_tokens;
+std::string_view LedgerPhaseName(LedgerPhase phase) {
+  switch (phase) {
+    case LedgerPhase::kAdmission:
+      return "admission";
+    case LedgerPhase::kPrefillPeak:
+      return "prefill_peak";
+    case LedgerPhase::kDecode:
+      return "decode";
+  }
+  return "?";
 }
-
-}  // namespace detail
 
 namespace {
 
@@ -130,6 +142,164 @@ void FillShape(CacheLine& line, const Geometry& g, uint64_t batch, uint64_t toke
   }
 }
 
+// Entries one generated token reads from a line (one sequence, one rank): dense MLA/MHA every
+// cached token; DSA (V3.2) the top-k records and an indexer scan of every token; CSA the top-k
+// compressed entries, HCA every compressed entry; the window ring; compressor state is not read.
+uint64_t ReadEntries(const CacheLine& line, const Geometry& g, uint64_t n) {
+  switch (line.role) {
+    case CacheRole::kKv:
+      return n;
+    case CacheRole::kLatent:
+      return line.layer_kind == LayerKind::kMlaSparse ? std::min<uint64_t>(n, g.index_topk) : n;
+    case CacheRole::kCompressed: {
+      uint64_t e = Entries(n, line.compress_ratio).value();
+      return line.layer_kind == LayerKind::kCsa ? std::min<uint64_t>(e, g.index_topk) : e;
+    }
+    case CacheRole::kIndexer:
+      return Entries(n, line.compress_ratio).value();
+    case CacheRole::kWindow:
+      return std::min<uint64_t>(n, line.slots);
+    case CacheRole::kCompressorState:
+    case CacheRole::kIndexerCompressorState:
+      return 0;
+  }
+  return 0;
+}
+
+// A per-request figure for the whole batch; errors name the input that drove it past 64 bits.
+Result<uint64_t> ForBatch(Checked per_request, uint64_t batch, std::string_view what) {
+  if (per_request.overflowed()) return OutOfRange("context", std::string(what) + " overflows 64 bits");
+  Checked total = per_request * batch;
+  if (total.overflowed()) return OutOfRange("batch", std::string(what) + " overflows 64 bits at this batch");
+  return total.value();
+}
+
+// What each window-persistence strategy costs per cached block boundary (models with windows),
+// whatever the engine.
+Status ReportWindowStrategies(Ledger& ledger) {
+  TESSERA_ASSIGN_OR_RETURN(detail::BoundaryBytes b, detail::WindowBoundaryBytes(ledger.lines));
+  if (b.window_tokens == 0) return Status::Ok();
+  ledger.swa_strategies = {
+      {SwaStrategy::kRecompute, 0, 0, b.window_tokens},
+      {SwaStrategy::kSnapshot, b.window + b.compressor, b.window + b.compressor, 0},
+      {SwaStrategy::kRetain, b.window + b.compressor, b.compressor, 0},
+  };
+  return Status::Ok();
+}
+
+// The engine's per-rank figures as the ledger's totals, phases and terms. Returns the busiest
+// rank's cost (its lines' figures go to the ledger's lines).
+Result<detail::RankCost> PriceRanks(const detail::EngineProfile& profile, const LedgerOptions& o, Ledger& ledger) {
+  // Decode context parallelism interleaves tokens over dcp ranks: the busiest holds the rounding.
+  ledger.tokens_per_rank = o.context_tokens / o.dcp + (o.context_tokens % o.dcp > 0 ? 1 : 0);
+  const uint64_t n = ledger.tokens_per_rank;
+  detail::RankCost busiest = profile.CostPerRank(ledger, n);
+  TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes, ForBatch(busiest.committed, o.batch, "committed bytes"));
+  TESSERA_ASSIGN_OR_RETURN(uint64_t admission, ForBatch(profile.Admission(ledger, n), o.batch, "reserved bytes"));
+  ledger.reserved_at_admission_bytes = admission;
+  Checked all_ranks = profile.AllRanks(ledger, busiest);
+  if (all_ranks.overflowed()) return OutOfRange("tp", "committed bytes over all ranks overflow 64 bits");
+  TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes_all_ranks,
+                           ForBatch(all_ranks, o.batch, "committed bytes over all ranks"));
+  TESSERA_ASSIGN_OR_RETURN(uint64_t prefill, ForBatch(profile.PrefillPeak(ledger, n), o.batch, "prefill bytes"));
+  ledger.phases = {{LedgerPhase::kAdmission, admission},
+                   {LedgerPhase::kPrefillPeak, prefill},
+                   {LedgerPhase::kDecode, ledger.committed_bytes}};
+  if (!ledger.swa_strategies.empty()) ledger.cached_boundaries = n / ledger.block_tokens;
+  for (const auto& [term, bytes] : busiest.terms) {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t b, ForBatch(bytes, o.batch, LedgerTermName(term)));
+    ledger.terms.push_back({term, b});
+  }
+  return busiest;
+}
+
+// Per line: committed bytes and their terms (the busiest rank's), and bytes read per token.
+Status PriceLines(const Geometry& g, const LedgerOptions& o, const detail::RankCost& busiest, Ledger& ledger) {
+  Checked read(0);
+  for (size_t i = 0; i < ledger.lines.size(); ++i) {
+    CacheLine& line = ledger.lines[i];
+    TESSERA_ASSIGN_OR_RETURN(line.committed_bytes, ForBatch(busiest.lines[i].committed, o.batch, "committed bytes"));
+    for (const auto& [term, bytes] : busiest.lines[i].terms) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t b, ForBatch(bytes, o.batch, LedgerTermName(term)));
+      if (b > 0 || term == LedgerTerm::kRecords) line.terms.push_back({term, b});
+    }
+    Checked r = Checked(ReadEntries(line, g, ledger.tokens_per_rank)) * line.format.record_bytes() * line.layers;
+    line.read_bytes_per_token = r.value();
+    read += r;
+  }
+  if (read.overflowed()) return OutOfRange("context", "read bytes overflow 64 bits");
+  ledger.read_bytes_per_token = read.value();
+  Checked read_all = read * o.tp;
+  if (read_all.overflowed()) return OutOfRange("tp", "read bytes over all ranks overflow 64 bits");
+  ledger.read_bytes_per_token_all_ranks = read_all.value();
+  return Status::Ok();
+}
+
+// Requested bytes (logical, whole request, every rank's share together) and tensor shapes.
+Status PriceRequested(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
+  Checked requested(0);
+  for (CacheLine& line : ledger.lines) {
+    Checked entries = line.grows ? Entries(o.context_tokens, line.compress_ratio)
+                                 : Checked(std::min<uint64_t>(o.context_tokens, line.slots));
+    Checked line_requested = entries * line.record_bytes * line.layers * o.batch;
+    if (line_requested.overflowed()) {
+      Checked one = entries * line.record_bytes * line.layers;
+      return OutOfRange(one.overflowed() ? "context" : "batch",
+                        "requested bytes of " + line.name + " overflow 64 bits at this size");
+    }
+    line.requested_bytes = line_requested.value();
+    requested += line_requested;
+    FillShape(line, g, o.batch, o.context_tokens);
+  }
+  if (requested.overflowed()) return OutOfRange("batch", "requested bytes overflow 64 bits");
+  ledger.requested_bytes = requested.value();
+  return Status::Ok();
+}
+
+// The MHA-equivalent baseline: K and V, bf16: 2 x heads x head_dim x 2 B, each factor from the
+// config, for every token of every counted layer.
+Status PriceMhaBaseline(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
+  Checked mha_record = Checked(2) * g.mha_heads() * g.mha_head_dim() * 2;
+  if (mha_record.overflowed()) {
+    return OutOfRange("head_dim", "the MHA-equivalent record (2 x heads x head_dim x 2 B) overflows 64 bits");
+  }
+  ledger.mha_bytes_per_token_per_layer = mha_record.value();
+  Checked mha = Checked(ledger.mha_bytes_per_token_per_layer) * o.context_tokens * ledger.layers_counted;
+  if (mha.overflowed()) return OutOfRange("context", "MHA-equivalent bytes overflow 64 bits");
+  mha = mha * o.batch;
+  if (mha.overflowed()) return OutOfRange("batch", "MHA-equivalent bytes overflow 64 bits");
+  ledger.mha_equivalent_bytes = mha.value();
+  if (ledger.requested_bytes > 0) ledger.mha_ratio = Fraction(ledger.mha_equivalent_bytes, ledger.requested_bytes);
+  return Status::Ok();
+}
+
+// Per-layer-kind summaries.
+Status SummarizeKinds(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
+  for (const CacheLine& line : ledger.lines) {
+    LayerKindSummary* s = nullptr;
+    for (LayerKindSummary& k : ledger.kinds) {
+      if (k.kind == line.layer_kind) s = &k;
+    }
+    if (s == nullptr) {
+      ledger.kinds.push_back({line.layer_kind, g.CountLayers(line.layer_kind, o.include_mtp), Fraction(), 0, 0});
+      s = &ledger.kinds.back();
+    }
+    // Lines of one kind hold the same layers (MTP lines are a kind's extra layers): sum per
+    // layer over the main (non-MTP) lines so that the figure is per layer.
+    if (line.mtp && g.CountLayers(line.layer_kind, false) > 0) continue;
+    if (line.grows) {
+      s->paged_bytes_per_token = s->paged_bytes_per_token + line.bytes_per_token_per_layer;
+    } else {
+      // Per layer, so at most what the whole line's requested bytes were (checked above).
+      Checked state = Checked(s->state_bytes) + Checked(line.format.record_bytes()) * line.slots;
+      if (state.overflowed()) return OutOfRange("sliding_window", "per-layer state bytes overflow 64 bits");
+      s->state_bytes = state.value();
+      if (line.role == CacheRole::kWindow) s->window_bytes_per_token = line.bytes_per_token_per_layer.num();
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
@@ -146,63 +316,16 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
   ledger.layers_counted = caches.layers_counted;
   for (const CacheLineSpec& spec : caches.lines) ledger.lines.push_back(LineOf(spec));
 
-  // Engine: block spans, page layouts, committed bytes and terms.
-  TESSERA_RETURN_IF_ERROR(detail::ApplyEngine(g, options, caches, ledger));
+  // The engine: block span, page layouts, then what one request holds per rank and phase.
+  std::unique_ptr<detail::EngineProfile> profile = detail::MakeEngineProfile(options.engine, {g, options, caches});
+  TESSERA_RETURN_IF_ERROR(profile->Plan(ledger));
+  TESSERA_RETURN_IF_ERROR(ReportWindowStrategies(ledger));
+  TESSERA_ASSIGN_OR_RETURN(detail::RankCost busiest, PriceRanks(*profile, options, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceLines(g, options, busiest, ledger));
 
-  // Requested (logical, whole request, every rank's share together) and the MHA baseline.
-  Checked requested(0);
-  for (CacheLine& line : ledger.lines) {
-    Checked entries = line.grows ? Entries(options.context_tokens, line.compress_ratio)
-                                 : Checked(std::min<uint64_t>(options.context_tokens, line.slots));
-    Checked line_requested = entries * line.record_bytes * line.layers * options.batch;
-    if (line_requested.overflowed()) {
-      Checked one = entries * line.record_bytes * line.layers;
-      return OutOfRange(one.overflowed() ? "context" : "batch",
-                        "requested bytes of " + line.name + " overflow 64 bits at this size");
-    }
-    line.requested_bytes = line_requested.value();
-    requested += line_requested;
-    FillShape(line, g, options.batch, options.context_tokens);
-  }
-  if (requested.overflowed()) return OutOfRange("batch", "requested bytes overflow 64 bits");
-  ledger.requested_bytes = requested.value();
-
-  // K and V, bf16: 2 x heads x head_dim x 2 B, each factor from the config.
-  Checked mha_record = Checked(2) * g.mha_heads() * g.mha_head_dim() * 2;
-  if (mha_record.overflowed()) {
-    return OutOfRange("head_dim", "the MHA-equivalent record (2 x heads x head_dim x 2 B) overflows 64 bits");
-  }
-  ledger.mha_bytes_per_token_per_layer = mha_record.value();
-  Checked mha = Checked(ledger.mha_bytes_per_token_per_layer) * options.context_tokens * ledger.layers_counted;
-  if (mha.overflowed()) return OutOfRange("context", "MHA-equivalent bytes overflow 64 bits");
-  mha = mha * options.batch;
-  if (mha.overflowed()) return OutOfRange("batch", "MHA-equivalent bytes overflow 64 bits");
-  ledger.mha_equivalent_bytes = mha.value();
-  if (ledger.requested_bytes > 0) ledger.mha_ratio = Fraction(ledger.mha_equivalent_bytes, ledger.requested_bytes);
-
-  // Per-layer-kind summaries.
-  for (const CacheLine& line : ledger.lines) {
-    LayerKindSummary* s = nullptr;
-    for (LayerKindSummary& k : ledger.kinds) {
-      if (k.kind == line.layer_kind) s = &k;
-    }
-    if (s == nullptr) {
-      ledger.kinds.push_back({line.layer_kind, g.CountLayers(line.layer_kind, options.include_mtp), Fraction(), 0, 0});
-      s = &ledger.kinds.back();
-    }
-    // Lines of one kind hold the same layers (MTP lines are a kind's extra layers): sum per
-    // layer over the main (non-MTP) lines so that the figure is per layer.
-    if (line.mtp && g.CountLayers(line.layer_kind, false) > 0) continue;
-    if (line.grows) {
-      s->paged_bytes_per_token = s->paged_bytes_per_token + line.bytes_per_token_per_layer;
-    } else {
-      // Per layer, so at most what the whole line's requested bytes were (checked above).
-      Checked state = Checked(s->state_bytes) + Checked(line.format.record_bytes()) * line.slots;
-      if (state.overflowed()) return OutOfRange("sliding_window", "per-layer state bytes overflow 64 bits");
-      s->state_bytes = state.value();
-      if (line.role == CacheRole::kWindow) s->window_bytes_per_token = line.bytes_per_token_per_layer.num();
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(PriceRequested(g, options, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceMhaBaseline(g, options, ledger));
+  TESSERA_RETURN_IF_ERROR(SummarizeKinds(g, options, ledger));
   return ledger;
 }
 

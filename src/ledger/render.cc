@@ -140,7 +140,9 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
   j["mha_bytes_per_token_per_layer"] = l.mha_bytes_per_token_per_layer;
   j["mha_ratio"] = ExactJson(l.mha_ratio);
   ordered_json phases = ordered_json::array();
-  for (const Term& t : l.phases) phases.push_back({{"phase", t.name}, {"bytes", t.bytes}});
+  for (const PhaseBytes& p : l.phases) {
+    phases.push_back({{"phase", std::string(LedgerPhaseName(p.phase))}, {"bytes", p.bytes}});
+  }
   j["phases"] = phases;
   if (!l.swa_strategies.empty()) {
     ordered_json st = ordered_json::array();
@@ -154,7 +156,7 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
     j["cached_boundaries"] = l.cached_boundaries;
   }
   ordered_json terms = ordered_json::array();
-  for (const Term& t : l.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+  for (const Term& t : l.terms) terms.push_back({{"name", std::string(LedgerTermName(t.term))}, {"bytes", t.bytes}});
   j["committed_terms"] = terms;
   ordered_json kinds = ordered_json::array();
   for (const LayerKindSummary& k : l.kinds) {
@@ -199,7 +201,7 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
     cj["requested_bytes"] = c.requested_bytes;
     cj["committed_bytes"] = c.committed_bytes;
     ordered_json ct = ordered_json::array();
-    for (const Term& t : c.terms) ct.push_back({{"name", t.name}, {"bytes", t.bytes}});
+    for (const Term& t : c.terms) ct.push_back({{"name", std::string(LedgerTermName(t.term))}, {"bytes", t.bytes}});
     cj["committed_terms"] = ct;
     cj["read_bytes_per_token"] = c.read_bytes_per_token;
     caches.push_back(cj);
@@ -279,7 +281,7 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   out << (md ? "### Caches (bytes)\n\n" + caches.Markdown() : "caches (bytes):\n" + caches.Text()) << "\n";
 
   Table terms({"term", "bytes"});
-  for (const Term& t : l.terms) terms.Add({t.name, FormatBytes(t.bytes)});
+  for (const Term& t : l.terms) terms.Add({std::string(LedgerTermName(t.term)), FormatBytes(t.bytes)});
   out << (md ? "### Committed per rank, by term\n\n" + terms.Markdown()
              : "committed per rank, by term:\n" + terms.Text())
       << "\n";
@@ -296,7 +298,7 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   out << (md ? "### Totals\n\n" + totals.Markdown() : "totals:\n" + totals.Text()) << "\n";
 
   Table phases({"phase (per rank)", "bytes"});
-  for (const Term& t : l.phases) phases.Add({t.name, FormatBytes(t.bytes)});
+  for (const PhaseBytes& p : l.phases) phases.Add({std::string(LedgerPhaseName(p.phase)), FormatBytes(p.bytes)});
   out << (md ? "### Phases\n\n" + phases.Markdown()
              : "phases (admission, chunked-prefill peak, decode):\n" + phases.Text())
       << "\n";

@@ -10,6 +10,7 @@
 
 #include "base/slots.h"
 #include "tessera/checked.h"
+#include "tessera/layout.h"
 
 namespace tessera {
 
