@@ -3,12 +3,13 @@
 // blocks, windows and compressor states as sliding-window groups, every block id costing the same
 // bytes — and the admission gate that reserves a prefill chunk for every sliding-window group.
 
+#include "vllm_profile.h"
+
 #include <algorithm>
 #include <map>
 #include <optional>
 
 #include "engine_profile.h"
-#include "vllm_profile.h"
 
 namespace tessera::detail {
 namespace {
