@@ -125,6 +125,31 @@ TEST(Format, RecordsThatDoNotFitIn64BitsAreRefused) {
   EXPECT_EQ(BuildFormat("mha-bf16", wide)->record_bytes(), 2ULL * 65536 * 65536 * 2);
 }
 
+// Code that treats formats differently asks the family, never the name.
+TEST(Format, EveryFormatHasItsFamily) {
+  const Geometry v4 = Preset("deepseek-v4-pro"), v3 = Preset("deepseek-v3"), mha = Preset("llama-3.1-8b");
+  EXPECT_EQ(BuildFormat("mha-bf16", mha)->family, FormatFamily::kMha);
+  EXPECT_EQ(BuildFormat("mha-fp8", mha)->family, FormatFamily::kMha);
+  EXPECT_EQ(BuildFormat("expanded-bf16", v3)->family, FormatFamily::kExpanded);
+  EXPECT_EQ(BuildFormat("mla-bf16", v3)->family, FormatFamily::kMlaLatent);
+  EXPECT_EQ(BuildFormat("mla-fp16", v3)->family, FormatFamily::kMlaLatent);
+  EXPECT_EQ(BuildFormat("fp8_ds_mla", v3)->family, FormatFamily::kFp8DsMla);
+  EXPECT_EQ(BuildFormat("v4-fp8", v4)->family, FormatFamily::kV4Fp8);
+  EXPECT_EQ(BuildFormat("v41-fp8", v4)->family, FormatFamily::kV41Fp8);
+  EXPECT_EQ(BuildFormat("v4-seed", v4)->family, FormatFamily::kSeed);
+  EXPECT_EQ(BuildFormat("indexer-fp8", v4)->family, FormatFamily::kIndexer);
+  EXPECT_EQ(BuildFormat("indexer-mxfp4", v4)->family, FormatFamily::kIndexer);
+  EXPECT_EQ(BuildFormat("indexer-fp4-seed", v4)->family, FormatFamily::kSeed);
+  EXPECT_EQ(CompressorStateFormat(2048).family, FormatFamily::kCompressorState);
+}
+
+TEST(Format, EqualityIsEveryField) {
+  const Geometry v4 = Preset("deepseek-v4-pro");
+  EXPECT_EQ(*BuildFormat("v4-fp8", v4), *BuildFormat("v4-fp8", v4));
+  EXPECT_FALSE(*BuildFormat("v4-fp8", v4) == *BuildFormat("v41-fp8", v4));
+  EXPECT_FALSE(CompressorStateFormat(2048) == CompressorStateFormat(1024));  // same name, other regions
+}
+
 TEST(Format, Fp8DsMlaNeedsWholeScaleGroups) {
   // DeepSeek-V4's 448 content dims are not whole 128-value groups.
   Result<RecordFormat> f = BuildFormat("fp8_ds_mla", Preset("deepseek-v4-pro"));

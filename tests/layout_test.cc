@@ -64,6 +64,187 @@ TEST(Layout, PageRejectsBlockInsideAGroup) {
   EXPECT_EQ(p.status().field(), "block-tokens");
 }
 
+// ---- ComputeCacheLayout ----------------------------------------------------------------------
+
+std::vector<uint32_t> Range(uint32_t first, uint32_t end, uint32_t step = 1) {
+  std::vector<uint32_t> v;
+  for (uint32_t i = first; i < end; i += step) v.push_back(i);
+  return v;
+}
+
+CacheLayout MustLayout(const Geometry& g, const CacheLayoutOptions& o = {}) {
+  Result<CacheLayout> l = ComputeCacheLayout(g, o);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  return l.ok() ? *l : CacheLayout{};
+}
+
+TEST(CacheLayout, DeepSeekV3IsOneLatentGroupOverEveryLayer) {
+  CacheLayout l = MustLayout(Preset("deepseek-v3"));
+  EXPECT_EQ(l.kv_format, "mla-bf16");
+  EXPECT_EQ(l.indexer_format, "");
+  EXPECT_EQ(l.main_format.record_bytes(), 1152u);
+  EXPECT_EQ(l.block.block_tokens, 64u);
+  EXPECT_EQ(l.layers_counted, 61u);
+  ASSERT_EQ(l.groups.size(), 1u);
+  const CacheGroup& latent = l.groups[0];
+  EXPECT_EQ(latent.name, "latent/1");
+  EXPECT_EQ(latent.role, CacheRole::kLatent);
+  EXPECT_TRUE(latent.in_pages);
+  EXPECT_EQ(latent.layers, 61u);
+  EXPECT_EQ(latent.model_layers, Range(0, 61));
+  EXPECT_EQ(latent.lines, (std::vector<std::string>{"mla.latent"}));
+  EXPECT_EQ(latent.page.entries_per_block, 64u);
+  EXPECT_EQ(latent.page.page_bytes, 64u * 1152);
+  EXPECT_EQ(l.group_of_line, (std::vector<uint32_t>{0}));
+}
+
+TEST(CacheLayout, MtpLayersJoinTheirGroupAtTheEnd) {
+  CacheLayoutOptions o;
+  o.include_mtp = true;
+  CacheLayout l = MustLayout(Preset("deepseek-v3"), o);
+  EXPECT_EQ(l.layers_counted, 62u);
+  ASSERT_EQ(l.groups.size(), 1u);
+  EXPECT_EQ(l.groups[0].model_layers, Range(0, 62));
+  EXPECT_EQ(l.groups[0].lines, (std::vector<std::string>{"mla.latent", "mtp.mla.latent"}));
+  ASSERT_EQ(l.lines.size(), 2u);
+  EXPECT_EQ(l.lines[1].model_layers, (std::vector<uint32_t>{61}));
+}
+
+TEST(CacheLayout, DeepSeekV32PagesTheLatentAndTheIndexer) {
+  CacheLayout l = MustLayout(Preset("deepseek-v3.2"));
+  EXPECT_EQ(l.kv_format, "fp8_ds_mla");
+  EXPECT_EQ(l.indexer_format, "indexer-fp8");
+  ASSERT_EQ(l.groups.size(), 2u);
+  EXPECT_EQ(l.groups[0].name, "latent/1");
+  EXPECT_EQ(l.groups[0].format.record_bytes(), 656u);
+  EXPECT_EQ(l.groups[1].name, "indexer/1");
+  EXPECT_EQ(l.groups[1].format.record_bytes(), 132u);
+  for (const CacheGroup& g : l.groups) {
+    EXPECT_EQ(g.model_layers, Range(0, 61)) << g.name;
+    EXPECT_EQ(g.page.entries_per_block, 64u) << g.name;
+  }
+  // An expanded per-head format replaces the latent and has no indexer.
+  CacheLayoutOptions o;
+  o.kv_format = "expanded-bf16";
+  CacheLayout expanded = MustLayout(Preset("deepseek-v3.2"), o);
+  ASSERT_EQ(expanded.groups.size(), 1u);
+  EXPECT_EQ(expanded.groups[0].name, "kv/1");
+}
+
+TEST(CacheLayout, DeepSeekV4ProGroupsAndTheirLayers) {
+  CacheLayout l = MustLayout(Preset("deepseek-v4-pro"));
+  EXPECT_EQ(l.kv_format, "v4-fp8");
+  EXPECT_EQ(l.indexer_format, "indexer-fp8");
+  EXPECT_EQ(l.block.block_tokens, 256u);
+  // Layers 0 and 1 are HCA, then CSA and HCA alternate: CSA on 2, 4, ..., 60.
+  std::vector<uint32_t> hca = Range(1, 61, 2);
+  hca.insert(hca.begin(), 0);
+  const std::vector<uint32_t> csa = Range(2, 61, 2);
+  struct Expect {
+    const char* name;
+    bool in_pages;
+    std::vector<uint32_t> layers;
+    uint64_t page_or_ring;
+  };
+  const Expect expect[] = {
+      {"window", false, Range(0, 61), 61ULL * 128 * 584},           {"compressed/128", true, hca, 1728},
+      {"compressor_state/128", false, hca, 31ULL * 128 * 4096},     {"compressed/4", true, csa, 37440},
+      {"compressor_state/8", false, csa, 30ULL * 8 * 8192},         {"indexer/4", true, csa, 8448},
+      {"indexer_compressor_state/8", false, csa, 30ULL * 8 * 2048},
+  };
+  ASSERT_EQ(l.groups.size(), std::size(expect));
+  for (size_t i = 0; i < l.groups.size(); ++i) {
+    const CacheGroup& g = l.groups[i];
+    EXPECT_EQ(g.name, expect[i].name);
+    EXPECT_EQ(g.in_pages, expect[i].in_pages) << g.name;
+    EXPECT_EQ(g.model_layers, expect[i].layers) << g.name;
+    EXPECT_EQ(g.layers, expect[i].layers.size()) << g.name;
+    EXPECT_EQ(g.in_pages ? g.page.page_bytes : g.bytes_per_request, expect[i].page_or_ring) << g.name;
+  }
+  EXPECT_EQ(l.groups[2].state_floats, 1024u);
+  EXPECT_EQ(l.groups[4].state_floats, 2048u);
+  // Both kinds' window lines are one ring group.
+  EXPECT_EQ(l.groups[0].lines, (std::vector<std::string>{"hca.window", "csa.window"}));
+  for (size_t i = 0; i < l.lines.size(); ++i) {
+    const CacheGroup& g = l.groups[l.group_of_line[i]];
+    EXPECT_EQ(g.role, l.lines[i].role) << l.lines[i].name;
+    EXPECT_EQ(g.format, l.lines[i].format) << l.lines[i].name;
+  }
+}
+
+TEST(CacheLayout, MhaHeadsShardOverTensorParallelRanks) {
+  CacheLayout one = MustLayout(Preset("llama-3.1-8b"));
+  EXPECT_EQ(one.kv_format, "mha-bf16");
+  EXPECT_EQ(one.block.block_tokens, 16u);  // MHA pages of 16 tokens
+  ASSERT_EQ(one.groups.size(), 1u);
+  EXPECT_EQ(one.groups[0].name, "kv/1");
+  EXPECT_EQ(one.groups[0].model_layers, Range(0, 32));
+  EXPECT_EQ(one.groups[0].format.record_bytes(), 2u * 8 * 128 * 2);
+  CacheLayoutOptions o;
+  o.tp = 2;
+  CacheLayout two = MustLayout(Preset("llama-3.1-8b"), o);
+  EXPECT_EQ(two.groups[0].format.record_bytes(), 2u * 4 * 128 * 2);  // a rank's heads
+  EXPECT_EQ(two.lines[0].record_bytes, 2u * 8 * 128 * 2);            // the whole model's record
+  EXPECT_EQ(two.main_format.record_bytes(), 2u * 8 * 128 * 2);
+}
+
+TEST(CacheLayout, SeedRecordPairsWithTheSeedIndexer) {
+  CacheLayoutOptions o;
+  o.kv_format = "v4-seed";
+  EXPECT_EQ(MustLayout(Preset("deepseek-v4-pro"), o).indexer_format, "indexer-fp4-seed");
+  EXPECT_EQ(DefaultIndexerFormat(Preset("deepseek-v3"), *BuildFormat("mla-bf16", Preset("deepseek-v3"))), "");
+}
+
+TEST(CacheLayout, BadOptionsNameTheirField) {
+  struct Case {
+    const char* model;
+    CacheLayoutOptions o;
+    const char* field;
+  };
+  // (Designated initializers would trip GCC's -Wmissing-field-initializers.)
+  auto with = [](auto set) {
+    CacheLayoutOptions o;
+    set(o);
+    return o;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"deepseek-v3", with([](CacheLayoutOptions& o) { o.kv_format = "nope"; }), "kv-format"});
+  cases.push_back({"deepseek-v3", with([](CacheLayoutOptions& o) { o.kv_format = "indexer-fp8"; }), "kv-format"});
+  cases.push_back({"llama-3.1-8b", with([](CacheLayoutOptions& o) { o.kv_format = "mla-bf16"; }), "kv-format"});
+  cases.push_back({"deepseek-v4-pro", with([](CacheLayoutOptions& o) { o.kv_format = "expanded-bf16"; }), "kv-format"});
+  cases.push_back(
+      {"deepseek-v3", with([](CacheLayoutOptions& o) { o.indexer_format = "indexer-fp8"; }), "indexer-format"});
+  cases.push_back(
+      {"deepseek-v3.2", with([](CacheLayoutOptions& o) { o.indexer_format = "mla-bf16"; }), "indexer-format"});
+  cases.push_back({"deepseek-v4-pro", with([](CacheLayoutOptions& o) { o.block_tokens = 100; }), "block-tokens"});
+  cases.push_back({"deepseek-v3", with([](CacheLayoutOptions& o) { o.tp = 0; }), "tp"});
+  cases.push_back({"llama-3.1-8b", with([](CacheLayoutOptions& o) { o.tp = 3; }), "tp"});
+  cases.push_back({"llama-3.1-8b", with([](CacheLayoutOptions& o) { o.tp = 12; }), "tp"});
+  for (const Case& c : cases) {
+    Result<CacheLayout> l = ComputeCacheLayout(Preset(c.model), c.o);
+    ASSERT_FALSE(l.ok()) << c.model << " " << c.field;
+    EXPECT_EQ(l.status().field(), c.field) << l.status().ToString();
+  }
+}
+
+TEST(CacheLayout, RetainNeedsBlocksOfWholeWindows) {
+  Geometry g = Preset("deepseek-v4-pro");
+  CacheLayout l = MustLayout(g);
+  for (SwaStrategy s : {SwaStrategy::kRecompute, SwaStrategy::kSnapshot, SwaStrategy::kRetain}) {
+    EXPECT_TRUE(CheckWindowStrategy(l, s).ok()) << SwaStrategyName(s);
+  }
+  for (LayerSpec& layer : g.layers) {
+    for (CacheSpec& c : layer.caches) {
+      if (c.role == CacheRole::kWindow) c.slots = 512;  // 256-token blocks end inside a window chunk
+    }
+  }
+  CacheLayout wide = MustLayout(g);
+  EXPECT_TRUE(CheckWindowStrategy(wide, SwaStrategy::kSnapshot).ok());
+  Status s = CheckWindowStrategy(wide, SwaStrategy::kRetain);
+  EXPECT_EQ(s.field(), "swa-strategy");
+  EXPECT_TRUE(CheckWindowStrategy(MustLayout(Preset("deepseek-v3")), SwaStrategy::kRetain).ok());  // no window
+}
+
 TEST(Layout, BlockMetadataCountsTokenIds) { EXPECT_EQ(BlockMetadataBytes(64), kBlockHeaderBytes + 256); }
 
 }  // namespace

@@ -104,9 +104,9 @@ TEST(LedgerV3, DefaultFormatAndBlock) {
   EXPECT_EQ(l.block_tokens, 64u);
   EXPECT_EQ(l.layers_counted, 61u);
   // 131072 is whole pages: the only overhead is Tessera's host block metadata.
-  EXPECT_EQ(l.TermBytes("page_rounding"), 0u);
-  EXPECT_EQ(l.committed_bytes, l.requested_bytes + l.TermBytes("block_metadata"));
-  EXPECT_EQ(l.TermBytes("block_metadata"), 2048u * BlockMetadataBytes(64));
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kPageRounding), 0u);
+  EXPECT_EQ(l.committed_bytes, l.requested_bytes + l.TermBytes(LedgerTerm::kBlockMetadata));
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 2048u * BlockMetadataBytes(64));
 }
 
 TEST(LedgerV3, ReadBytesPerTokenIsEveryCachedToken) {
@@ -194,7 +194,7 @@ TEST(LedgerV4, WindowAndCompressorStateAreConstantPerRequest) {
   EXPECT_EQ(a.FindLine("hca.window")->committed_bytes, 31u * 128 * 584);
   EXPECT_EQ(a.FindLine("csa.compressor_state")->committed_bytes, 30u * 8 * 8192);
   EXPECT_EQ(a.FindLine("hca.compressor_state")->committed_bytes, 31u * 128 * 4096);
-  EXPECT_GT(a.TermBytes("ring_capacity") + a.TermBytes("records"), 0u);
+  EXPECT_GT(a.TermBytes(LedgerTerm::kRingCapacity) + a.TermBytes(LedgerTerm::kRecords), 0u);
 }
 
 TEST(LedgerV4, StructuralBytesAt1M) {
@@ -220,8 +220,8 @@ TEST(LedgerTerms, PageRoundingCommitsWholePages) {
   Geometry g = Preset("deepseek-v3");
   Ledger l = MustLedger(g, Context(100));  // 2 pages of 64 tokens
   EXPECT_EQ(l.requested_bytes, 61ULL * 100 * 1152);
-  EXPECT_EQ(l.TermBytes("page_rounding"), 61ULL * 28 * 1152);
-  EXPECT_EQ(l.TermBytes("block_metadata"), 2 * BlockMetadataBytes(64));
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kPageRounding), 61ULL * 28 * 1152);
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 2 * BlockMetadataBytes(64));
   EXPECT_EQ(l.committed_bytes, 61ULL * 128 * 1152 + 2 * BlockMetadataBytes(64));
   uint64_t sum = 0;
   for (const Term& t : l.terms) sum += t.bytes;
@@ -237,7 +237,7 @@ TEST(LedgerTerms, CompressedPagesRoundByCompleteEntries) {
   EXPECT_EQ(c4->committed_bytes, 30ULL * 2 * 37440);
   const CacheLine* c128 = l.FindLine("hca.compressed");
   EXPECT_EQ(c128->committed_bytes, 31ULL * 2 * 1728);
-  EXPECT_EQ(l.TermBytes("block_metadata"), 2 * BlockMetadataBytes(256));
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 2 * BlockMetadataBytes(256));
   // 259 tokens: 64 complete C4 entries fill block 0; the second span has none yet.
   Ledger at259 = MustLedger(Preset("deepseek-v4-pro"), Context(259));
   EXPECT_EQ(at259.FindLine("csa.compressed")->committed_bytes, 30ULL * 1 * 37440);
@@ -248,7 +248,7 @@ TEST(LedgerTerms, CompressedPagesRoundByCompleteEntries) {
 TEST(LedgerTerms, AlignmentPaddingIsNamed) {
   Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
   // 4096 blocks: C4 pages pad 64 B each, C128 pages 560 B each; the indexer is not padded.
-  EXPECT_EQ(l.TermBytes("alignment_padding"), 4096ULL * (30 * 64 + 31 * 560));
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kAlignmentPadding), 4096ULL * (30 * 64 + 31 * 560));
 }
 
 TEST(LedgerTerms, TensorParallelReplicatesTheLatent) {
@@ -294,14 +294,14 @@ TEST(LedgerTerms, SpeculativeSlots) {
   o.spec_tokens = 3;
   Ledger l = MustLedger(g, o);
   // 131 tokens need a third page of 64.
-  EXPECT_EQ(l.TermBytes("speculative_slots"), 61ULL * 64 * 1152);
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kSpeculativeSlots), 61ULL * 64 * 1152);
   LedgerOptions v4 = Context(1048576);
   v4.spec_tokens = 2;
   Ledger p = MustLedger(Preset("deepseek-v4-pro"), v4);
   // window rings grow by 2 slots, compressor rings double
   uint64_t ring = 61ULL * 2 * 584;
   uint64_t comp = 30ULL * 8 * 8192 + 30ULL * 8 * 2048 + 31ULL * 128 * 4096;
-  EXPECT_EQ(p.TermBytes("speculative_slots"), ring + comp);
+  EXPECT_EQ(p.TermBytes(LedgerTerm::kSpeculativeSlots), ring + comp);
 }
 
 // --- Bad options --------------------------------------------------------------------------

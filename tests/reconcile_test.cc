@@ -24,7 +24,7 @@ TEST(Reconcile, EngineWithoutHostMetadata) {
   // An engine's device allocation lacks Tessera's host block metadata.
   Geometry g = Preset("deepseek-v3");
   Ledger l = MustLedger(g, Context(100));
-  Reconciliation r = *Reconcile(g, l, l.committed_bytes - l.TermBytes("block_metadata"), false);
+  Reconciliation r = *Reconcile(g, l, l.committed_bytes - l.TermBytes(LedgerTerm::kBlockMetadata), false);
   ASSERT_EQ(r.attributed.size(), 1u);
   EXPECT_EQ(r.attributed[0].term, "-block_metadata");
   EXPECT_EQ(r.unexplained_bytes, 0);
@@ -46,7 +46,7 @@ TEST(Reconcile, EngineHoldingTheMtpLayer) {
 TEST(Reconcile, TwoTermsTogether) {
   Geometry g = Preset("deepseek-v3");
   Ledger l = MustLedger(g, Context(100));
-  uint64_t observed = l.committed_bytes - l.TermBytes("block_metadata") - l.TermBytes("page_rounding");
+  uint64_t observed = l.committed_bytes - l.TermBytes(LedgerTerm::kBlockMetadata) - l.TermBytes(LedgerTerm::kPageRounding);
   Reconciliation r = *Reconcile(g, l, observed, false);
   EXPECT_EQ(r.attributed.size(), 2u);
   EXPECT_EQ(r.unexplained_bytes, 0);

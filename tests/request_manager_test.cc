@@ -128,6 +128,57 @@ TEST(RequestManagerCreate, EveryPresetModelIsManaged) {
   }
 }
 
+// The pools are built from the same layout the ledger prices for engine tessera: every paged
+// group of ComputeCacheLayout, in order, with its format, layers and page.
+TEST(RequestManagerCreate, PoolGroupsAreTheCacheLayoutsPagedGroups) {
+  for (const std::string& name : PresetNames()) {
+    const Geometry g = Preset(name);
+    ManagerOptions o;
+    o.capacity_blocks = 4;
+    o.max_requests = 2;
+    o.region_kind = RegionKind::kUnbacked;
+    std::unique_ptr<RequestManager> m = MustManager(g, o);
+    ASSERT_NE(m, nullptr) << name;
+    CacheLayout layout = *ComputeCacheLayout(g, CacheLayoutOptions{});
+    std::vector<const CacheGroup*> paged;
+    for (const CacheGroup& group : layout.groups) {
+      if (group.in_pages) paged.push_back(&group);
+    }
+    ASSERT_EQ(m->pool().groups().size(), paged.size()) << name;
+    EXPECT_EQ(m->pool().block_tokens(), layout.block.block_tokens) << name;
+    for (size_t i = 0; i < paged.size(); ++i) {
+      const PoolGroup& pg = m->pool().groups()[i];
+      EXPECT_EQ(pg.name, paged[i]->name) << name;
+      EXPECT_EQ(pg.format, paged[i]->format) << name;
+      EXPECT_EQ(pg.layers, paged[i]->layers) << name;
+      EXPECT_EQ(pg.page.page_bytes, paged[i]->page.page_bytes) << name;
+      EXPECT_EQ(pg.page.entries_per_block, paged[i]->page.entries_per_block) << name;
+    }
+  }
+}
+
+// Retain keeps window chunks that end on block boundaries: a window wider than the block span
+// is refused when the manager is created, as the ledger refuses it.
+TEST(RequestManagerCreate, RetainNeedsBlocksOfWholeWindows) {
+  Geometry g = Preset("deepseek-v4-flash");
+  g.sliding_window = 512;
+  for (LayerSpec& layer : g.layers) {
+    for (CacheSpec& c : layer.caches) {
+      if (c.role == CacheRole::kWindow) c.slots = 512;
+    }
+  }
+  ManagerOptions o;
+  o.capacity_blocks = 4;
+  o.max_requests = 2;
+  o.region_kind = RegionKind::kUnbacked;
+  o.window_strategy = SwaStrategy::kRetain;
+  EXPECT_EQ(RequestManager::Create(g, o).status().field(), "swa-strategy");
+  LedgerOptions lo = testing::LedgerOptionsFor(o, 1024, 1);
+  EXPECT_EQ(ComputeLedger(g, lo).status().field(), "swa-strategy");
+  o.window_strategy = SwaStrategy::kSnapshot;
+  EXPECT_TRUE(RequestManager::Create(g, o).ok());
+}
+
 TEST(RequestManagerCreate, BadOptionsNameTheirField) {
   Geometry g = Preset("deepseek-v3");
   ManagerOptions o = V3Fp8(4);

@@ -39,16 +39,32 @@ struct Region {
   uint64_t count = 0;
   uint32_t plane = 0;  // region-major packing groups regions of one plane into one row
   uint64_t bits() const { return count * ElementBits(type); }
+  friend bool operator==(const Region&, const Region&) = default;
 };
 
 // Which cache a format can store.
 enum class FormatUse { kKv, kLatent, kIndexer, kState };
 std::string_view FormatUseName(FormatUse use);
 
+// What a record is, whatever it is called. Code that treats records differently asks this (or a
+// field such as page_alignment), never the name: names are for people and for --kv-format.
+enum class FormatFamily {
+  kMha,              // per-head K and V of an MHA/GQA model (mha-bf16, mha-fp8)
+  kExpanded,         // an MLA model expanded to per-head K and V (expanded-bf16)
+  kMlaLatent,        // MLA latent + RoPE at one precision (mla-bf16, mla-fp16)
+  kFp8DsMla,         // FlashMLA's DeepSeek-V3.x fp8 record (fp8_ds_mla)
+  kV4Fp8,            // FlashMLA's DeepSeek-V4 record (v4-fp8): the one vLLM and SGLang serve V4 with
+  kV41Fp8,           // DeepSeek-V4.1 (v41-fp8)
+  kSeed,             // the seed note's structural records, without scales (v4-seed, indexer-fp4-seed)
+  kIndexer,          // lightning-indexer keys (indexer-fp8, indexer-mxfp4)
+  kCompressorState,  // DeepSeek-V4 fp32 compressor state
+};
+
 struct RecordFormat {
   std::string name;
   std::string description;
   FormatUse use = FormatUse::kLatent;
+  FormatFamily family = FormatFamily::kMlaLatent;
   std::vector<Region> regions;
   Packing packing = Packing::kPerToken;
   // Page bytes are padded up to a multiple of this (1 = no padding).
@@ -64,6 +80,9 @@ struct RecordFormat {
   uint64_t element_count() const;
   // "latent e4m3 x512 + scales fp32 x4 + rope bf16 x64"
   std::string RegionSummary() const;
+
+  // Identity: every field equal (the same format built for the same geometry).
+  friend bool operator==(const RecordFormat&, const RecordFormat&) = default;
 };
 
 struct FormatInfo {

@@ -1,8 +1,13 @@
-// Layout: the block token span and the bytes of one page, derived from geometry + format +
-// kernel rules, each factor with its reason.
+// Layout: the caches of a model as Tessera holds them — which record formats, which layers, the
+// block token span and the bytes of one page — derived from geometry + format + kernel rules,
+// each factor with its reason.
 //
-// This is the one piece of page arithmetic that the ledger and the pools share, so that the
-// bytes the ledger predicts and the bytes the pools hold cannot drift apart.
+// This is the one piece of cache structure and page arithmetic that the ledger and the pools
+// share (ComputeCacheLayout), so that the bytes the ledger predicts and the bytes the pools hold
+// cannot drift apart. It knows no engine's sizing rules: the request manager links it without
+// the ledger.
+//
+// Thread-safety: pure functions over values.
 #pragma once
 
 #include <cstdint>
@@ -74,5 +79,98 @@ Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compre
 // BlockMetadata.LedgerModelAgainstTheStructures); the token ids are exactly 4 B each.
 constexpr uint64_t kBlockHeaderBytes = 64;
 constexpr uint64_t BlockMetadataBytes(uint32_t block_tokens) { return kBlockHeaderBytes + 4ULL * block_tokens; }
+
+// ---- The caches of a model -------------------------------------------------------------------
+
+// The model's default main record format: "v4-fp8" for DeepSeek-V4, "fp8_ds_mla" for DeepSeek-V3.2
+// (MLA with a sparse indexer), "mla-bf16" for dense MLA, "mha-bf16" for MHA/GQA.
+std::string DefaultKvFormat(const Geometry& g);
+// The indexer format that pairs with `main_format`: "" for a model without indexer dims,
+// "indexer-fp4-seed" beside the seed note's structural records, "indexer-fp8" otherwise.
+std::string DefaultIndexerFormat(const Geometry& g, const RecordFormat& main_format);
+
+// Validated by MapCaches / ComputeCacheLayout; errors name the CLI option.
+struct CacheLayoutOptions {
+  std::string kv_format;                 // main record format; empty = DefaultKvFormat
+  std::string indexer_format;            // empty = DefaultIndexerFormat of the main format
+  std::optional<uint64_t> block_tokens;  // unset: derived (ChooseBlockTokens)
+  Kernel kernel = Kernel::kFlashMla;
+  bool include_mtp = false;  // whether MTP layers hold cache
+  uint32_t tp = 1;           // tensor-parallel ranks: MHA/GQA heads shard, so a rank's record is smaller
+};
+
+// One cache kind over the layers that hold it, e.g. "csa.compressed" over the 30 CSA layers: the
+// layers of one kind (MTP layers apart) whose cache has the same role, ratio and ring.
+struct CacheLineSpec {
+  std::string name;  // "[mtp.]<layer kind>.<role>"
+  LayerKind layer_kind = LayerKind::kMla;
+  CacheRole role = CacheRole::kLatent;
+  bool mtp = false;
+  uint32_t compress_ratio = 1;         // paged caches: tokens per entry
+  uint32_t slots = 0;                  // per-request state: ring slots (window tokens or compressor slots)
+  uint32_t state_floats = 0;           // compressor state: float32 values per slot
+  RecordFormat format;                 // as one rank stores it (MHA heads shard over tensor-parallel ranks)
+  uint64_t record_bytes = 0;           // one record of the whole model (unsharded)
+  std::vector<uint32_t> model_layers;  // the model layer indices that hold it, in model order
+};
+
+// The caches of a model in their resolved record formats, whatever engine holds them.
+struct CacheMap {
+  std::string kv_format;             // resolved name
+  std::string indexer_format;        // resolved name; "" for a model without indexer dims
+  RecordFormat main_format;          // the whole model's main record (unsharded)
+  uint32_t layers_counted = 0;       // layers that hold cache: main layers, plus MTP when included
+  std::vector<CacheLineSpec> lines;  // in order of first appearance over the model's layers
+};
+
+// Resolves and checks the formats (a kv format where the model needs one, a latent format where
+// it has a latent, an indexer format only for a model with an indexer; an expanded per-head format
+// on an MLA model replaces the latent and drops the indexer) and groups the layers into lines.
+// Errors: kNotFound / kInvalidArgument on "kv-format" or "indexer-format"; "tp" when MHA/GQA KV
+// heads cannot be split over `tp` ranks.
+Result<CacheMap> MapCaches(const Geometry& g, const CacheLayoutOptions& options);
+
+// Layers whose caches share a role, a record format and an entries-per-block (paged) or a ring
+// (per-request arena) form one group, whatever their layer kind: one pool group, or one kind of
+// ring in the per-request arena.
+struct CacheGroup {
+  std::string name;  // "compressed/4", "indexer/4", "window", "compressor_state/8", "latent/1", ...
+  CacheRole role = CacheRole::kLatent;
+  RecordFormat format;
+  uint32_t layers = 0;
+  // The model layers it holds, in model order: group layer i is model layer model_layers[i].
+  std::vector<uint32_t> model_layers;
+  std::vector<std::string> lines;  // the CacheMap lines merged into this group
+  bool in_pages = true;
+  uint32_t compress_ratio = 1;     // pages: tokens per entry
+  PageLayout page;                 // pages
+  uint32_t slots = 0;              // arena: ring slots per layer (without speculative extras)
+  uint32_t state_floats = 0;       // arena, compressor state: float32 values per slot
+  uint64_t bytes_per_request = 0;  // arena: layers x slots x record
+};
+
+// A CacheMap as Tessera holds it: caches that grow with the context in pages of one block span,
+// per-request state (window rings, compressor state) in an arena sized once.
+struct CacheLayout : CacheMap {
+  BlockTokensChoice block;
+  std::vector<CacheGroup> groups;       // in order of first appearance of their lines
+  std::vector<uint32_t> group_of_line;  // lines[i] is held by groups[group_of_line[i]]
+};
+
+// Tessera's block span (ChooseBlockTokens over the paged lines' ratios) and its groups with their
+// page layouts (ComputePageLayout, each format's own alignment). Errors: "block-tokens" (see
+// ChooseBlockTokens), "compress_ratios", "sliding_window" when a group's ring bytes overflow.
+Result<CacheLayout> LayoutCaches(const Geometry& g, CacheMap caches, const CacheLayoutOptions& options);
+// MapCaches, then LayoutCaches: what the pools hold, and what the ledger prices for engine tessera.
+Result<CacheLayout> ComputeCacheLayout(const Geometry& g, const CacheLayoutOptions& options);
+
+// Under retain, window rows live in chunks of `window` tokens that sealed blocks keep alive, so a
+// chunk must end on a block boundary: kInvalidArgument on "swa-strategy" when the block span is
+// not a multiple of the window. OK for every other strategy and for models without windows.
+Status CheckWindowStrategy(const CacheLayout& layout, SwaStrategy strategy);
+
+// Tensor-parallel ranks: positive, and for MHA/GQA a divisor or a multiple of the KV heads (an
+// MLA latent is one KV head, replicated on every rank). Errors name "tp".
+Status CheckTensorParallel(const Geometry& g, uint32_t tp);
 
 }  // namespace tessera

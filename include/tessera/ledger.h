@@ -51,10 +51,37 @@ struct LedgerOptions {
   uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
 };
 
+// The named terms committed bytes decompose into (ADR 0004), in the order outputs list them.
+enum class LedgerTerm {
+  kRecords,              // the live records themselves
+  kPageRounding,         // unused entries of the last page of a block
+  kAlignmentPadding,     // page bytes padded to the format's (or the engine's) alignment
+  kRingCapacity,         // arena rings allocated whole, before they fill
+  kSpeculativeSlots,     // pages or ring slots for draft tokens (compressor rings double)
+  kBlockMetadata,        // Tessera's host bytes per block id (header + token ids)
+  kBoundaryState,        // window state kept beside sealed block boundaries (snapshot, retain)
+  kUniformBlockPadding,  // vLLM DeepSeek-V4: every block id costs the same bytes
+};
+// The name outputs print ("records", "page_rounding", ...).
+std::string_view LedgerTermName(LedgerTerm term);
+
+// The phases of one request whose per-rank bytes the ledger reports, in order.
+enum class LedgerPhase {
+  kAdmission,    // what must be free to admit the request
+  kPrefillPeak,  // the most held while the prompt is written in chunks
+  kDecode,       // held once the context is cached (= committed_bytes)
+};
+// The name outputs print ("admission", "prefill_peak", "decode").
+std::string_view LedgerPhaseName(LedgerPhase phase);
+
 struct Term {
-  std::string name;
+  LedgerTerm term = LedgerTerm::kRecords;
   uint64_t bytes = 0;
-  std::string note;
+};
+
+struct PhaseBytes {
+  LedgerPhase phase = LedgerPhase::kAdmission;
+  uint64_t bytes = 0;
 };
 
 // One cache kind over the layers that hold it (e.g. "csa.compressed" over 30 layers).
@@ -120,9 +147,8 @@ struct Ledger {
   uint64_t reserved_at_admission_bytes = 0;
   // vLLM's DeepSeek-V4 pool: the bytes one block id costs whatever group owns it (0 elsewhere).
   uint64_t block_id_bytes = 0;
-  // Bytes one rank holds or reserves per phase: "admission" (what must be free to admit),
-  // "prefill_peak" (the most held during a chunked prefill), "decode" (= committed_bytes).
-  std::vector<Term> phases;
+  // Bytes one rank holds or reserves per phase, in LedgerPhase order.
+  std::vector<PhaseBytes> phases;
   // Models with windows: the three persistence strategies, and the boundaries a request of this
   // context has sealed (full block spans).
   std::vector<StrategyFigures> swa_strategies;
@@ -132,32 +158,14 @@ struct Ledger {
   uint64_t mha_equivalent_bytes = 0;
   uint64_t mha_bytes_per_token_per_layer = 0;
   Fraction mha_ratio;  // mha_equivalent_bytes / requested_bytes
+  // Engine tessera: the cache groups its pools and arena hold (ComputeCacheLayout, the layout the
+  // request manager builds its pools from). Empty for other engines.
+  std::vector<CacheGroup> groups;
 
   const CacheLine* FindLine(std::string_view name) const;
   const LayerKindSummary* FindKind(LayerKind kind) const;
-  uint64_t TermBytes(std::string_view name) const;  // 0 when absent
+  uint64_t TermBytes(LedgerTerm term) const;  // 0 when absent
 };
-
-// The per-layer cache map as groups: layers whose caches share a role, a format and an
-// entries-per-block (pages) or a ring size (arena) form one group, whatever their layer kind.
-struct CacheGroup {
-  std::string name;            // "compressed/4", "indexer/4", "window", "compressor_state/4", ...
-  CacheRole role = CacheRole::kLatent;
-  RecordFormat format;
-  uint32_t layers = 0;
-  std::vector<std::string> lines;  // the ledger lines merged into this group
-  bool in_pages = true;
-  uint32_t compress_ratio = 1;  // pages: tokens per entry
-  PageLayout page;              // pages
-  uint32_t slots = 0;           // arena: ring slots per layer (without speculative extras)
-  uint64_t bytes_per_request = 0;  // arena: layers x slots x record
-};
-std::vector<CacheGroup> BuildCacheMap(const Ledger& ledger);
-
-// The model's default record formats ("mla-bf16" for dense MLA, "fp8_ds_mla" + "indexer-fp8"
-// for DeepSeek-V3.2, "v4-fp8" + "indexer-fp8" for DeepSeek-V4, "mha-bf16" for MHA/GQA).
-std::string DefaultKvFormat(const Geometry& g);
-std::string DefaultIndexerFormat(const Geometry& g, std::string_view kv_format);
 
 // Computes the ledger. Errors name the offending option or config field ("context", "batch",
 // "kv-format", "block-tokens", "tp", "dcp", ...).

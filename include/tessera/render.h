@@ -21,7 +21,8 @@ std::string RenderLedger(const Ledger& ledger, OutputFormat format, const Reconc
 std::string RenderClaims(const ClaimCheck& check, OutputFormat format);
 // `tessera layout`: the block span with its reasons, and per cache group the entries per block,
 // page bytes and padding (pages) or ring bytes (arena). JSON names block_tokens and, per group,
-// entries_per_block and page_bytes.
+// entries_per_block and page_bytes. The groups are the ledger's (engine tessera; see
+// Ledger::groups).
 std::string RenderLayout(const Ledger& ledger, OutputFormat format);
 
 }  // namespace tessera

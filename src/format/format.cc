@@ -109,30 +109,55 @@ std::string RecordFormat::RegionSummary() const {
 
 namespace {
 
+// The catalog's formats. BuildFormat looks a name up once and then dispatches on this id.
+enum class FormatId {
+  kMhaBf16,
+  kMhaFp8,
+  kExpandedBf16,
+  kMlaBf16,
+  kMlaFp16,
+  kFp8DsMla,
+  kV4Fp8,
+  kV41Fp8,
+  kV4Seed,
+  kIndexerFp8,
+  kIndexerMxfp4,
+  kIndexerFp4Seed,
+};
+
 struct FormatDef {
   const char* name;
+  FormatId id;
   FormatUse use;
+  FormatFamily family;
   const char* description;
 };
 
 constexpr FormatDef kFormats[] = {
-    {"mha-bf16", FormatUse::kKv, "MHA/GQA K and V, bf16: 2 x kv_heads x head_dim x 2 B"},
-    {"mha-fp8", FormatUse::kKv, "MHA/GQA K and V, fp8 e4m3 (per-tensor scale kept outside the cache)"},
-    {"expanded-bf16", FormatUse::kKv,
+    {"mha-bf16", FormatId::kMhaBf16, FormatUse::kKv, FormatFamily::kMha,
+     "MHA/GQA K and V, bf16: 2 x kv_heads x head_dim x 2 B"},
+    {"mha-fp8", FormatId::kMhaFp8, FormatUse::kKv, FormatFamily::kMha,
+     "MHA/GQA K and V, fp8 e4m3 (per-tensor scale kept outside the cache)"},
+    {"expanded-bf16", FormatId::kExpandedBf16, FormatUse::kKv, FormatFamily::kExpanded,
      "MLA expanded to per-head K (nope+rope) and V, bf16, as the Hugging Face transformers cache stores it"},
-    {"mla-bf16", FormatUse::kLatent, "MLA latent + RoPE, bf16 (FlashMLA dense); V is the first latent dims of K"},
-    {"mla-fp16", FormatUse::kLatent, "MLA latent + RoPE, fp16"},
-    {"fp8_ds_mla", FormatUse::kLatent,
+    {"mla-bf16", FormatId::kMlaBf16, FormatUse::kLatent, FormatFamily::kMlaLatent,
+     "MLA latent + RoPE, bf16 (FlashMLA dense); V is the first latent dims of K"},
+    {"mla-fp16", FormatId::kMlaFp16, FormatUse::kLatent, FormatFamily::kMlaLatent, "MLA latent + RoPE, fp16"},
+    {"fp8_ds_mla", FormatId::kFp8DsMla, FormatUse::kLatent, FormatFamily::kFp8DsMla,
      "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse)"},
-    {"v4-fp8", FormatUse::kLatent,
+    {"v4-fp8", FormatId::kV4Fp8, FormatUse::kLatent, FormatFamily::kV4Fp8,
      "DeepSeek-V4 e4m3 content + bf16 RoPE rows, then ue8m0 scale rows (one per 64) padded to 8 B; region-major, "
      "pages padded to a multiple of the data row"},
-    {"v41-fp8", FormatUse::kLatent, "DeepSeek-V4.1 e4m3 content incl. RoPE with one ue8m0 scale per 32"},
-    {"v4-seed", FormatUse::kLatent,
+    {"v41-fp8", FormatId::kV41Fp8, FormatUse::kLatent, FormatFamily::kV41Fp8,
+     "DeepSeek-V4.1 e4m3 content incl. RoPE with one ue8m0 scale per 32"},
+    {"v4-seed", FormatId::kV4Seed, FormatUse::kLatent, FormatFamily::kSeed,
      "the seed note's structural V4 record: bf16 RoPE + fp8 content, no scales (pair with indexer-fp4-seed)"},
-    {"indexer-fp8", FormatUse::kIndexer, "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4)"},
-    {"indexer-mxfp4", FormatUse::kIndexer, "lightning-indexer key, e2m1 with one ue8m0 scale per 32"},
-    {"indexer-fp4-seed", FormatUse::kIndexer, "the seed note's structural indexer: e2m1 values, no scales"},
+    {"indexer-fp8", FormatId::kIndexerFp8, FormatUse::kIndexer, FormatFamily::kIndexer,
+     "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4)"},
+    {"indexer-mxfp4", FormatId::kIndexerMxfp4, FormatUse::kIndexer, FormatFamily::kIndexer,
+     "lightning-indexer key, e2m1 with one ue8m0 scale per 32"},
+    {"indexer-fp4-seed", FormatId::kIndexerFp4Seed, FormatUse::kIndexer, FormatFamily::kSeed,
+     "the seed note's structural indexer: e2m1 values, no scales"},
 };
 
 Status NeedMla(const Geometry& g, std::string_view name, std::string_view field) {
@@ -153,6 +178,106 @@ Status NeedDivisible(uint64_t value, uint64_t group, std::string_view name, std:
   return Status::Ok();
 }
 
+// Per-head K and V: of the MHA/GQA heads, or of an MLA model's query heads (expanded).
+Status FillHeadRegions(FormatId id, const Geometry& g, std::string_view field, RecordFormat& f) {
+  if (id == FormatId::kExpandedBf16) {
+    TESSERA_RETURN_IF_ERROR(NeedMla(g, f.name, field));
+    Checked heads(g.num_attention_heads);
+    Checked k = heads * (Checked(g.qk_nope_head_dim) + g.qk_rope_head_dim), v = heads * g.v_head_dim;
+    if (k.overflowed() || v.overflowed()) {
+      return OutOfRange("head_dim", f.name + " records of " + g.name + " (heads x head dims) do not fit in 64 bits");
+    }
+    f.regions = {{"k", ElementType::kBf16, k.value(), 0}, {"v", ElementType::kBf16, v.value(), 0}};
+    return Status::Ok();
+  }
+  ElementType t = id == FormatId::kMhaBf16 ? ElementType::kBf16 : ElementType::kFp8E4M3;
+  // 32-bit heads times a 32-bit head_dim: up to 64 bits, then bits and bytes on top. Checked
+  // with the record's total; a wrapped width would price a record at 0 B.
+  uint64_t width = static_cast<uint64_t>(g.mha_heads()) * g.mha_head_dim();
+  f.regions = {{"k", t, width, 0}, {"v", t, width, 0}};
+  return Status::Ok();
+}
+
+// One record per token (or compressed group) of an MLA latent and its RoPE slice.
+Status FillLatentRegions(FormatId id, const Geometry& g, std::string_view field, RecordFormat& f) {
+  TESSERA_RETURN_IF_ERROR(NeedMla(g, f.name, field));
+  const uint64_t latent = g.latent_dim;
+  const uint64_t rope = g.qk_rope_head_dim;
+  switch (id) {
+    case FormatId::kMlaBf16:
+    case FormatId::kMlaFp16: {
+      ElementType t = id == FormatId::kMlaBf16 ? ElementType::kBf16 : ElementType::kFp16;
+      f.regions = {{"latent", t, latent, 0}, {"rope", t, rope, 0}};
+      break;
+    }
+    case FormatId::kFp8DsMla:
+      TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 128, f.name, "the latent", field));
+      f.regions = {{"latent", ElementType::kFp8E4M3, latent, 0},
+                   {"scales", ElementType::kFp32, latent / 128, 0},
+                   {"rope", ElementType::kBf16, rope, 0}};
+      break;
+    case FormatId::kV4Fp8: {
+      TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 64, f.name, "the content dims", field));
+      uint64_t scales = latent / 64;
+      uint64_t pad = (8 - scales % 8) % 8;  // the scale row is padded to 8 B
+      f.regions = {{"nope", ElementType::kFp8E4M3, latent, 0},
+                   {"rope", ElementType::kBf16, rope, 0},
+                   {"scales", ElementType::kUe8m0, scales, 1}};
+      if (pad > 0) f.regions.push_back({"pad", ElementType::kPad8, pad, 1});
+      f.packing = Packing::kRegionMajor;
+      f.page_alignment = f.plane_bytes(0);  // 576 B for DeepSeek-V4
+      break;
+    }
+    case FormatId::kV41Fp8:
+      TESSERA_RETURN_IF_ERROR(NeedDivisible(latent + rope, 32, f.name, "content + rope dims", field));
+      f.regions = {{"data", ElementType::kFp8E4M3, latent + rope, 0},
+                   {"scales", ElementType::kUe8m0, (latent + rope) / 32, 0}};
+      break;
+    case FormatId::kV4Seed:
+      f.regions = {{"rope", ElementType::kBf16, rope, 0}, {"nope", ElementType::kFp8E4M3, latent, 0}};
+      break;
+    default:
+      return Status(StatusCode::kInternal, std::string(field), f.name + " is not a latent format");
+  }
+  return Status::Ok();
+}
+
+Status FillIndexerRegions(FormatId id, const Geometry& g, std::string_view field, RecordFormat& f) {
+  if (g.index_head_dim == 0) {
+    return InvalidArgument(std::string(field), f.name + " needs index_head_dim, which " + g.name + " lacks");
+  }
+  uint64_t d = g.index_head_dim;
+  if (id == FormatId::kIndexerFp8) {
+    f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 0}};
+  } else if (id == FormatId::kIndexerMxfp4) {
+    TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 32, f.name, "index_head_dim", field));
+    f.regions = {{"key", ElementType::kFp4E2M1, d, 0}, {"scales", ElementType::kUe8m0, d / 32, 0}};
+  } else {
+    TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 2, f.name, "index_head_dim", field));
+    f.regions = {{"key", ElementType::kFp4E2M1, d, 0}};
+  }
+  return Status::Ok();
+}
+
+// Region::bits() and record_bytes() multiply and add unchecked: every record built here is
+// checked once, so that a format that exists has a record size that fits in 64 bits.
+Status CheckRegions(const RecordFormat& f, const Geometry& g, std::string_view field) {
+  for (const Region& r : f.regions) {
+    if (r.count == 0) {
+      return InvalidArgument(std::string(field), f.name + " region \"" + r.name + "\" would be empty for " + g.name);
+    }
+  }
+  Checked bits(0);
+  for (const Region& r : f.regions) bits += Checked(r.count) * ElementBits(r.type);
+  if (bits.overflowed()) {
+    const bool mha = f.use == FormatUse::kKv;
+    return OutOfRange(mha ? "head_dim" : std::string(field),
+                      f.name + " records of " + g.name + " do not fit in 64 bits" +
+                          (mha ? " (heads x head_dim is " + std::to_string(f.regions[0].count) + ")" : ""));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<FormatInfo> FormatCatalog() {
@@ -168,6 +293,7 @@ RecordFormat CompressorStateFormat(uint32_t floats) {
   f.name = "v4-compressor-state";
   f.description = "fp32 compressor state slot";
   f.use = FormatUse::kState;
+  f.family = FormatFamily::kCompressorState;
   f.regions = {{"state", ElementType::kFp32, floats, 0}};
   return f;
 }
@@ -186,85 +312,19 @@ Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::
   f.name = def->name;
   f.description = def->description;
   f.use = def->use;
-  const uint64_t latent = g.latent_dim;
-  const uint64_t rope = g.qk_rope_head_dim;
-
-  if (name == "mha-bf16" || name == "mha-fp8") {
-    ElementType t = name == "mha-bf16" ? ElementType::kBf16 : ElementType::kFp8E4M3;
-    // 32-bit heads times a 32-bit head_dim: up to 64 bits, then bits and bytes on top. Checked
-    // below with the record's total; a wrapped width would price a record at 0 B.
-    uint64_t width = static_cast<uint64_t>(g.mha_heads()) * g.mha_head_dim();
-    f.regions = {{"k", t, width, 0}, {"v", t, width, 0}};
-  } else if (name == "expanded-bf16") {
-    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    Checked heads(g.num_attention_heads);
-    Checked k = heads * (Checked(g.qk_nope_head_dim) + rope), v = heads * g.v_head_dim;
-    if (k.overflowed() || v.overflowed()) {
-      return OutOfRange("head_dim",
-                        std::string(name) + " records of " + g.name + " (heads x head dims) do not fit in 64 bits");
-    }
-    f.regions = {{"k", ElementType::kBf16, k.value(), 0}, {"v", ElementType::kBf16, v.value(), 0}};
-  } else if (name == "mla-bf16" || name == "mla-fp16") {
-    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    ElementType t = name == "mla-bf16" ? ElementType::kBf16 : ElementType::kFp16;
-    f.regions = {{"latent", t, latent, 0}, {"rope", t, rope, 0}};
-  } else if (name == "fp8_ds_mla") {
-    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 128, name, "the latent", field));
-    f.regions = {{"latent", ElementType::kFp8E4M3, latent, 0},
-                 {"scales", ElementType::kFp32, latent / 128, 0},
-                 {"rope", ElementType::kBf16, rope, 0}};
-  } else if (name == "v4-fp8") {
-    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 64, name, "the content dims", field));
-    uint64_t scales = latent / 64;
-    uint64_t pad = (8 - scales % 8) % 8;  // the scale row is padded to 8 B
-    f.regions = {{"nope", ElementType::kFp8E4M3, latent, 0},
-                 {"rope", ElementType::kBf16, rope, 0},
-                 {"scales", ElementType::kUe8m0, scales, 1}};
-    if (pad > 0) f.regions.push_back({"pad", ElementType::kPad8, pad, 1});
-    f.packing = Packing::kRegionMajor;
-    f.page_alignment = f.plane_bytes(0);  // 576 B for DeepSeek-V4
-  } else if (name == "v41-fp8") {
-    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    TESSERA_RETURN_IF_ERROR(NeedDivisible(latent + rope, 32, name, "content + rope dims", field));
-    f.regions = {{"data", ElementType::kFp8E4M3, latent + rope, 0},
-                 {"scales", ElementType::kUe8m0, (latent + rope) / 32, 0}};
-  } else if (name == "v4-seed") {
-    TESSERA_RETURN_IF_ERROR(NeedMla(g, name, field));
-    f.regions = {{"rope", ElementType::kBf16, rope, 0}, {"nope", ElementType::kFp8E4M3, latent, 0}};
-  } else if (name == "indexer-fp8" || name == "indexer-mxfp4" || name == "indexer-fp4-seed") {
-    if (g.index_head_dim == 0) {
-      return InvalidArgument(std::string(field),
-                             std::string(name) + " needs index_head_dim, which " + g.name + " lacks");
-    }
-    uint64_t d = g.index_head_dim;
-    if (name == "indexer-fp8") {
-      f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 0}};
-    } else if (name == "indexer-mxfp4") {
-      TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 32, name, "index_head_dim", field));
-      f.regions = {{"key", ElementType::kFp4E2M1, d, 0}, {"scales", ElementType::kUe8m0, d / 32, 0}};
-    } else {
-      TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 2, name, "index_head_dim", field));
-      f.regions = {{"key", ElementType::kFp4E2M1, d, 0}};
-    }
+  f.family = def->family;
+  switch (def->use) {
+    case FormatUse::kKv:
+      TESSERA_RETURN_IF_ERROR(FillHeadRegions(def->id, g, field, f));
+      break;
+    case FormatUse::kIndexer:
+      TESSERA_RETURN_IF_ERROR(FillIndexerRegions(def->id, g, field, f));
+      break;
+    default:
+      TESSERA_RETURN_IF_ERROR(FillLatentRegions(def->id, g, field, f));
+      break;
   }
-  for (const Region& r : f.regions) {
-    if (r.count == 0) {
-      return InvalidArgument(std::string(field),
-                             std::string(name) + " region \"" + r.name + "\" would be empty for " + g.name);
-    }
-  }
-  // Region::bits() and record_bytes() multiply and add unchecked: every record built here is
-  // checked once, so that a format that exists has a record size that fits in 64 bits.
-  Checked bits(0);
-  for (const Region& r : f.regions) bits += Checked(r.count) * ElementBits(r.type);
-  if (bits.overflowed()) {
-    const bool mha = f.use == FormatUse::kKv;
-    return OutOfRange(mha ? "head_dim" : std::string(field),
-                      std::string(name) + " records of " + g.name + " do not fit in 64 bits" +
-                          (mha ? " (heads x head_dim is " + std::to_string(f.regions[0].count) + ")" : ""));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckRegions(f, g, field));
   return f;
 }
 
@@ -303,13 +363,16 @@ float RegionView::Get(uint64_t i) const {
       std::memcpy(&v, b + 4 * i, 4);
       return v;
     }
-    case ElementType::kFp8E4M3: return DecodeE4M3(static_cast<uint8_t>(b[i]));
-    case ElementType::kUe8m0: return DecodeUE8M0(static_cast<uint8_t>(b[i]));
+    case ElementType::kFp8E4M3:
+      return DecodeE4M3(static_cast<uint8_t>(b[i]));
+    case ElementType::kUe8m0:
+      return DecodeUE8M0(static_cast<uint8_t>(b[i]));
     case ElementType::kFp4E2M1: {
       uint8_t byte = static_cast<uint8_t>(b[i / 2]);
       return DecodeE2M1(i % 2 == 0 ? byte & 0x0f : byte >> 4);
     }
-    case ElementType::kPad8: return 0.0f;
+    case ElementType::kPad8:
+      return 0.0f;
   }
   return 0.0f;
 }

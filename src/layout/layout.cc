@@ -1,6 +1,7 @@
 #include "tessera/layout.h"
 
 #include <algorithm>
+#include <map>
 
 #include "tessera/checked.h"
 
@@ -106,9 +107,12 @@ Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compre
 
 std::string_view SwaStrategyName(SwaStrategy s) {
   switch (s) {
-    case SwaStrategy::kRecompute: return "recompute";
-    case SwaStrategy::kSnapshot: return "snapshot";
-    case SwaStrategy::kRetain: return "retain";
+    case SwaStrategy::kRecompute:
+      return "recompute";
+    case SwaStrategy::kSnapshot:
+      return "snapshot";
+    case SwaStrategy::kRetain:
+      return "retain";
   }
   return "?";
 }
@@ -117,7 +121,241 @@ Result<SwaStrategy> ParseSwaStrategy(std::string_view name) {
   if (name == "recompute") return SwaStrategy::kRecompute;
   if (name == "snapshot") return SwaStrategy::kSnapshot;
   if (name == "retain") return SwaStrategy::kRetain;
-  return InvalidArgument("swa-strategy", "unknown strategy \"" + std::string(name) + "\" (known: recompute, snapshot, retain)");
+  return InvalidArgument("swa-strategy",
+                         "unknown strategy \"" + std::string(name) + "\" (known: recompute, snapshot, retain)");
+}
+
+}  // namespace tessera
+
+namespace tessera {
+
+std::string DefaultKvFormat(const Geometry& g) {
+  if (g.is_hybrid) return "v4-fp8";
+  if (!g.is_mla) return "mha-bf16";
+  for (const LayerSpec& l : g.layers) {
+    if (l.kind == LayerKind::kMlaSparse) return "fp8_ds_mla";
+  }
+  return "mla-bf16";
+}
+
+std::string DefaultIndexerFormat(const Geometry& g, const RecordFormat& main_format) {
+  if (g.index_head_dim == 0) return "";
+  // The seed note's figures pair its structural record with its structural indexer.
+  if (main_format.family == FormatFamily::kSeed) return "indexer-fp4-seed";
+  return "indexer-fp8";
+}
+
+Status CheckTensorParallel(const Geometry& g, uint32_t tp) {
+  if (tp == 0) return InvalidArgument("tp", "must be positive");
+  if (!g.is_mla && tp > g.num_kv_heads && tp % g.num_kv_heads != 0) {
+    return InvalidArgument(
+        "tp", std::to_string(tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
+  }
+  if (!g.is_mla && tp <= g.num_kv_heads && g.num_kv_heads % tp != 0) {
+    return InvalidArgument(
+        "tp", std::to_string(g.num_kv_heads) + " KV heads cannot be split over " + std::to_string(tp) + " ranks");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// The formats one rank stores: the main record (MHA heads shard over tensor-parallel ranks; an
+// MLA latent is one KV head, so every rank keeps all of it) and the indexer's.
+struct RankFormats {
+  RecordFormat main;
+  std::optional<RecordFormat> indexer;
+  bool expanded = false;  // a per-head format replaces the latent of an MLA model
+};
+
+Status CheckMainUse(const Geometry& g, const CacheMap& map) {
+  const RecordFormat& f = map.main_format;
+  bool needs_kv = !g.is_mla;
+  if (needs_kv != (f.use == FormatUse::kKv) && !(g.is_mla && f.use == FormatUse::kKv)) {
+    return InvalidArgument("kv-format", map.kv_format + " is a " + std::string(FormatUseName(f.use)) + " format; " +
+                                            g.name + " needs a " + (needs_kv ? "kv" : "latent") + " format");
+  }
+  if (f.use == FormatUse::kIndexer) {
+    return InvalidArgument("kv-format", map.kv_format + " is an indexer format; pass it as --indexer-format");
+  }
+  return Status::Ok();
+}
+
+bool HasIndexer(const Geometry& g) {
+  for (const LayerSpec& l : g.layers) {
+    for (const CacheSpec& c : l.caches) {
+      if (c.role == CacheRole::kIndexer) return true;
+    }
+  }
+  return false;
+}
+
+Result<RankFormats> ResolveFormats(const Geometry& g, const CacheLayoutOptions& o, CacheMap& map) {
+  RankFormats rank;
+  map.kv_format = o.kv_format.empty() ? DefaultKvFormat(g) : o.kv_format;
+  TESSERA_ASSIGN_OR_RETURN(map.main_format, BuildFormat(map.kv_format, g, "kv-format"));
+  Geometry rank_geometry = g;
+  rank_geometry.num_kv_heads = std::max<uint32_t>(1, g.num_kv_heads / o.tp);
+  rank_geometry.num_attention_heads = std::max<uint32_t>(1, g.num_attention_heads / o.tp);
+  TESSERA_ASSIGN_OR_RETURN(rank.main, BuildFormat(map.kv_format, rank_geometry, "kv-format"));
+  TESSERA_RETURN_IF_ERROR(CheckMainUse(g, map));
+  map.indexer_format = o.indexer_format.empty() ? DefaultIndexerFormat(g, map.main_format) : o.indexer_format;
+  if (HasIndexer(g)) {
+    TESSERA_ASSIGN_OR_RETURN(RecordFormat f, BuildFormat(map.indexer_format, g, "indexer-format"));
+    if (f.use != FormatUse::kIndexer) {
+      return InvalidArgument("indexer-format", map.indexer_format + " is not an indexer format");
+    }
+    rank.indexer = std::move(f);
+  } else if (!o.indexer_format.empty()) {
+    return InvalidArgument("indexer-format", g.name + " has no indexer");
+  }
+  // A per-head expanded format on an MLA model replaces the latent: the whole model is then
+  // cached the way an expanding stack caches it.
+  rank.expanded = g.is_mla && map.main_format.use == FormatUse::kKv;
+  if (rank.expanded && g.is_hybrid) {
+    return InvalidArgument("kv-format", map.kv_format + " cannot describe " + g.name + "'s compressed layers");
+  }
+  return rank;
+}
+
+// Layers whose cache of one role shares a line.
+struct LineKey {
+  LayerKind kind;
+  CacheRole role;
+  bool mtp;
+  uint32_t ratio;
+  uint32_t slots;
+  uint32_t floats;
+  auto operator<=>(const LineKey&) const = default;
+};
+
+CacheLineSpec NewLine(const LineKey& key, const CacheMap& map, const RankFormats& rank) {
+  CacheLineSpec line;
+  line.name = std::string(key.mtp ? "mtp." : "") + std::string(LayerKindName(key.kind)) + "." +
+              std::string(CacheRoleName(key.role));
+  line.layer_kind = key.kind;
+  line.role = key.role;
+  line.mtp = key.mtp;
+  line.compress_ratio = key.ratio;
+  line.slots = key.slots;
+  line.state_floats = key.floats;
+  switch (key.role) {
+    case CacheRole::kKv:
+    case CacheRole::kLatent:
+    case CacheRole::kCompressed:
+    case CacheRole::kWindow:
+      line.format = rank.main;
+      line.record_bytes = map.main_format.record_bytes();
+      return line;
+    case CacheRole::kIndexer:
+      line.format = *rank.indexer;
+      break;
+    case CacheRole::kCompressorState:
+    case CacheRole::kIndexerCompressorState:
+      line.format = CompressorStateFormat(key.floats);
+      break;
+  }
+  line.record_bytes = line.format.record_bytes();
+  return line;
+}
+
+}  // namespace
+
+Result<CacheMap> MapCaches(const Geometry& g, const CacheLayoutOptions& options) {
+  TESSERA_RETURN_IF_ERROR(CheckTensorParallel(g, options.tp));
+  CacheMap map;
+  TESSERA_ASSIGN_OR_RETURN(RankFormats rank, ResolveFormats(g, options, map));
+  std::map<LineKey, size_t> index;
+  for (const LayerSpec& layer : g.layers) {
+    if (layer.is_mtp && !options.include_mtp) continue;
+    ++map.layers_counted;
+    for (const CacheSpec& spec : layer.caches) {
+      if (rank.expanded && spec.role == CacheRole::kIndexer) continue;
+      LineKey key{layer.kind,   rank.expanded ? CacheRole::kKv : spec.role,
+                  layer.is_mtp, spec.compress_ratio,
+                  spec.slots,   spec.state_floats};
+      auto [it, inserted] = index.try_emplace(key, map.lines.size());
+      if (inserted) map.lines.push_back(NewLine(key, map, rank));
+      map.lines[it->second].model_layers.push_back(layer.index);
+    }
+  }
+  return map;
+}
+
+namespace {
+
+std::string GroupName(const CacheLineSpec& line) {
+  std::string name(CacheRoleName(line.role));
+  if (IsPaged(line.role)) return name + "/" + std::to_string(line.compress_ratio);
+  if (line.role != CacheRole::kWindow) return name + "/" + std::to_string(line.slots);
+  return name;
+}
+
+// The group that holds `line`, created (with its page layout) when it is the first of its kind.
+Result<uint32_t> GroupFor(const CacheLineSpec& line, uint32_t block_tokens, std::vector<CacheGroup>& groups) {
+  const std::string name = GroupName(line);
+  for (uint32_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].name == name && groups[i].format == line.format && groups[i].slots == line.slots) return i;
+  }
+  CacheGroup fresh;
+  fresh.name = name;
+  fresh.role = line.role;
+  fresh.format = line.format;
+  fresh.in_pages = IsPaged(line.role);
+  fresh.compress_ratio = line.compress_ratio;
+  fresh.slots = line.slots;
+  fresh.state_floats = line.state_floats;
+  if (fresh.in_pages) {
+    TESSERA_ASSIGN_OR_RETURN(fresh.page, ComputePageLayout(line.format, line.compress_ratio, block_tokens));
+  }
+  groups.push_back(std::move(fresh));
+  return static_cast<uint32_t>(groups.size() - 1);
+}
+
+}  // namespace
+
+Result<CacheLayout> LayoutCaches(const Geometry& g, CacheMap caches, const CacheLayoutOptions& options) {
+  CacheLayout layout;
+  static_cast<CacheMap&>(layout) = std::move(caches);
+  std::vector<uint32_t> ratios;
+  for (const CacheLineSpec& l : layout.lines) {
+    if (IsPaged(l.role)) ratios.push_back(l.compress_ratio);
+  }
+  TESSERA_ASSIGN_OR_RETURN(layout.block, ChooseBlockTokens(ratios, g.is_mla, options.kernel, options.block_tokens));
+  for (const CacheLineSpec& line : layout.lines) {
+    TESSERA_ASSIGN_OR_RETURN(uint32_t gi, GroupFor(line, layout.block.block_tokens, layout.groups));
+    CacheGroup& group = layout.groups[gi];
+    layout.group_of_line.push_back(gi);
+    group.lines.push_back(line.name);
+    group.model_layers.insert(group.model_layers.end(), line.model_layers.begin(), line.model_layers.end());
+    group.layers = static_cast<uint32_t>(group.model_layers.size());
+  }
+  for (CacheGroup& group : layout.groups) {
+    // Layer indices ascend in model order (main layers, then MTP layers).
+    std::sort(group.model_layers.begin(), group.model_layers.end());
+    if (group.in_pages) continue;
+    Checked ring = Checked(group.layers) * group.slots * group.format.record_bytes();
+    if (ring.overflowed()) return OutOfRange("sliding_window", "the " + group.name + " rings overflow 64 bits");
+    group.bytes_per_request = ring.value();
+  }
+  return layout;
+}
+
+Result<CacheLayout> ComputeCacheLayout(const Geometry& g, const CacheLayoutOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(CacheMap caches, MapCaches(g, options));
+  return LayoutCaches(g, std::move(caches), options);
+}
+
+Status CheckWindowStrategy(const CacheLayout& layout, SwaStrategy strategy) {
+  if (strategy != SwaStrategy::kRetain) return Status::Ok();
+  uint64_t window = 0;
+  for (const CacheGroup& group : layout.groups) {
+    if (group.role == CacheRole::kWindow) window = std::max<uint64_t>(window, group.slots);
+  }
+  if (window == 0 || layout.block.block_tokens % window == 0) return Status::Ok();
+  return InvalidArgument("swa-strategy", "retain keeps window chunks of " + std::to_string(window) +
+                                             " tokens; the block span " + std::to_string(layout.block.block_tokens) +
+                                             " is not a multiple of it");
 }
 
 }  // namespace tessera

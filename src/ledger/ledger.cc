@@ -1,9 +1,10 @@
 #include "tessera/ledger.h"
 
 #include <algorithm>
-#include <map>
+#include <memory>
+#include <string>
 
-#include "engine.h"
+#include "engine_profile.h"
 #include "tessera/checked.h"
 
 namespace tessera {
@@ -41,90 +42,53 @@ const LayerKindSummary* Ledger::FindKind(LayerKind kind) const {
   return nullptr;
 }
 
-uint64_t Ledger::TermBytes(std::string_view name) const {
+uint64_t Ledger::TermBytes(LedgerTerm term) const {
   for (const Term& t : terms) {
-    if (t.name == name) return t.bytes;
+    if (t.term == term) return t.bytes;
   }
   return 0;
 }
 
-std::vector<CacheGroup> BuildCacheMap(const Ledger& ledger) {
-  std::vector<CacheGroup> groups;
-  for (const CacheLine& line : ledger.lines) {
-    std::string name = std::string(CacheRoleName(line.role));
-    if (line.in_pages) {
-      name += "/" + std::to_string(line.compress_ratio);
-    } else if (line.role != CacheRole::kWindow) {
-      name += "/" + std::to_string(line.slots);
-    }
-    CacheGroup* g = nullptr;
-    for (CacheGroup& existing : groups) {
-      bool same = existing.name == name && existing.format.name == line.format.name &&
-                  existing.format.record_bytes() == line.format.record_bytes() && existing.in_pages == line.in_pages &&
-                  existing.slots == line.slots;
-      if (same) g = &existing;
-    }
-    if (g == nullptr) {
-      CacheGroup fresh;
-      fresh.name = name;
-      fresh.role = line.role;
-      fresh.format = line.format;
-      fresh.in_pages = line.in_pages;
-      fresh.compress_ratio = line.compress_ratio;
-      fresh.page = line.page;
-      fresh.slots = line.slots;
-      groups.push_back(std::move(fresh));
-      g = &groups.back();
-    }
-    g->layers += line.layers;
-    g->lines.push_back(line.name);
-    if (!line.in_pages) g->bytes_per_request = uint64_t{g->layers} * g->slots * g->format.record_bytes();
+std::string_view LedgerTermName(LedgerTerm term) {
+  switch (term) {
+    case LedgerTerm::kRecords:
+      return "records";
+    case LedgerTerm::kPageRounding:
+      return "page_rounding";
+    case LedgerTerm::kAlignmentPadding:
+      return "alignment_padding";
+    case LedgerTerm::kRingCapacity:
+      return "ring_capacity";
+    case LedgerTerm::kSpeculativeSlots:
+      return "speculative_slots";
+    case LedgerTerm::kBlockMetadata:
+      return "block_metadata";
+    case LedgerTerm::kBoundaryState:
+      return "boundary_state";
+    case LedgerTerm::kUniformBlockPadding:
+      return "uniform_block_padding";
   }
-  return groups;
+  return "?";
 }
 
-std::string DefaultKvFormat(const Geometry& g) {
-  if (g.is_hybrid) return "v4-fp8";
-  if (!g.is_mla) return "mha-bf16";
-  for (const LayerSpec& l : g.layers) {
-    if (l.kind == LayerKind::kMlaSparse) return "fp8_ds_mla";
+std::string_view LedgerPhaseName(LedgerPhase phase) {
+  switch (phase) {
+    case LedgerPhase::kAdmission:
+      return "admission";
+    case LedgerPhase::kPrefillPeak:
+      return "prefill_peak";
+    case LedgerPhase::kDecode:
+      return "decode";
   }
-  return "mla-bf16";
+  return "?";
 }
-
-std::string DefaultIndexerFormat(const Geometry& g, std::string_view kv_format) {
-  if (g.index_head_dim == 0) return "";
-  if (kv_format == "v4-seed") return "indexer-fp4-seed";
-  return "indexer-fp8";
-}
-
-namespace detail {
-
-Checked Entries(uint64_t tokens, uint32_t ratio) { return Checked(ratio <= 1 ? tokens : tokens / ratio); }
-
-uint64_t WindowBlocksHeld(uint64_t tokens, uint64_t window, uint64_t block_tokens) {
-  if (tokens == 0) return 0;
-  uint64_t first = tokens > window ? tokens - window : 0;
-  return CeilDiv(tokens, block_tokens) - first / block_tokens;
-}
-
-}  // namespace detail
 
 namespace {
 
 using detail::Entries;
+using detail::LayoutOptionsOf;
 
-struct LineKey {
-  LayerKind kind;
-  CacheRole role;
-  bool mtp;
-  uint32_t ratio;
-  uint32_t slots;
-  uint32_t floats;
-  auto operator<=>(const LineKey&) const = default;
-};
-
-Status ValidateOptions(const Geometry& g, const LedgerOptions& o) {
+Status ValidateOptions(const LedgerOptions& o) {
   if (o.context_tokens == 0) return InvalidArgument("context", "must be a positive token count");
   if (o.batch == 0) return InvalidArgument("batch", "must be positive");
   if (o.tp == 0) return InvalidArgument("tp", "must be positive");
@@ -138,15 +102,27 @@ Status ValidateOptions(const Geometry& g, const LedgerOptions& o) {
   if (o.context_tokens > (uint64_t{1} << 62)) {
     return OutOfRange("context", std::to_string(o.context_tokens) + " tokens is beyond 2^62");
   }
-  if (!g.is_mla && o.tp > g.num_kv_heads && o.tp % g.num_kv_heads != 0) {
-    return InvalidArgument(
-        "tp", std::to_string(o.tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
-  }
-  if (!g.is_mla && o.tp <= g.num_kv_heads && g.num_kv_heads % o.tp != 0) {
-    return InvalidArgument(
-        "tp", std::to_string(g.num_kv_heads) + " KV heads cannot be split over " + std::to_string(o.tp) + " ranks");
-  }
+  // The KV heads a rank holds: MapCaches checks them next (CheckTensorParallel).
   return Status::Ok();
+}
+
+// A ledger line from the layout's: the structure, and the per-token figures of the whole model
+// (not per rank).
+CacheLine LineOf(const CacheLineSpec& spec) {
+  CacheLine line;
+  line.name = spec.name;
+  line.layer_kind = spec.layer_kind;
+  line.role = spec.role;
+  line.mtp = spec.mtp;
+  line.layers = static_cast<uint32_t>(spec.model_layers.size());
+  line.format = spec.format;
+  line.record_bytes = spec.record_bytes;
+  line.grows = IsPaged(spec.role);
+  line.compress_ratio = spec.compress_ratio;
+  line.slots = spec.slots;
+  line.bytes_per_token_per_layer =
+      line.grows ? Fraction(line.record_bytes, line.compress_ratio) : Fraction::Integer(line.record_bytes);
+  return line;
 }
 
 // Shape of one cache line's tensor for the whole batch.
@@ -166,121 +142,106 @@ void FillShape(CacheLine& line, const Geometry& g, uint64_t batch, uint64_t toke
   }
 }
 
-}  // namespace
-
-Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
-  TESSERA_RETURN_IF_ERROR(ValidateOptions(g, options));
-  Ledger ledger;
-  ledger.model = g.name;
-  ledger.model_type = g.model_type;
-  ledger.config_sha256 = g.config_sha256;
-  ledger.options = options;
-  ledger.notes = g.notes;
-  ledger.kv_format = options.kv_format.empty() ? DefaultKvFormat(g) : options.kv_format;
-  ledger.indexer_format =
-      options.indexer_format.empty() ? DefaultIndexerFormat(g, ledger.kv_format) : options.indexer_format;
-
-  // Formats, for the whole model and for one rank (MHA heads shard over tensor-parallel ranks;
-  // an MLA latent is one KV head, so every rank keeps all of it).
-  TESSERA_ASSIGN_OR_RETURN(RecordFormat main_format, BuildFormat(ledger.kv_format, g, "kv-format"));
-  Geometry rank_geometry = g;
-  rank_geometry.num_kv_heads = std::max<uint32_t>(1, g.num_kv_heads / options.tp);
-  rank_geometry.num_attention_heads = std::max<uint32_t>(1, g.num_attention_heads / options.tp);
-  TESSERA_ASSIGN_OR_RETURN(RecordFormat rank_main_format, BuildFormat(ledger.kv_format, rank_geometry, "kv-format"));
-  bool needs_kv = !g.is_mla;
-  if (needs_kv != (main_format.use == FormatUse::kKv)) {
-    if (!(g.is_mla && main_format.use == FormatUse::kKv)) {
-      return InvalidArgument("kv-format", ledger.kv_format + " is a " + std::string(FormatUseName(main_format.use)) +
-                                              " format; " + g.name + " needs a " + (needs_kv ? "kv" : "latent") +
-                                              " format");
+// Entries one generated token reads from a line (one sequence, one rank): dense MLA/MHA every
+// cached token; DSA (V3.2) the top-k records and an indexer scan of every token; CSA the top-k
+// compressed entries, HCA every compressed entry; the window ring; compressor state is not read.
+uint64_t ReadEntries(const CacheLine& line, const Geometry& g, uint64_t n) {
+  switch (line.role) {
+    case CacheRole::kKv:
+      return n;
+    case CacheRole::kLatent:
+      return line.layer_kind == LayerKind::kMlaSparse ? std::min<uint64_t>(n, g.index_topk) : n;
+    case CacheRole::kCompressed: {
+      uint64_t e = Entries(n, line.compress_ratio).value();
+      return line.layer_kind == LayerKind::kCsa ? std::min<uint64_t>(e, g.index_topk) : e;
     }
+    case CacheRole::kIndexer:
+      return Entries(n, line.compress_ratio).value();
+    case CacheRole::kWindow:
+      return std::min<uint64_t>(n, line.slots);
+    case CacheRole::kCompressorState:
+    case CacheRole::kIndexerCompressorState:
+      return 0;
   }
-  if (main_format.use == FormatUse::kIndexer) {
-    return InvalidArgument("kv-format", ledger.kv_format + " is an indexer format; pass it as --indexer-format");
+  return 0;
+}
+
+// A per-request figure for the whole batch; errors name the input that drove it past 64 bits.
+Result<uint64_t> ForBatch(Checked per_request, uint64_t batch, std::string_view what) {
+  if (per_request.overflowed()) return OutOfRange("context", std::string(what) + " overflows 64 bits");
+  Checked total = per_request * batch;
+  if (total.overflowed()) return OutOfRange("batch", std::string(what) + " overflows 64 bits at this batch");
+  return total.value();
+}
+
+// What each window-persistence strategy costs per cached block boundary (models with windows),
+// whatever the engine.
+Status ReportWindowStrategies(Ledger& ledger) {
+  TESSERA_ASSIGN_OR_RETURN(detail::BoundaryBytes b, detail::WindowBoundaryBytes(ledger.lines));
+  if (b.window_tokens == 0) return Status::Ok();
+  ledger.swa_strategies = {
+      {SwaStrategy::kRecompute, 0, 0, b.window_tokens},
+      {SwaStrategy::kSnapshot, b.window + b.compressor, b.window + b.compressor, 0},
+      {SwaStrategy::kRetain, b.window + b.compressor, b.compressor, 0},
+  };
+  return Status::Ok();
+}
+
+// The engine's per-rank figures as the ledger's totals, phases and terms. Returns the busiest
+// rank's cost (its lines' figures go to the ledger's lines).
+Result<detail::RankCost> PriceRanks(const detail::EngineProfile& profile, const LedgerOptions& o, Ledger& ledger) {
+  // Decode context parallelism interleaves tokens over dcp ranks: the busiest holds the rounding.
+  ledger.tokens_per_rank = o.context_tokens / o.dcp + (o.context_tokens % o.dcp > 0 ? 1 : 0);
+  const uint64_t n = ledger.tokens_per_rank;
+  detail::RankCost busiest = profile.CostPerRank(ledger, n);
+  TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes, ForBatch(busiest.committed, o.batch, "committed bytes"));
+  TESSERA_ASSIGN_OR_RETURN(uint64_t admission, ForBatch(profile.Admission(ledger, n), o.batch, "reserved bytes"));
+  ledger.reserved_at_admission_bytes = admission;
+  Checked all_ranks = profile.AllRanks(ledger, busiest);
+  if (all_ranks.overflowed()) return OutOfRange("tp", "committed bytes over all ranks overflow 64 bits");
+  TESSERA_ASSIGN_OR_RETURN(ledger.committed_bytes_all_ranks,
+                           ForBatch(all_ranks, o.batch, "committed bytes over all ranks"));
+  TESSERA_ASSIGN_OR_RETURN(uint64_t prefill, ForBatch(profile.PrefillPeak(ledger, n), o.batch, "prefill bytes"));
+  ledger.phases = {{LedgerPhase::kAdmission, admission},
+                   {LedgerPhase::kPrefillPeak, prefill},
+                   {LedgerPhase::kDecode, ledger.committed_bytes}};
+  if (!ledger.swa_strategies.empty()) ledger.cached_boundaries = n / ledger.block_tokens;
+  for (const auto& [term, bytes] : busiest.terms) {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t b, ForBatch(bytes, o.batch, LedgerTermName(term)));
+    ledger.terms.push_back({term, b});
   }
-  std::optional<RecordFormat> indexer_format;
-  bool has_indexer = false;
-  for (const LayerSpec& l : g.layers) {
-    for (const CacheSpec& c : l.caches) has_indexer = has_indexer || c.role == CacheRole::kIndexer;
-  }
-  if (has_indexer) {
-    TESSERA_ASSIGN_OR_RETURN(RecordFormat f, BuildFormat(ledger.indexer_format, g, "indexer-format"));
-    if (f.use != FormatUse::kIndexer) {
-      return InvalidArgument("indexer-format", ledger.indexer_format + " is not an indexer format");
+  return busiest;
+}
+
+// Per line: committed bytes and their terms (the busiest rank's), and bytes read per token.
+Status PriceLines(const Geometry& g, const LedgerOptions& o, const detail::RankCost& busiest, Ledger& ledger) {
+  Checked read(0);
+  for (size_t i = 0; i < ledger.lines.size(); ++i) {
+    CacheLine& line = ledger.lines[i];
+    TESSERA_ASSIGN_OR_RETURN(line.committed_bytes, ForBatch(busiest.lines[i].committed, o.batch, "committed bytes"));
+    for (const auto& [term, bytes] : busiest.lines[i].terms) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t b, ForBatch(bytes, o.batch, LedgerTermName(term)));
+      if (b > 0 || term == LedgerTerm::kRecords) line.terms.push_back({term, b});
     }
-    indexer_format = f;
-  } else if (!options.indexer_format.empty()) {
-    return InvalidArgument("indexer-format", g.name + " has no indexer");
+    Checked r = Checked(ReadEntries(line, g, ledger.tokens_per_rank)) * line.format.record_bytes() * line.layers;
+    line.read_bytes_per_token = r.value();
+    read += r;
   }
-  // A per-head expanded format on an MLA model replaces the latent: the whole model is then
-  // cached the way an expanding stack caches it.
-  bool expanded = g.is_mla && main_format.use == FormatUse::kKv;
-  if (expanded && g.is_hybrid) {
-    return InvalidArgument("kv-format", ledger.kv_format + " cannot describe " + g.name + "'s compressed layers");
-  }
+  if (read.overflowed()) return OutOfRange("context", "read bytes overflow 64 bits");
+  ledger.read_bytes_per_token = read.value();
+  Checked read_all = read * o.tp;
+  if (read_all.overflowed()) return OutOfRange("tp", "read bytes over all ranks overflow 64 bits");
+  ledger.read_bytes_per_token_all_ranks = read_all.value();
+  return Status::Ok();
+}
 
-  // Group layers into cache lines.
-  std::map<LineKey, size_t> index;
-  for (const LayerSpec& layer : g.layers) {
-    if (layer.is_mtp && !options.include_mtp) continue;
-    ++ledger.layers_counted;
-    for (const CacheSpec& spec : layer.caches) {
-      if (expanded && spec.role == CacheRole::kIndexer) continue;
-      LineKey key{layer.kind,   expanded ? CacheRole::kKv : spec.role,
-                  layer.is_mtp, spec.compress_ratio,
-                  spec.slots,   spec.state_floats};
-      auto [it, inserted] = index.try_emplace(key, ledger.lines.size());
-      if (inserted) {
-        CacheLine line;
-        line.layer_kind = layer.kind;
-        line.role = key.role;
-        line.mtp = layer.is_mtp;
-        line.grows = IsPaged(key.role);
-        line.compress_ratio = spec.compress_ratio;
-        line.slots = spec.slots;
-        line.name = std::string(layer.is_mtp ? "mtp." : "") + std::string(LayerKindName(layer.kind)) + "." +
-                    std::string(CacheRoleName(key.role));
-        switch (key.role) {
-          case CacheRole::kKv:
-          case CacheRole::kLatent:
-          case CacheRole::kCompressed:
-          case CacheRole::kWindow:
-            line.format = rank_main_format;
-            break;
-          case CacheRole::kIndexer:
-            line.format = *indexer_format;
-            break;
-          case CacheRole::kCompressorState:
-          case CacheRole::kIndexerCompressorState:
-            line.format = CompressorStateFormat(spec.state_floats);
-            break;
-        }
-        ledger.lines.push_back(std::move(line));
-      }
-      ++ledger.lines[it->second].layers;
-    }
-  }
-
-  // Per-token figures (whole model, not per rank).
-  for (CacheLine& line : ledger.lines) {
-    line.record_bytes = line.format.record_bytes();
-    if (line.role == CacheRole::kKv || line.role == CacheRole::kLatent || line.role == CacheRole::kCompressed ||
-        line.role == CacheRole::kWindow) {
-      line.record_bytes = main_format.record_bytes();
-    }
-    line.bytes_per_token_per_layer =
-        line.grows ? Fraction(line.record_bytes, line.compress_ratio) : Fraction::Integer(line.record_bytes);
-  }
-
-  // Engine: block spans, page layouts, committed bytes and terms.
-  TESSERA_RETURN_IF_ERROR(detail::ApplyEngine(g, options, main_format, ledger));
-
-  // Requested (logical, whole request, every rank's share together) and the MHA baseline.
+// Requested bytes (logical, whole request, every rank's share together) and tensor shapes.
+Status PriceRequested(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
   Checked requested(0);
   for (CacheLine& line : ledger.lines) {
-    Checked entries = line.grows ? Entries(options.context_tokens, line.compress_ratio)
-                                 : Checked(std::min<uint64_t>(options.context_tokens, line.slots));
-    Checked line_requested = entries * line.record_bytes * line.layers * options.batch;
+    Checked entries = line.grows ? Entries(o.context_tokens, line.compress_ratio)
+                                 : Checked(std::min<uint64_t>(o.context_tokens, line.slots));
+    Checked line_requested = entries * line.record_bytes * line.layers * o.batch;
     if (line_requested.overflowed()) {
       Checked one = entries * line.record_bytes * line.layers;
       return OutOfRange(one.overflowed() ? "context" : "batch",
@@ -288,32 +249,39 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
     }
     line.requested_bytes = line_requested.value();
     requested += line_requested;
-    FillShape(line, g, options.batch, options.context_tokens);
+    FillShape(line, g, o.batch, o.context_tokens);
   }
   if (requested.overflowed()) return OutOfRange("batch", "requested bytes overflow 64 bits");
   ledger.requested_bytes = requested.value();
+  return Status::Ok();
+}
 
-  // K and V, bf16: 2 x heads x head_dim x 2 B, each factor from the config.
+// The MHA-equivalent baseline: K and V, bf16: 2 x heads x head_dim x 2 B, each factor from the
+// config, for every token of every counted layer.
+Status PriceMhaBaseline(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
   Checked mha_record = Checked(2) * g.mha_heads() * g.mha_head_dim() * 2;
   if (mha_record.overflowed()) {
     return OutOfRange("head_dim", "the MHA-equivalent record (2 x heads x head_dim x 2 B) overflows 64 bits");
   }
   ledger.mha_bytes_per_token_per_layer = mha_record.value();
-  Checked mha = Checked(ledger.mha_bytes_per_token_per_layer) * options.context_tokens * ledger.layers_counted;
+  Checked mha = Checked(ledger.mha_bytes_per_token_per_layer) * o.context_tokens * ledger.layers_counted;
   if (mha.overflowed()) return OutOfRange("context", "MHA-equivalent bytes overflow 64 bits");
-  mha = mha * options.batch;
+  mha = mha * o.batch;
   if (mha.overflowed()) return OutOfRange("batch", "MHA-equivalent bytes overflow 64 bits");
   ledger.mha_equivalent_bytes = mha.value();
   if (ledger.requested_bytes > 0) ledger.mha_ratio = Fraction(ledger.mha_equivalent_bytes, ledger.requested_bytes);
+  return Status::Ok();
+}
 
-  // Per-layer-kind summaries.
+// Per-layer-kind summaries.
+Status SummarizeKinds(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
   for (const CacheLine& line : ledger.lines) {
     LayerKindSummary* s = nullptr;
     for (LayerKindSummary& k : ledger.kinds) {
       if (k.kind == line.layer_kind) s = &k;
     }
     if (s == nullptr) {
-      ledger.kinds.push_back({line.layer_kind, g.CountLayers(line.layer_kind, options.include_mtp), Fraction(), 0, 0});
+      ledger.kinds.push_back({line.layer_kind, g.CountLayers(line.layer_kind, o.include_mtp), Fraction(), 0, 0});
       s = &ledger.kinds.back();
     }
     // Lines of one kind hold the same layers (MTP lines are a kind's extra layers): sum per
@@ -329,6 +297,35 @@ Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
       if (line.role == CacheRole::kWindow) s->window_bytes_per_token = line.bytes_per_token_per_layer.num();
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
+  TESSERA_RETURN_IF_ERROR(ValidateOptions(options));
+  Ledger ledger;
+  ledger.model = g.name;
+  ledger.model_type = g.model_type;
+  ledger.config_sha256 = g.config_sha256;
+  ledger.options = options;
+  ledger.notes = g.notes;
+  TESSERA_ASSIGN_OR_RETURN(CacheMap caches, MapCaches(g, LayoutOptionsOf(options)));
+  ledger.kv_format = caches.kv_format;
+  ledger.indexer_format = caches.indexer_format;
+  ledger.layers_counted = caches.layers_counted;
+  for (const CacheLineSpec& spec : caches.lines) ledger.lines.push_back(LineOf(spec));
+
+  // The engine: block span, page layouts, then what one request holds per rank and phase.
+  std::unique_ptr<detail::EngineProfile> profile = detail::MakeEngineProfile(options.engine, {g, options, caches});
+  TESSERA_RETURN_IF_ERROR(profile->Plan(ledger));
+  TESSERA_RETURN_IF_ERROR(ReportWindowStrategies(ledger));
+  TESSERA_ASSIGN_OR_RETURN(detail::RankCost busiest, PriceRanks(*profile, options, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceLines(g, options, busiest, ledger));
+
+  TESSERA_RETURN_IF_ERROR(PriceRequested(g, options, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceMhaBaseline(g, options, ledger));
+  TESSERA_RETURN_IF_ERROR(SummarizeKinds(g, options, ledger));
   return ledger;
 }
 

@@ -152,11 +152,10 @@ Result<Receipt> BuildReceipt(const Geometry& g, const ReceiptRequest& req) {
   }
   j["inputs"] = in;
   ordered_json formats = ordered_json::array();
-  std::vector<std::string> seen;
+  std::vector<RecordFormat> seen;  // each format once, however many caches use it
   for (const CacheLine& c : ledger.lines) {
-    std::string key = c.format.name + "/" + std::to_string(c.format.record_bytes());
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-    seen.push_back(key);
+    if (std::find(seen.begin(), seen.end(), c.format) != seen.end()) continue;
+    seen.push_back(c.format);
     formats.push_back(FormatJson(c.format));
   }
   j["formats"] = formats;

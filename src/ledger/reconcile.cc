@@ -33,12 +33,12 @@ Result<Reconciliation> Reconcile(const Geometry& g, const Ledger& ledger, uint64
   const uint64_t rank_factor = all_ranks && ledger.committed_bytes > 0 ? ledger.options.tp : 1;
   std::vector<Candidate> candidates;
   for (const Term& t : ledger.terms) {
-    if (t.name == "records" || t.bytes == 0) continue;
+    if (t.term == LedgerTerm::kRecords || t.bytes == 0) continue;
     // Terms are per rank; over all ranks each appears on every rank (a close approximation
     // under DCP, exact otherwise).
     Checked b = Checked(t.bytes) * rank_factor;
     if (!b.overflowed() && b.value() <= kMaxSigned)
-      candidates.push_back({"-" + t.name, -static_cast<int64_t>(b.value())});
+      candidates.push_back({"-" + std::string(LedgerTermName(t.term)), -static_cast<int64_t>(b.value())});
   }
   // The MTP layer(s): held by an engine that runs MTP speculative decoding.
   if (g.num_mtp_layers > 0) {

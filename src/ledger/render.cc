@@ -140,7 +140,9 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
   j["mha_bytes_per_token_per_layer"] = l.mha_bytes_per_token_per_layer;
   j["mha_ratio"] = ExactJson(l.mha_ratio);
   ordered_json phases = ordered_json::array();
-  for (const Term& t : l.phases) phases.push_back({{"phase", t.name}, {"bytes", t.bytes}});
+  for (const PhaseBytes& p : l.phases) {
+    phases.push_back({{"phase", std::string(LedgerPhaseName(p.phase))}, {"bytes", p.bytes}});
+  }
   j["phases"] = phases;
   if (!l.swa_strategies.empty()) {
     ordered_json st = ordered_json::array();
@@ -154,7 +156,7 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
     j["cached_boundaries"] = l.cached_boundaries;
   }
   ordered_json terms = ordered_json::array();
-  for (const Term& t : l.terms) terms.push_back({{"name", t.name}, {"bytes", t.bytes}});
+  for (const Term& t : l.terms) terms.push_back({{"name", std::string(LedgerTermName(t.term))}, {"bytes", t.bytes}});
   j["committed_terms"] = terms;
   ordered_json kinds = ordered_json::array();
   for (const LayerKindSummary& k : l.kinds) {
@@ -199,7 +201,7 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
     cj["requested_bytes"] = c.requested_bytes;
     cj["committed_bytes"] = c.committed_bytes;
     ordered_json ct = ordered_json::array();
-    for (const Term& t : c.terms) ct.push_back({{"name", t.name}, {"bytes", t.bytes}});
+    for (const Term& t : c.terms) ct.push_back({{"name", std::string(LedgerTermName(t.term))}, {"bytes", t.bytes}});
     cj["committed_terms"] = ct;
     cj["read_bytes_per_token"] = c.read_bytes_per_token;
     caches.push_back(cj);
@@ -279,7 +281,7 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   out << (md ? "### Caches (bytes)\n\n" + caches.Markdown() : "caches (bytes):\n" + caches.Text()) << "\n";
 
   Table terms({"term", "bytes"});
-  for (const Term& t : l.terms) terms.Add({t.name, FormatBytes(t.bytes)});
+  for (const Term& t : l.terms) terms.Add({std::string(LedgerTermName(t.term)), FormatBytes(t.bytes)});
   out << (md ? "### Committed per rank, by term\n\n" + terms.Markdown()
              : "committed per rank, by term:\n" + terms.Text())
       << "\n";
@@ -296,8 +298,9 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   out << (md ? "### Totals\n\n" + totals.Markdown() : "totals:\n" + totals.Text()) << "\n";
 
   Table phases({"phase (per rank)", "bytes"});
-  for (const Term& t : l.phases) phases.Add({t.name, FormatBytes(t.bytes)});
-  out << (md ? "### Phases\n\n" + phases.Markdown() : "phases (admission, chunked-prefill peak, decode):\n" + phases.Text())
+  for (const PhaseBytes& p : l.phases) phases.Add({std::string(LedgerPhaseName(p.phase)), FormatBytes(p.bytes)});
+  out << (md ? "### Phases\n\n" + phases.Markdown()
+             : "phases (admission, chunked-prefill peak, decode):\n" + phases.Text())
       << "\n";
   if (!l.swa_strategies.empty()) {
     Table st({"window strategy", "kept per boundary", "copied per boundary", "tokens recomputed per hit"});
@@ -337,7 +340,7 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
 }
 
 std::string RenderLayout(const Ledger& l, OutputFormat format) {
-  std::vector<CacheGroup> groups = BuildCacheMap(l);
+  const std::vector<CacheGroup>& groups = l.groups;
   ordered_json j;
   j["model"] = l.model;
   j["kernel"] = std::string(KernelName(l.options.kernel));
@@ -374,8 +377,9 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
     } else {
       gj["slots"] = g.slots;
       gj["bytes_per_request"] = g.bytes_per_request;
-      gj["reason"] = g.role == CacheRole::kWindow ? "a ring of the last sliding_window tokens per layer"
-                                                  : "fp32 compressor rows of incomplete (and, overlapping, previous) groups";
+      gj["reason"] = g.role == CacheRole::kWindow
+                         ? "a ring of the last sliding_window tokens per layer"
+                         : "fp32 compressor rows of incomplete (and, overlapping, previous) groups";
     }
     gs.push_back(gj);
   }
@@ -390,10 +394,13 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
   Table t({"group", "layers", "format", "record", "storage", "entries/block", "page bytes", "padding", "why"});
   for (const auto& gj : gs) {
     bool pages = gj["storage"] == "pages";
-    t.Add({gj["group"].get<std::string>(), std::to_string(gj["layers"].get<uint32_t>()), gj["format"].get<std::string>(),
-           std::to_string(gj["record_bytes"].get<uint64_t>()) + " B", gj["storage"].get<std::string>(),
-           pages ? std::to_string(gj["entries_per_block"].get<uint32_t>()) : std::to_string(gj["slots"].get<uint32_t>()) + " slots",
-           pages ? WithThousands(gj["page_bytes"].get<uint64_t>()) : WithThousands(gj["bytes_per_request"].get<uint64_t>()) + "/request",
+    t.Add({gj["group"].get<std::string>(), std::to_string(gj["layers"].get<uint32_t>()),
+           gj["format"].get<std::string>(), std::to_string(gj["record_bytes"].get<uint64_t>()) + " B",
+           gj["storage"].get<std::string>(),
+           pages ? std::to_string(gj["entries_per_block"].get<uint32_t>())
+                 : std::to_string(gj["slots"].get<uint32_t>()) + " slots",
+           pages ? WithThousands(gj["page_bytes"].get<uint64_t>())
+                 : WithThousands(gj["bytes_per_request"].get<uint64_t>()) + "/request",
            pages ? std::to_string(gj["padding_bytes"].get<uint64_t>()) : "-", gj["reason"].get<std::string>()});
   }
   out << "\n" << (md ? t.Markdown() : t.Text());

@@ -4,10 +4,13 @@
 #include <atomic>
 #include <cassert>
 #include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
 
 #include "base/slots.h"
 #include "tessera/checked.h"
-#include "tessera/ledger.h"
+#include "tessera/layout.h"
 
 namespace tessera {
 
@@ -26,76 +29,38 @@ struct RequestManager::Request {
 
 namespace {
 
-// The pool groups and the state layers of a model, from its cache map.
+// The pool groups and the state layers of a model, from its cache layout (the same layout the
+// ledger prices for engine tessera).
 struct Plan {
   BlockPoolOptions pool;
   std::optional<StateOptions> state;
 };
 
-Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
-  LedgerOptions lo;
-  lo.context_tokens = 1;
-  lo.kv_format = o.kv_format;
-  lo.indexer_format = o.indexer_format;
-  lo.block_tokens = o.block_tokens;
-  lo.kernel = o.kernel;
-  lo.spec_tokens = o.spec_tokens;
-  lo.include_mtp = o.include_mtp;
-  lo.swa_strategy = o.window_strategy;
-  TESSERA_ASSIGN_OR_RETURN(Ledger layout, ComputeLedger(g, lo));
-  Plan plan;
-  plan.pool.capacity_blocks = o.capacity_blocks;
-  plan.pool.region_kind = o.region_kind;
-  const std::vector<CacheGroup> map = BuildCacheMap(layout);
-  std::vector<int32_t> map_to_pool(map.size(), -1);
-  bool compressed = false;
-  for (size_t i = 0; i < map.size(); ++i) {
-    if (!map[i].in_pages) continue;
-    compressed = compressed || map[i].compress_ratio > 1;
-    map_to_pool[i] = static_cast<int32_t>(plan.pool.groups.size());
-    plan.pool.groups.push_back({map[i].name, map[i].format, map[i].layers, map[i].page});
-  }
-  if (plan.pool.groups.empty()) return InvalidArgument("model", g.name + " has no paged cache");
-  const bool windows = g.is_hybrid && g.sliding_window > 0;
-  if (compressed && !windows) {
-    return InvalidArgument("sliding_window", g.name + " has compressed caches but no sliding window to build them");
-  }
-  if (!windows) return plan;
+// Where a model layer's paged caches live: (model layer, role) -> (pool group, layer within it).
+using PageSlots = std::map<std::pair<uint32_t, CacheRole>, std::pair<int32_t, uint32_t>>;
 
-  StateOptions so;
-  so.strategy = o.window_strategy;
-  so.window = g.sliding_window;
-  so.spec_tokens = o.spec_tokens;
-  so.block_tokens = static_cast<uint32_t>(layout.block_tokens);
-  so.max_requests = o.max_requests;
-  for (const CacheLine& line : layout.lines) {
-    if (line.role == CacheRole::kWindow) so.window_record_bytes = line.format.record_bytes();
-  }
-  auto find_group = [&](CacheRole role, uint32_t ratio) -> int32_t {
-    for (size_t i = 0; i < map.size(); ++i) {
-      if (map[i].in_pages && map[i].role == role && map[i].compress_ratio == ratio) return map_to_pool[i];
-    }
-    return -1;
-  };
-  std::vector<uint32_t> next_layer(plan.pool.groups.size(), 0);
+// The state component's layers: per model layer, its compressor rings and where its compressed
+// entries (and its indexer's) go in the pool.
+std::vector<StateLayer> StateLayers(const Geometry& g, const ManagerOptions& o, const BlockPoolOptions& pool,
+                                    const PageSlots& slots) {
+  std::vector<StateLayer> layers;
   const uint32_t doubling = o.spec_tokens > 0 ? 2 : 1;
   for (const LayerSpec& spec : g.layers) {
     if (spec.is_mtp && !o.include_mtp) continue;
     StateLayer l;
     l.layer = spec.index;
     for (const CacheSpec& c : spec.caches) {
+      auto slot = slots.find({spec.index, c.role});
       switch (c.role) {
         case CacheRole::kCompressed:
           l.ratio = c.compress_ratio;
-          l.group = find_group(CacheRole::kCompressed, c.compress_ratio);
-          if (l.group >= 0) {
-            l.group_layer = next_layer[static_cast<size_t>(l.group)]++;
-            l.entries_per_block = plan.pool.groups[static_cast<size_t>(l.group)].page.entries_per_block;
+          if (slot != slots.end()) {
+            std::tie(l.group, l.group_layer) = slot->second;
+            l.entries_per_block = pool.groups[static_cast<size_t>(l.group)].page.entries_per_block;
           }
           break;
         case CacheRole::kIndexer:
-          l.igroup = find_group(CacheRole::kIndexer, c.compress_ratio);
-          if (l.igroup >= 0) l.igroup_layer = next_layer[static_cast<size_t>(l.igroup)]++;
+          if (slot != slots.end()) std::tie(l.igroup, l.igroup_layer) = slot->second;
           break;
         case CacheRole::kCompressorState:
           l.state_slots = c.slots * doubling;
@@ -110,8 +75,50 @@ Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
       }
     }
     if (l.ratio > 0) l.coff = l.state_slots / doubling / l.ratio;
-    so.layers.push_back(l);
+    layers.push_back(l);
   }
+  return layers;
+}
+
+Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
+  CacheLayoutOptions lo;
+  lo.kv_format = o.kv_format;
+  lo.indexer_format = o.indexer_format;
+  lo.block_tokens = o.block_tokens;
+  lo.kernel = o.kernel;
+  lo.include_mtp = o.include_mtp;
+  TESSERA_ASSIGN_OR_RETURN(CacheLayout layout, ComputeCacheLayout(g, lo));
+  Plan plan;
+  plan.pool.capacity_blocks = o.capacity_blocks;
+  plan.pool.region_kind = o.region_kind;
+  PageSlots slots;
+  bool compressed = false;
+  uint64_t window_record_bytes = 0;
+  for (const CacheGroup& group : layout.groups) {
+    if (group.role == CacheRole::kWindow) window_record_bytes = group.format.record_bytes();
+    if (!group.in_pages) continue;
+    compressed = compressed || group.compress_ratio > 1;
+    const auto pool_group = static_cast<int32_t>(plan.pool.groups.size());
+    for (uint32_t i = 0; i < group.model_layers.size(); ++i)
+      slots[{group.model_layers[i], group.role}] = {pool_group, i};
+    plan.pool.groups.push_back({group.name, group.format, group.layers, group.page});
+  }
+  if (plan.pool.groups.empty()) return InvalidArgument("model", g.name + " has no paged cache");
+  const bool windows = g.is_hybrid && g.sliding_window > 0;
+  if (compressed && !windows) {
+    return InvalidArgument("sliding_window", g.name + " has compressed caches but no sliding window to build them");
+  }
+  if (!windows) return plan;
+  TESSERA_RETURN_IF_ERROR(CheckWindowStrategy(layout, o.window_strategy));
+
+  StateOptions so;
+  so.strategy = o.window_strategy;
+  so.window = g.sliding_window;
+  so.spec_tokens = o.spec_tokens;
+  so.block_tokens = layout.block.block_tokens;
+  so.max_requests = o.max_requests;
+  so.window_record_bytes = window_record_bytes;
+  so.layers = StateLayers(g, o, plan.pool, slots);
   plan.state = std::move(so);
   return plan;
 }

@@ -22,6 +22,7 @@
 #include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
+#include "tessera/layout.h"
 #include "tessera/ledger.h"
 #include "tessera/receipt.h"
 #include "tessera/reconcile.h"

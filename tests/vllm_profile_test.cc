@@ -1,10 +1,12 @@
-// Engine profiles: vLLM and SGLang page sizes and groupings, and Tessera's own.
+// vLLM's sizing rules: FlashMLA pages, DeepSeek-V4 page classes and groups, the uniform block-id
+// cost, the admission reservation and the chunked-prefill peak.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <random>
 
-#include "ledger/engine.h"
+#include "ledger/engine_profile.h"
+#include "ledger/vllm_profile.h"
 #include "tessera/ledger.h"
 #include "test_support.h"
 
@@ -20,7 +22,7 @@ TEST(EngineVllm, DeepSeekV3FlashMlaPages) {
   EXPECT_EQ(bf16.block_tokens, 64u);
   EXPECT_EQ(bf16.lines[0].page.page_bytes, 64u * 1152);
   EXPECT_EQ(bf16.committed_bytes, 61ULL * 2 * 64 * 1152);
-  EXPECT_EQ(bf16.TermBytes("block_metadata"), 0u);
+  EXPECT_EQ(bf16.TermBytes(LedgerTerm::kBlockMetadata), 0u);
   Ledger fp8 = MustLedger(Preset("deepseek-v3"), Context(100, "fp8_ds_mla", Engine::kVllm));
   EXPECT_EQ(fp8.lines[0].page.page_bytes, 64u * 656);
 }
@@ -89,30 +91,6 @@ TEST(EngineVllm, PhasesOfA1MTokenV4ProRequest) {
   EXPECT_EQ(t.phases[1].bytes, t.committed_bytes);
 }
 
-TEST(EngineTessera, SwaStrategiesPerBoundary) {
-  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
-  ASSERT_EQ(l.swa_strategies.size(), 3u);
-  const uint64_t window = 61ULL * 128 * 584;               // every layer's ring
-  const uint64_t overlap = 30ULL * 4 * 8192 + 30ULL * 4 * 2048;  // CSA previous-group rows
-  EXPECT_EQ(l.swa_strategies[0].strategy, SwaStrategy::kRecompute);
-  EXPECT_EQ(l.swa_strategies[0].bytes_kept_per_boundary, 0u);
-  EXPECT_EQ(l.swa_strategies[0].tokens_recomputed_per_hit, 128u);
-  EXPECT_EQ(l.swa_strategies[1].bytes_kept_per_boundary, window + overlap);
-  EXPECT_EQ(l.swa_strategies[1].bytes_copied_per_boundary, window + overlap);
-  EXPECT_EQ(l.swa_strategies[2].bytes_kept_per_boundary, window + overlap);
-  EXPECT_EQ(l.swa_strategies[2].bytes_copied_per_boundary, overlap);
-  EXPECT_EQ(l.cached_boundaries, 4096u);
-  LedgerOptions o = Context(1048576);
-  o.swa_strategy = SwaStrategy::kSnapshot;
-  Ledger snap = MustLedger(Preset("deepseek-v4-pro"), o);
-  EXPECT_EQ(snap.TermBytes("boundary_state"), 4096ULL * (window + overlap));
-  o.swa_strategy = SwaStrategy::kRetain;
-  Ledger keep = MustLedger(Preset("deepseek-v4-pro"), o);
-  // 1M is a multiple of 128: one live chunk (the last boundary's) and 4,095 retained ones.
-  EXPECT_EQ(keep.TermBytes("boundary_state"), 4096ULL * overlap + 4095ULL * window);
-  EXPECT_EQ(keep.FindLine("csa.window")->committed_bytes, 30ULL * 128 * 584);
-}
-
 TEST(EngineVllm, DcpWithSlidingWindowIsRejected) {
   LedgerOptions o = Context(8192, "", Engine::kVllm);
   o.tp = 8;
@@ -120,51 +98,6 @@ TEST(EngineVllm, DcpWithSlidingWindowIsRejected) {
   Result<Ledger> l = ComputeLedger(Preset("deepseek-v4-pro"), o);
   ASSERT_FALSE(l.ok());
   EXPECT_EQ(l.status().field(), "dcp");
-}
-
-TEST(EngineSglang, V4Pages) {
-  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kSglang));
-  EXPECT_EQ(l.FindLine("csa.compressed")->page.page_bytes, 37440u);
-  EXPECT_EQ(l.FindLine("hca.compressed")->page.page_bytes, 1728u);
-  EXPECT_EQ(l.FindLine("csa.indexer")->page.page_bytes, 8448u);  // not padded
-  EXPECT_EQ(l.FindLine("csa.window")->page.page_bytes, 74880u);  // 128-token pages padded to 576
-  EXPECT_FALSE(l.FindLine("csa.compressor_state")->in_pages);
-}
-
-TEST(EngineSglang, MhaPageOfOneToken) {
-  Ledger l = MustLedger(Preset("llama-3.1-8b"), Context(100, "", Engine::kSglang));
-  EXPECT_EQ(l.block_tokens, 1u);
-  EXPECT_EQ(l.committed_bytes, l.requested_bytes);
-}
-
-TEST(EngineTessera, V4StateLivesInTheArena) {
-  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
-  EXPECT_EQ(l.block_tokens, 256u);
-  EXPECT_TRUE(l.FindLine("csa.compressed")->in_pages);
-  EXPECT_FALSE(l.FindLine("csa.window")->in_pages);
-  EXPECT_FALSE(l.FindLine("hca.compressor_state")->in_pages);
-  // Tessera holds structural bytes plus page rounding, padding and block metadata only.
-  EXPECT_EQ(l.committed_bytes, l.requested_bytes + l.TermBytes("page_rounding") + l.TermBytes("alignment_padding") +
-                                   l.TermBytes("block_metadata"));
-  // At admission it needs the arena and the first 8,192-token prefill chunk's pages; the peak
-  // of a chunked prefill is the final holding.
-  Ledger first = MustLedger(Preset("deepseek-v4-pro"), Context(8192));
-  ASSERT_EQ(l.phases.size(), 3u);
-  EXPECT_EQ(l.phases[0].name, "admission");
-  EXPECT_EQ(l.phases[0].bytes, first.committed_bytes);
-  EXPECT_EQ(l.reserved_at_admission_bytes, first.committed_bytes);
-  EXPECT_EQ(l.phases[1].bytes, l.committed_bytes);
-  EXPECT_EQ(l.phases[2].bytes, l.committed_bytes);
-}
-
-TEST(EngineHelpers, WindowBlocksHeld) {
-  EXPECT_EQ(detail::WindowBlocksHeld(0, 128, 64), 0u);
-  EXPECT_EQ(detail::WindowBlocksHeld(100, 128, 64), 2u);
-  EXPECT_EQ(detail::WindowBlocksHeld(128, 128, 64), 2u);
-  EXPECT_EQ(detail::WindowBlocksHeld(129, 128, 64), 3u);  // tokens 1..128 span blocks 0..2
-  EXPECT_EQ(detail::WindowBlocksHeld(192, 128, 64), 2u);
-  EXPECT_EQ(detail::Entries(1000, 128).value(), 7u);
-  EXPECT_EQ(detail::Entries(1000, 1).value(), 1000u);
 }
 
 // The loop the prefill peak used to run, one step per chunk: the oracle for the closed form.
@@ -223,10 +156,24 @@ TEST(EngineVllm, PrefillPeakOfAHugeContextIsImmediate) {
   EXPECT_EQ(m.phases[1].bytes, 11035329408ULL);
 }
 
-TEST(EngineErrors, UnknownEngineNamesTheField) {
-  Result<Engine> e = ParseEngine("trt");
-  ASSERT_FALSE(e.ok());
-  EXPECT_EQ(e.status().field(), "engine");
+// A vLLM DeepSeek-V4 ledger with another main record keeps the page rules without the v4-fp8
+// padding, and says so (the record is told by its family, not its name).
+TEST(EngineVllm, OtherV4RecordIsPricedUnpadded) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(8192, "v41-fp8", Engine::kVllm));
+  EXPECT_EQ(l.FindLine("csa.compressed")->page.page_bytes, 64u * 528);
+  EXPECT_EQ(l.FindLine("csa.compressed")->page.padding_bytes, 0u);
+  bool noted = false;
+  for (const std::string& n : l.notes) noted = noted || n.find("without the 576-B padding") != std::string::npos;
+  EXPECT_TRUE(noted);
+  Ledger fp8 = MustLedger(Preset("deepseek-v4-pro"), Context(8192, "", Engine::kVllm));
+  for (const std::string& n : fp8.notes) EXPECT_EQ(n.find("without the 576-B padding"), std::string::npos) << n;
+}
+
+TEST(EngineVllm, MhaBlocksOf16Tokens) {
+  Ledger l = MustLedger(Preset("llama-3.1-8b"), Context(100, "", Engine::kVllm));
+  EXPECT_EQ(l.block_tokens, 16u);
+  EXPECT_EQ(l.committed_bytes, 32ULL * 7 * 16 * 4096);  // 7 blocks of 16 tokens, 32 layers
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kPageRounding), 32ULL * 12 * 4096);
 }
 
 }  // namespace

@@ -1,0 +1,49 @@
+// SGLang's sizing rules: FlashMLA pages of 64, a page of one token for MHA, DeepSeek-V4 pages with
+// an unpadded indexer and the compressor state in a per-request ring.
+#include <gtest/gtest.h>
+
+#include "tessera/ledger.h"
+#include "test_support.h"
+
+namespace tessera {
+namespace {
+
+using testing::Context;
+using testing::MustLedger;
+using testing::Preset;
+
+TEST(EngineSglang, V4Pages) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kSglang));
+  EXPECT_EQ(l.FindLine("csa.compressed")->page.page_bytes, 37440u);
+  EXPECT_EQ(l.FindLine("hca.compressed")->page.page_bytes, 1728u);
+  EXPECT_EQ(l.FindLine("csa.indexer")->page.page_bytes, 8448u);  // not padded
+  EXPECT_EQ(l.FindLine("csa.window")->page.page_bytes, 74880u);  // 128-token pages padded to 576
+  EXPECT_FALSE(l.FindLine("csa.compressor_state")->in_pages);
+}
+
+TEST(EngineSglang, MhaPageOfOneToken) {
+  Ledger l = MustLedger(Preset("llama-3.1-8b"), Context(100, "", Engine::kSglang));
+  EXPECT_EQ(l.block_tokens, 1u);
+  EXPECT_EQ(l.committed_bytes, l.requested_bytes);
+}
+
+TEST(EngineSglang, DeepSeekV3FlashMlaPages) {
+  Ledger l = MustLedger(Preset("deepseek-v3"), Context(100, "fp8_ds_mla", Engine::kSglang));
+  EXPECT_EQ(l.block_tokens, 64u);
+  EXPECT_EQ(l.lines[0].page.page_bytes, 64u * 656);
+  EXPECT_EQ(l.committed_bytes, 61ULL * 2 * 64 * 656);
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 0u);
+}
+
+// SGLang holds what it pages: every phase is the final holding, nothing reserved beyond it.
+TEST(EngineSglang, PhasesAreTheHolding) {
+  Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576, "", Engine::kSglang));
+  ASSERT_EQ(l.phases.size(), 3u);
+  EXPECT_EQ(l.phases[1].bytes, l.committed_bytes);
+  EXPECT_EQ(l.phases[2].bytes, l.committed_bytes);
+  EXPECT_EQ(l.block_id_bytes, 0u);
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kUniformBlockPadding), 0u);
+}
+
+}  // namespace
+}  // namespace tessera
