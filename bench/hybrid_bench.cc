@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "tessera/request_manager.h"
-#include "tessera/request_manager.h"
 
 namespace {
 

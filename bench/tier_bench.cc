@@ -10,7 +10,6 @@
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 
-#include "bench_support.h"
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <liburing.h>
@@ -20,6 +19,7 @@
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "bench_support.h"
 
 #include <chrono>
 #include <ctime>
@@ -139,7 +139,8 @@ void BM_DiskTierGet(benchmark::State& state) {
   auto t = std::move(DiskTier::Open(o)).value();
   const int n = kBatches * kBlocksPerBatch;
   for (int k = 0; k < n; ++k) {
-    std::vector<TierRecord> one{TierRecord{Hash128{static_cast<uint64_t>(k) + 1, 0}, 1, Block(static_cast<uint64_t>(k))}};
+    std::vector<TierRecord> one{
+        TierRecord{Hash128{static_cast<uint64_t>(k) + 1, 0}, 1, Block(static_cast<uint64_t>(k))}};
     (void)t->PutBatch(one);
   }
   for (auto _ : state) {
@@ -230,7 +231,8 @@ void BM_HostTierPutGet(benchmark::State& state) {
   // Each iteration moves the block twice (in and out) and checksums it twice.
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBlock));
   if (g_host_memcpy_bps > 0) {
-    state.counters["x_memcpy"] = static_cast<double>(state.iterations()) * static_cast<double>(kBlock) / s / g_host_memcpy_bps;
+    state.counters["x_memcpy"] =
+        static_cast<double>(state.iterations()) * static_cast<double>(kBlock) / s / g_host_memcpy_bps;
   }
   state.SetLabel(into ? "GetInto (caller memory)" : "Get (fresh vector)");
 }
@@ -269,11 +271,16 @@ std::string FsName(const std::string& dir) {
   struct statfs f {};
   if (::statfs(dir.c_str(), &f) != 0) return "unknown fs";
   switch (static_cast<unsigned long>(f.f_type)) {
-    case 0xEF53: return "ext4";
-    case 0x58465342: return "xfs";
-    case 0x9123683E: return "btrfs";
-    case 0x01021994: return "tmpfs";
-    case 0x794c7630: return "overlayfs";
+    case 0xEF53:
+      return "ext4";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x794c7630:
+      return "overlayfs";
     default: {
       char buf[32];
       std::snprintf(buf, sizeof buf, "fs 0x%lx", static_cast<unsigned long>(f.f_type));
@@ -301,8 +308,7 @@ std::string Describe(const IoCase& c, const std::string& fs) {
 // Writes or reads `kRecs` records through the ring, at most `qd` in flight. For writes, a
 // non-zero `sync_every` fdatasyncs after each group of that many records completes (and holds
 // back the next group until then). Returns an empty string or what failed.
-std::string UringRun(io_uring& ring, int fd, bool write, unsigned qd, int sync_every,
-                     std::vector<std::byte*>& bufs) {
+std::string UringRun(io_uring& ring, int fd, bool write, unsigned qd, int sync_every, std::vector<std::byte*>& bufs) {
   int submitted = 0, completed = 0;
   int group_end = sync_every > 0 ? sync_every : kRecs;
   std::vector<unsigned> free_slots;
@@ -405,7 +411,8 @@ void BM_IoWrite(benchmark::State& state) {
       state.SkipWithError(("skipped: cannot open " + Describe(c, FsName(dir)) + ": " + std::strerror(errno)).c_str());
       break;
     }
-    std::string err = c.uring ? UringRun(ring, fd, true, c.qd, sync_every, bufs) : SyncRun(fd, true, sync_every, src.get());
+    std::string err =
+        c.uring ? UringRun(ring, fd, true, c.qd, sync_every, bufs) : SyncRun(fd, true, sync_every, src.get());
     ::close(fd);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!err.empty()) {
@@ -419,10 +426,19 @@ void BM_IoWrite(benchmark::State& state) {
 // The fdatasync-per-8 pattern holds at most 8 in flight, so it runs at queue depth 8 only.
 BENCHMARK(BM_IoWrite)
     ->ArgNames({"uring", "qd", "direct", "per8"})
-    ->Args({0, 1, 0, 1})->Args({1, 8, 0, 1})->Args({0, 1, 1, 1})->Args({1, 8, 1, 1})
-    ->Args({0, 1, 0, 0})->Args({1, 8, 0, 0})->Args({1, 32, 0, 0})
-    ->Args({0, 1, 1, 0})->Args({1, 8, 1, 0})->Args({1, 32, 1, 0})
-    ->Unit(benchmark::kMillisecond)->Iterations(5)->UseRealTime();
+    ->Args({0, 1, 0, 1})
+    ->Args({1, 8, 0, 1})
+    ->Args({0, 1, 1, 1})
+    ->Args({1, 8, 1, 1})
+    ->Args({0, 1, 0, 0})
+    ->Args({1, 8, 0, 0})
+    ->Args({1, 32, 0, 0})
+    ->Args({0, 1, 1, 0})
+    ->Args({1, 8, 1, 0})
+    ->Args({1, 32, 1, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5)
+    ->UseRealTime();
 
 void BM_IoRead(benchmark::State& state) {
   const IoCase c{state.range(0) == 1, static_cast<unsigned>(state.range(1)), state.range(2) == 1};
@@ -479,9 +495,15 @@ void BM_IoRead(benchmark::State& state) {
 }
 BENCHMARK(BM_IoRead)
     ->ArgNames({"uring", "qd", "direct"})
-    ->Args({0, 1, 0})->Args({1, 8, 0})->Args({1, 32, 0})
-    ->Args({0, 1, 1})->Args({1, 8, 1})->Args({1, 32, 1})
-    ->Unit(benchmark::kMillisecond)->Iterations(5)->UseRealTime();
+    ->Args({0, 1, 0})
+    ->Args({1, 8, 0})
+    ->Args({1, 32, 0})
+    ->Args({0, 1, 1})
+    ->Args({1, 8, 1})
+    ->Args({1, 32, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(5)
+    ->UseRealTime();
 
 // A local redis-server on a free loopback port for the Redis benchmarks, stopped at exit.
 class LocalRedis {

@@ -30,8 +30,8 @@ using namespace tessera;
 
 struct Fixture {
   std::unique_ptr<RequestManager> m;
-  BlockId block;    // a sealed block of a live request
-  BlockId target;   // a filling block the promotion writes into
+  BlockId block;   // a sealed block of a live request
+  BlockId target;  // a filling block the promotion writes into
   SealedIdentity id;
   std::vector<uint32_t> tokens;
   ChainLink link;
@@ -51,7 +51,8 @@ Fixture Make() {
   Admission a = *f.m->Admit(f.tokens, {});
   (void)f.m->AllocateSlots(a.id, 64);
   (void)f.m->Append(a.id, f.tokens, [](uint32_t, uint32_t l, uint64_t p, const RecordView& r) {
-    for (uint32_t i = 0; i < r.plane_count; ++i) std::memset(r.planes[i].data(), static_cast<int>((l + p) & 0xff), r.planes[i].size());
+    for (uint32_t i = 0; i < r.plane_count; ++i)
+      std::memset(r.planes[i].data(), static_cast<int>((l + p) & 0xff), r.planes[i].size());
   });
   f.block = f.m->BlockTable(a.id)[0];
   f.id = f.m->index().IdentityOf(f.block);

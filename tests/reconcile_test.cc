@@ -46,7 +46,8 @@ TEST(Reconcile, EngineHoldingTheMtpLayer) {
 TEST(Reconcile, TwoTermsTogether) {
   Geometry g = Preset("deepseek-v3");
   Ledger l = MustLedger(g, Context(100));
-  uint64_t observed = l.committed_bytes - l.TermBytes(LedgerTerm::kBlockMetadata) - l.TermBytes(LedgerTerm::kPageRounding);
+  uint64_t observed =
+      l.committed_bytes - l.TermBytes(LedgerTerm::kBlockMetadata) - l.TermBytes(LedgerTerm::kPageRounding);
   Reconciliation r = *Reconcile(g, l, observed, false);
   EXPECT_EQ(r.attributed.size(), 2u);
   EXPECT_EQ(r.unexplained_bytes, 0);

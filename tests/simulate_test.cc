@@ -202,7 +202,8 @@ TEST(SimulateHybrid, EveryStrategyResumesAndVerifies) {
       EXPECT_EQ(run.tokens_recomputed, 0u);
       EXPECT_GT(run.boundaries_kept, 0u);
       // Measured bytes kept per boundary equal the ledger's figure for the strategy.
-      EXPECT_EQ(run.bytes_kept_per_boundary, l.swa_strategies[static_cast<size_t>(run.strategy)].bytes_kept_per_boundary);
+      EXPECT_EQ(run.bytes_kept_per_boundary,
+                l.swa_strategies[static_cast<size_t>(run.strategy)].bytes_kept_per_boundary);
     }
   }
   EXPECT_EQ(r.cross_tenant_shares, 0u);

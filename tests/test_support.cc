@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#if TESSERA_HAVE_REDIS
 #include <hiredis/hiredis.h>
+#endif
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -164,6 +166,7 @@ RedisServer::Outcome RedisServer::Launch() {
       pid_ = -1;
       return Outcome::kExited;
     }
+#if TESSERA_HAVE_REDIS
     timeval tv{0, 200 * 1000};
     redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
     if (c != nullptr && c->err == 0) {
@@ -178,6 +181,10 @@ RedisServer::Outcome RedisServer::Launch() {
     } else if (c != nullptr) {
       redisFree(c);
     }
+#else
+    (void)mine;  // a build without Redis starts no server (its Redis tests are not built)
+    return Outcome::kExited;
+#endif
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return Outcome::kTimeout;

@@ -551,6 +551,7 @@ TEST(TieredStore, BlocksStillQueuedForTheirWriteAreHits) {
   m->SetBlockSource(nullptr);
 }
 
+#if TESSERA_HAVE_REDIS
 TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
   TESSERA_REQUIRE_REDIS_SERVER();
   RedisServer server;
@@ -583,7 +584,9 @@ TEST(TieredStore, FullDiskKeepsServingFromRedisBelow) {
   EXPECT_EQ(st.hits_per_tier[0] + st.hits_per_tier[1], 3u);
   EXPECT_GE(st.hits_per_tier[1], 2u);
 }
+#endif  // TESSERA_HAVE_REDIS
 
+#if TESSERA_HAVE_REDIS
 // The whole chain: a host tier of one record, a disk tier of one record, Redis below. The pool
 // evicts A3, A2, A1 in that order: A3 ends in Redis, A2 on disk, A1 in host. Coming back, every
 // block is verified, wherever it was by then.
@@ -621,7 +624,9 @@ TEST(TieredStore, DemotionCascadesPoolHostDiskRedis) {
   EXPECT_EQ(st.verify_failures, 0u);
   m->SetBlockSource(nullptr);
 }
+#endif  // TESSERA_HAVE_REDIS
 
+#if TESSERA_HAVE_REDIS
 TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   TESSERA_REQUIRE_REDIS_SERVER();
   RedisServer server;
@@ -650,6 +655,7 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   EXPECT_EQ(Serve(*m, c).cached_blocks, 3u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
 }
+#endif  // TESSERA_HAVE_REDIS
 
 TEST(TieredStore, RejectsNoTiersAndUnknownPolicy) {
   auto m = Manager(4);

@@ -176,7 +176,7 @@ class BlockIndex {
   uint32_t block_tokens_;
   std::vector<Identity> identity_;
   std::vector<uint32_t> tokens_;  // capacity x block_tokens
-  PrefixMap prefix_;  // at most one entry per indexed block
+  PrefixMap prefix_;              // at most one entry per indexed block
   std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> content_;
   std::function<void(const SecurityEvent&)> security_;
   std::function<void(BlockId, const SealedIdentity&)> evict_hook_;

@@ -108,9 +108,9 @@ class HostTier {
   uint64_t capacity_;
   uint64_t bytes_ = 0;
   std::unique_ptr<std::byte, ArenaDeleter> arena_;
-  std::map<uint64_t, uint64_t> free_by_offset_;        // offset -> length
+  std::map<uint64_t, uint64_t> free_by_offset_;           // offset -> length
   std::set<std::pair<uint64_t, uint64_t>> free_by_size_;  // (length, offset), for best fit
-  std::list<Entry> lru_;  // front: most recent
+  std::list<Entry> lru_;                                  // front: most recent
   std::unordered_map<Hash128, std::list<Entry>::iterator, Hash128Hasher> map_;
   std::function<void(const Hash128&, uint16_t, std::span<const std::byte>)> on_evict_;
   uint64_t hits_ = 0, misses_ = 0, evictions_ = 0, quarantined_ = 0, refused_ = 0;

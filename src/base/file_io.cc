@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "base/file_io_testing.h"
+#include "file_io_testing.h"
 
 namespace tessera {
 

@@ -117,7 +117,7 @@ Result<uint64_t> ParseUnsigned(std::string_view text, std::string_view field) {
 Result<uint64_t> ParseByteSize(std::string_view text, std::string_view field) {
   std::string f(field);
   static constexpr std::pair<std::string_view, uint64_t> kUnits[] = {
-      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20}, {"GiB", 1ULL << 30}, {"TiB", 1ULL << 40}, {"kB", 1000ULL},
+      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20},   {"GiB", 1ULL << 30},      {"TiB", 1ULL << 40}, {"kB", 1000ULL},
       {"MB", 1000000ULL},  {"GB", 1000000000ULL}, {"TB", 1000000000000ULL}, {"B", 1ULL}};
   uint64_t multiplier = 1;
   for (const auto& [unit, m] : kUnits) {

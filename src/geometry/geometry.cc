@@ -6,7 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "data/embedded.h"
+#include "embedded.h"
 #include "tessera/checked.h"
 #include "tessera/file_io.h"
 

@@ -47,7 +47,7 @@ const uint64_t BlockIndex::kIdentityBytes = sizeof(BlockIndex::Identity);
 BlockIndex::BlockIndex(BlockPool* pool, ContentHasher hasher, bool content_dedup, uint32_t bucket_limit,
                        Hash128 root_key)
     : pool_(pool),
-      hasher_(std::move(hasher)),
+      hasher_(hasher),
       root_key_(root_key),
       content_dedup_(content_dedup && pool->backed()),
       bucket_limit_(bucket_limit),

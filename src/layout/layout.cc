@@ -226,6 +226,7 @@ struct LineKey {
   uint32_t ratio;
   uint32_t slots;
   uint32_t floats;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
   auto operator<=>(const LineKey&) const = default;
 };
 

@@ -8,9 +8,9 @@
 #include <tuple>
 #include <utility>
 
-#include "base/slots.h"
 #include "tessera/checked.h"
 #include "tessera/layout.h"
+#include "tessera/slots.h"
 
 namespace tessera {
 
@@ -146,7 +146,7 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   const Hash128 identity = CacheIdentityKey(g.config_sha256, options.weights_revision, *m->pool_, variant);
   static std::atomic<uint64_t> managers{0};
   m->identity_ = managers.fetch_add(1, std::memory_order_relaxed) + 1;
-  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), std::move(hasher), options.content_dedup,
+  m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), hasher, options.content_dedup,
                                            /*bucket_limit=*/8, identity);
   if (plan.state) {
     TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));

@@ -6,8 +6,8 @@
 #include <cassert>
 #include <cstring>
 
-#include "base/slots.h"
 #include "tessera/checked.h"
+#include "tessera/slots.h"
 
 namespace tessera {
 

@@ -24,7 +24,7 @@ namespace {
 // Copy and checksum in chunks that stay in the L2 cache, so that each byte is read from memory
 // once: the checksum of a chunk is taken right after (Put) or right before (Get) the chunk is
 // copied. The streaming xxh3-64 equals the one-shot xxh3-64 of the whole payload.
-constexpr size_t kChunk = 64 * 1024;
+constexpr size_t kChunk = size_t{64} * 1024;
 
 uint64_t CopyAndChecksum(std::byte* dst, const std::byte* src, size_t len) {
   if (len == 0) return XXH3_64bits(nullptr, 0);

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <charconv>
 
-#include "tier/redis_io.h"
-#include "tier/redis_value.h"
+#include "redis_io.h"
+#include "redis_value.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "tier/redis_io.h"
+#include "redis_io.h"
 
 #include <hiredis/hiredis.h>
 #include <poll.h>

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "tier/redis_io.h"
-#include "tier/redis_value.h"
+#include "redis_io.h"
+#include "redis_value.h"
 
 namespace tessera {
 

@@ -175,6 +175,7 @@ class DiskTierAdapter final : public Tier {
   std::unordered_map<Hash128, std::pair<std::list<Hash128>::iterator, uint64_t>, Hash128Hasher> map_;
 };
 
+#if TESSERA_HAVE_REDIS
 // ---- Redis -----------------------------------------------------------------------------------
 
 // A Redis server (RedisTier) or a Redis Cluster (RedisClusterTier): the same verified values.
@@ -239,6 +240,8 @@ class RedisAdapter final : public Tier {
   std::unordered_map<Hash128, TierRecord, Hash128Hasher> prefetched_;
 };
 
+#endif  // TESSERA_HAVE_REDIS
+
 }  // namespace
 
 std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes) {
@@ -250,6 +253,7 @@ Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint6
   return std::unique_ptr<Tier>(std::make_unique<DiskTierAdapter>(std::move(disk), capacity_bytes));
 }
 
+#if TESSERA_HAVE_REDIS
 Result<std::unique_ptr<Tier>> MakeRedisTier(const RedisTierOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> redis, RedisTier::Open(options));
   return std::unique_ptr<Tier>(std::make_unique<RedisAdapter<RedisTier>>(std::move(redis), "redis"));
@@ -259,5 +263,15 @@ Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& op
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> cluster, RedisClusterTier::Open(options));
   return std::unique_ptr<Tier>(std::make_unique<RedisAdapter<RedisClusterTier>>(std::move(cluster), "redis-cluster"));
 }
+#else
+// Configured without Redis (TESSERA_WITH_REDIS=OFF): the tiers are declared, not built.
+Result<std::unique_ptr<Tier>> MakeRedisTier(const RedisTierOptions&) {
+  return Status(StatusCode::kFailedPrecondition, "redis", "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
+}
+
+Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions&) {
+  return Status(StatusCode::kFailedPrecondition, "redis", "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
+}
+#endif
 
 }  // namespace tessera

@@ -150,7 +150,7 @@ TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
 class Simulation {
  public:
   Simulation(const Geometry& g, const AgentScenario& s, RequestManager* m, StrategyRun* run)
-      : g_(g), s_(s), m_(m), run_(run), rng_(s.seed) {}
+      : g_(g), m_(m), run_(run), rng_(s.seed) {}
 
   std::vector<uint32_t> Tokens(uint64_t n) {
     std::uniform_int_distribution<uint32_t> d(0, kVocab - 1);
@@ -264,7 +264,6 @@ class Simulation {
   void VerifyWindows(const Agent& a);
 
   const Geometry& g_;
-  const AgentScenario& s_;
   RequestManager* m_;
   StrategyRun* run_;
   std::mt19937_64 rng_;
@@ -315,7 +314,8 @@ void Simulation::VerifyWindows(const Agent& a) {
           continue;
         }
         std::vector<float> rows;
-        for (uint64_t t = e * r >= (coff - 1) * r ? e * r - (coff - 1) * r : 0; t < (e + 1) * r; ++t) {
+        const uint64_t span = uint64_t{coff - 1} * r;
+        for (uint64_t t = e * r >= span ? e * r - span : 0; t < (e + 1) * r; ++t) {
           const uint64_t seed = RowSeed(a.prefix_hash[t], spec.index, indexer);
           for (uint32_t c = 0; c < floats; ++c) rows.push_back(StateValue(seed, c));
         }

@@ -6,7 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "data/embedded.h"
+#include "embedded.h"
 #include "tessera/checked.h"
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
