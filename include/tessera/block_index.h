@@ -143,6 +143,10 @@ class BlockIndex {
 
  private:
   const Hash128& KeyOf(const PrefixRef& parent) const { return parent.is_root() ? root_key_ : parent.key; }
+  // The full prefix key a block in the prefix map carries (the map keeps fingerprints).
+  auto PrefixKeyOf() const {
+    return [this](BlockId b) -> const Hash128& { return identity_[b.value].prefix_key; };
+  }
   struct Identity;
 
  public:

@@ -4,15 +4,21 @@
 // per block; load factor at most 1/2), and backward-shift deletion, so there are no tombstones
 // and no rebuilds: an insert or an erase never allocates and never rehashes, and a scheduler step
 // that seals or evicts a thousand blocks costs a thousand probes, not a thousand mallocs and, now
-// and then, a rehash of the whole index. Keys are keyed hashes (uniform), so the low bits of a key
-// are its home slot.
+// and then, a rehash of the whole index.
+//
+// A slot is 8 bytes: a 32-bit fingerprint of the key (its low bits are also the home slot; keys
+// are keyed hashes, uniform) and the block. The full key is the block's own (the caller's
+// `key_of(block)`), compared only when fingerprints match, so the table stays small enough for a
+// core's cache — a seal step's probes are its main cost.
 //
 // Thread-safety: none; the index's owner's.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tessera/block_pool.h"
@@ -26,39 +32,45 @@ class PrefixMap {
   explicit PrefixMap(size_t max_entries)
       : slots_(std::bit_ceil(std::max<size_t>(2 * max_entries, 16))), mask_(slots_.size() - 1) {}
 
-  // The block under `key`, or nullptr.
-  BlockId* Find(const Hash128& key) {
-    for (size_t i = Home(key);; i = (i + 1) & mask_) {
+  // The block under `key`, or nullptr. `key_of(block)` is the full key a mapped block carries.
+  template <typename KeyOf>
+  BlockId* Find(const Hash128& key, const KeyOf& key_of) {
+    const uint32_t fp = Fingerprint(key);
+    for (size_t i = fp & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (!s.block.valid()) return nullptr;
-      if (s.key == key) return &s.block;
+      if (s.fingerprint == fp && key_of(s.block) == key) return &s.block;
     }
   }
   // Inserts (key, block) unless the key is there; returns the entry and whether it was inserted.
-  std::pair<BlockId*, bool> TryEmplace(const Hash128& key, BlockId block) {
-    for (size_t i = Home(key);; i = (i + 1) & mask_) {
+  // REQUIRES: key_of(block) == key.
+  template <typename KeyOf>
+  std::pair<BlockId*, bool> TryEmplace(const Hash128& key, BlockId block, const KeyOf& key_of) {
+    const uint32_t fp = Fingerprint(key);
+    for (size_t i = fp & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
       if (!s.block.valid()) {
-        s = Slot{key, block};
+        s = Slot{fp, block};
         ++size_;
         return {&s.block, true};
       }
-      if (s.key == key) return {&s.block, false};
+      if (s.fingerprint == fp && key_of(s.block) == key) return {&s.block, false};
     }
   }
-  // Removes `key` if present. Later entries of the probe run shift back over the gap so every
-  // lookup still reaches its entry without passing an empty slot.
-  void Erase(const Hash128& key) {
-    size_t i = Home(key);
+  // Removes the entry of `block` under `key`, if there is one. Later entries of the probe run
+  // shift back over the gap so every lookup still reaches its entry without passing an empty slot.
+  void Erase(const Hash128& key, BlockId block) {
+    const uint32_t fp = Fingerprint(key);
+    size_t i = fp & mask_;
     for (;; i = (i + 1) & mask_) {
       if (!slots_[i].block.valid()) return;
-      if (slots_[i].key == key) break;
+      if (slots_[i].block == block) break;
     }
     --size_;
     for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
       if (!slots_[j].block.valid()) break;
       // Entry j may fill the gap at i when its home is not cyclically in (i, j].
-      const size_t home = Home(slots_[j].key);
+      const size_t home = slots_[j].fingerprint & mask_;
       if (((j - home) & mask_) >= ((j - i) & mask_)) {
         slots_[i] = slots_[j];
         i = j;
@@ -71,10 +83,11 @@ class PrefixMap {
 
  private:
   struct Slot {
-    Hash128 key;
+    uint32_t fingerprint = 0;
     BlockId block;  // invalid: empty
   };
-  size_t Home(const Hash128& key) const { return static_cast<size_t>(key.lo) & mask_; }
+  static_assert(sizeof(Slot) == 8);
+  static uint32_t Fingerprint(const Hash128& key) { return static_cast<uint32_t>(key.lo); }
 
   std::vector<Slot> slots_;
   size_t mask_;

@@ -1,4 +1,5 @@
 #include "tessera/block_index.h"
+#include "tessera/counter.h"
 
 #include <algorithm>
 #include <cassert>
@@ -81,19 +82,19 @@ std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<c
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, const Hash128& key,
                                             std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) {
-  const BlockId* found = prefix_.Find(key);
+  const BlockId* found = prefix_.Find(key, PrefixKeyOf());
   if (found == nullptr) {
-    stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
+    Bump(stats_.prefix_misses, 1);
     return std::nullopt;
   }
   const BlockId e = *found;
   BlockState s = pool_->state(e);
   if ((s != BlockState::kSealed && s != BlockState::kCached) || !SameIdentity(e, parent, tokens, domain, salt)) {
-    stats_.prefix_key_mismatches.fetch_add(1, std::memory_order_relaxed);
-    stats_.prefix_misses.fetch_add(1, std::memory_order_relaxed);
+    Bump(stats_.prefix_key_mismatches, 1);
+    Bump(stats_.prefix_misses, 1);
     return std::nullopt;
   }
-  stats_.prefix_hits.fetch_add(1, std::memory_order_relaxed);
+  Bump(stats_.prefix_hits, 1);
   return PrefixRef{e, pool_->generation(e), key};
 }
 
@@ -138,7 +139,7 @@ bool BlockIndex::BytesEqual(BlockId a, BlockId b) {
   for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
     std::span<const std::byte> x = pool_->Bytes(pool_->BlockHandleOf(a, g));
     std::span<const std::byte> y = pool_->Bytes(pool_->BlockHandleOf(b, g));
-    stats_.bytes_compared.fetch_add(x.size(), std::memory_order_relaxed);
+    Bump(stats_.bytes_compared, x.size());
     if (std::memcmp(x.data(), y.data(), x.size()) != 0) return false;
   }
   return true;
@@ -164,16 +165,16 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
           continue;
         }
         if (!SameIdentity(e, parent, tokens, domain, salt)) {
-          stats_.dedup_identity_mismatches.fetch_add(1, std::memory_order_relaxed);
+          Bump(stats_.dedup_identity_mismatches, 1);
           continue;
         }
         pool_->Ref(e);
         pool_->Unref(candidate);  // filling, refcount 1 -> free
-        stats_.dedup_hits.fetch_add(1, std::memory_order_relaxed);
+        Bump(stats_.dedup_hits, 1);
         return {PrefixRef{e, pool_->generation(e), identity_[e.value].prefix_key}, true};
       }
       if (collided) {
-        stats_.dedup_collisions.fetch_add(1, std::memory_order_relaxed);
+        Bump(stats_.dedup_collisions, 1);
         if (security_) security_({"dedup_collision", content, it->second.front(), candidate, domain});
       }
     }
@@ -191,7 +192,7 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
   }
   // The first live block under a key keeps it. An entry whose block no longer carries this
   // identity (a child orphaned when its parent was evicted, or a key collision) gives way.
-  auto [entry, inserted] = prefix_.TryEmplace(key, candidate);
+  auto [entry, inserted] = prefix_.TryEmplace(key, candidate, PrefixKeyOf());
   if (!inserted) {
     const BlockId e = *entry;
     const BlockState st = pool_->state(e);
@@ -210,7 +211,7 @@ void BlockIndex::OnEvict(BlockId b) {
   Identity& id = identity_[b.value];
   if (!id.indexed) return;
   if (evict_hook_) evict_hook_(b, IdentityOf(b));
-  if (const BlockId* p = prefix_.Find(id.prefix_key); p != nullptr && *p == b) prefix_.Erase(id.prefix_key);
+  prefix_.Erase(id.prefix_key, b);
   if (id.in_content) {
     auto c = content_.find(id.content_key);
     if (c != content_.end()) {

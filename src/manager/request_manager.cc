@@ -1,4 +1,5 @@
 #include "tessera/request_manager.h"
+#include "tessera/counter.h"
 
 #include <algorithm>
 #include <atomic>
@@ -196,7 +197,7 @@ Status RequestManager::NoRequest(RequestId r) {
 }
 
 Status RequestManager::OutOfBlocks(uint64_t needed) {
-  metrics_.out_of_blocks.fetch_add(1, std::memory_order_relaxed);
+  Bump(metrics_.out_of_blocks, 1);
   return Status(StatusCode::kOutOfBlocks, "blocks",
                 "need " + std::to_string(needed) + " blocks, " + std::to_string(pool_->Available()) +
                     " free or evictable of " + std::to_string(pool_->capacity()));
@@ -287,8 +288,11 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
       a.state_restored = r.restored;
       a.recompute_from = r.recompute_from;
       a.recompute_tokens = r.recompute_tokens;
-      (r.restored ? metrics_.states_restored : metrics_.recompute_tokens)
-          .fetch_add(r.restored ? 1 : r.recompute_tokens, std::memory_order_relaxed);
+      if (r.restored) {
+        Bump(metrics_.states_restored);
+      } else {
+        Bump(metrics_.recompute_tokens, r.recompute_tokens);
+      }
     }
   }
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
@@ -296,13 +300,13 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   ++live_;
   a.id = RequestId{id};
   const size_t full_blocks = prompt.size() / block_tokens_;
-  metrics_.requests_admitted.fetch_add(1, std::memory_order_relaxed);
-  metrics_.prefix_hit_tokens.fetch_add(a.cached_tokens, std::memory_order_relaxed);
-  metrics_.prefix_hit_blocks.fetch_add(a.cached_blocks, std::memory_order_relaxed);
-  metrics_.prefix_miss_blocks.fetch_add(full_blocks - a.cached_blocks, std::memory_order_relaxed);
-  metrics_.prefix_miss_tokens.fetch_add(prompt.size() - a.cached_tokens, std::memory_order_relaxed);
-  metrics_.tier_hit_blocks.fetch_add(a.tier_blocks, std::memory_order_relaxed);
-  metrics_.tier_hit_tokens.fetch_add(uint64_t{a.tier_blocks} * block_tokens_, std::memory_order_relaxed);
+  Bump(metrics_.requests_admitted, 1);
+  Bump(metrics_.prefix_hit_tokens, a.cached_tokens);
+  Bump(metrics_.prefix_hit_blocks, a.cached_blocks);
+  Bump(metrics_.prefix_miss_blocks, full_blocks - a.cached_blocks);
+  Bump(metrics_.prefix_miss_tokens, prompt.size() - a.cached_tokens);
+  Bump(metrics_.tier_hit_blocks, a.tier_blocks);
+  Bump(metrics_.tier_hit_tokens, uint64_t{a.tier_blocks} * block_tokens_);
   SyncStateBytes();
   return a;
 }
@@ -344,7 +348,7 @@ Status RequestManager::CopyOnWrite(Request& q, size_t slot) {
     }
   }
   q.table.Replace(slot, std::move(fresh));
-  metrics_.cow_copies.fetch_add(1, std::memory_order_relaxed);
+  Bump(metrics_.cow_copies, 1);
   return Status::Ok();
 }
 
@@ -555,7 +559,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
   requests_[id] = std::move(copy);
   ++live_;
-  metrics_.forks.fetch_add(1, std::memory_order_relaxed);
+  Bump(metrics_.forks, 1);
   SyncStateBytes();
   return RequestId{id};
 }

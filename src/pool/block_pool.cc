@@ -1,4 +1,5 @@
 #include "tessera/block_pool.h"
+#include "tessera/counter.h"
 
 #include <algorithm>
 #include <cassert>
@@ -68,8 +69,8 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(BlockPoolOptions options) {
 }
 
 void BlockPool::SetState(BlockId b, BlockState s) {
-  stats_.blocks_in_state[static_cast<size_t>(state_[b.value])].fetch_sub(1, std::memory_order_relaxed);
-  stats_.blocks_in_state[static_cast<size_t>(s)].fetch_add(1, std::memory_order_relaxed);
+  Drop(stats_.blocks_in_state[static_cast<size_t>(state_[b.value])], 1);
+  Bump(stats_.blocks_in_state[static_cast<size_t>(s)], 1);
   state_[b.value] = s;
 }
 
@@ -140,7 +141,7 @@ Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
       // Listeners see the block while its bytes are intact (tier demotion, index removal).
       for (const auto& listener : eviction_listeners_) listener(b);
       ++generation_[b.value];
-      stats_.evictions.fetch_add(1, std::memory_order_relaxed);
+      Bump(stats_.evictions, 1);
     }
     next_[b.value] = kNil;
     refcount_[b.value] = 1;
@@ -148,7 +149,7 @@ Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
     SetState(b, BlockState::kFilling);
     out->push_back(b);
   }
-  stats_.allocations.fetch_add(n, std::memory_order_relaxed);
+  Bump(stats_.allocations, n);
   return Status::Ok();
 }
 
@@ -175,13 +176,13 @@ void BlockPool::Unref(BlockId b) {
   next_[b.value] = free_head_;
   free_head_ = b.value;
   ++free_count_;
-  stats_.frees.fetch_add(1, std::memory_order_relaxed);
+  Bump(stats_.frees, 1);
 }
 
 void BlockPool::MarkSealed(BlockId b) {
   assert(state_[b.value] == BlockState::kFilling && "MarkSealed on a block that is not filling");
   SetState(b, BlockState::kSealed);
-  stats_.seals.fetch_add(1, std::memory_order_relaxed);
+  Bump(stats_.seals, 1);
 }
 
 void BlockPool::SetPriority(BlockId b, uint8_t priority) {
