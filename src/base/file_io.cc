@@ -1,4 +1,5 @@
 #include "tessera/file_io.h"
+#include "tessera/unique_fd.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -50,17 +51,13 @@ Result<std::string> ReadRegularFile(const std::string& path, std::string_view fi
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return IoError(f, "cannot open " + path + ": " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return NotRegular(field, path, st.st_mode);
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) return IoError(f, "cannot open " + path + ": " + std::strerror(errno));
-  auto fail = [fd](Status st_) {
-    ::close(fd);
-    return st_;
-  };
-  if (::fstat(fd, &st) != 0) return fail(IoError(f, "cannot stat " + path + ": " + std::strerror(errno)));
-  if (!S_ISREG(st.st_mode)) return fail(NotRegular(field, path, st.st_mode));
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  if (!fd.valid()) return IoError(f, "cannot open " + path + ": " + std::strerror(errno));
+  if (::fstat(fd.get(), &st) != 0) return IoError(f, "cannot stat " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return NotRegular(field, path, st.st_mode);
   const std::string limit = std::to_string(max_bytes) + " B";
   if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return fail(OutOfRange(f, path + " is " + std::to_string(st.st_size) + " B, more than the " + limit + " read"));
+    return OutOfRange(f, path + " is " + std::to_string(st.st_size) + " B, more than the " + limit + " read");
   }
   // Read at most max_bytes + 1: a file that grows while it is read is refused, not cut short.
   std::string text;
@@ -71,15 +68,14 @@ Result<std::string> ReadRegularFile(const std::string& path, std::string_view fi
       if (text.size() > max_bytes) break;
       text.resize(std::min<uint64_t>(max_bytes + 1, text.size() + 4096));
     }
-    ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    ssize_t n = ::read(fd.get(), text.data() + done, text.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return fail(IoError(f, "cannot read " + path + ": " + std::strerror(errno)));
+      return IoError(f, "cannot read " + path + ": " + std::strerror(errno));
     }
     if (n == 0) break;
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
   if (done > max_bytes) return OutOfRange(f, path + " grew past the " + limit + " read");
   text.resize(done);
   return text;
@@ -89,25 +85,20 @@ namespace {
 
 Status WriteAll(const std::string& path, const std::string& contents) {
   // O_EXCL: never opens an existing file, and never follows a link planted at the name.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return IoError("out", "cannot create " + path + ": " + std::strerror(errno));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd.valid()) return IoError("out", "cannot create " + path + ": " + std::strerror(errno));
   size_t done = 0;
   while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    ssize_t n = ::write(fd.get(), contents.data() + done, contents.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return IoError("out", "cannot write " + path + ": " + std::strerror(err));
+      return IoError("out", "cannot write " + path + ": " + std::strerror(errno));
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    return IoError("out", "cannot fsync " + path + ": " + std::strerror(err));
-  }
-  if (::close(fd) != 0) return IoError("out", "cannot close " + path + ": " + std::strerror(errno));
+  if (::fsync(fd.get()) != 0) return IoError("out", "cannot fsync " + path + ": " + std::strerror(errno));
+  // A close that fails can lose the data: it is checked, not left to the destructor.
+  if (::close(fd.Release()) != 0) return IoError("out", "cannot close " + path + ": " + std::strerror(errno));
   return Status::Ok();
 }
 
