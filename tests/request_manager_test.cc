@@ -626,6 +626,174 @@ TEST(RequestManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
   }
 }
 
+// --- Scheduler: hashed prompts, the cache-hit cap, Step --------------------------------------
+
+// The last prompt token is always computed (its logits start generation): a prompt of whole
+// blocks hits one block fewer than it has cached, one token more hits them all.
+TEST(RequestManagerScheduler, AdmissionLeavesTheLastPromptTokenToCompute) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(2000, 2 * kBlock));
+  Admission first = MustAdmit(*m, s.tokens());
+  Fill(*m, first.id, s, 2 * kBlock);
+  Admission whole = MustAdmit(*m, s.tokens());
+  EXPECT_EQ(whole.cached_blocks, 1u);
+  EXPECT_EQ(whole.cached_tokens, uint64_t{kBlock});
+  EXPECT_EQ(m->Tokens(whole.id), uint64_t{kBlock});
+  Admission more = MustAdmit(*m, AndOneMore(s.tokens()));
+  EXPECT_EQ(more.cached_blocks, 2u);
+  EXPECT_EQ(more.cached_tokens, 2u * kBlock);
+  // A one-token prompt has nothing to hit.
+  EXPECT_EQ(MustAdmit(*m, s.Slice(0, 1)).cached_blocks, 0u);
+}
+
+// A scheduler hashes a prompt once and retries its admission when blocks free up: a refusal
+// creates no request, takes no block and pins nothing.
+TEST(RequestManagerScheduler, PromptKeysAreReusedAcrossARefusedAdmission) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+  KvStream a;
+  a.Add(Range(1, 150));  // three blocks, two sealed
+  Admission ra = MustAdmit(*m, a.tokens());
+  Fill(*m, ra.id, a, 150);
+  Admission rc = MustAdmit(*m, Range(5000, 10));  // the fourth block
+  ASSERT_EQ(m->pool().free_count(), 0u);
+  const std::vector<BlockId> ta = Table(*m, ra.id);
+
+  std::vector<uint32_t> b(a.tokens().begin(), a.tokens().begin() + 2 * kBlock);
+  b.push_back(9);
+  b.push_back(10);  // the two sealed blocks and two tokens more: one new block
+  const PromptKeys keys = m->HashPrompt(b, {});
+  EXPECT_EQ(keys.keys().size(), 2u);
+  Result<Admission> refused = m->Admit(keys, {});
+  ASSERT_EQ(refused.status().code(), StatusCode::kOutOfBlocks);
+  EXPECT_EQ(refused.status().field(), "blocks");
+  EXPECT_EQ(m->live_requests(), 2u);
+  EXPECT_EQ(m->pool().free_count(), 0u);
+  EXPECT_EQ(m->pool().refcount(ta[0]), 1u);  // the hit was released
+  EXPECT_EQ(m->pool().refcount(ta[1]), 1u);
+  EXPECT_EQ(m->metrics().requests_admitted.load(), 2u);
+  EXPECT_EQ(m->metrics().out_of_blocks.load(), 1u);
+
+  ASSERT_TRUE(m->Free(rc.id).ok());
+  Result<Admission> retried = m->Admit(keys, {});
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_EQ(retried->cached_blocks, 2u);
+  const std::vector<BlockId> tb = Table(*m, retried->id);
+  ASSERT_EQ(tb.size(), 3u);
+  EXPECT_EQ(tb[0], ta[0]);
+  EXPECT_EQ(tb[1], ta[1]);
+  EXPECT_EQ(m->pool().refcount(ta[0]), 2u);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// Keys look blocks up in the domain and salt they were hashed for: another manager's keys, or
+// keys used for another tenant or salt, are refused rather than reading another tenant's blocks.
+TEST(RequestManagerScheduler, KeysHashedElsewhereAreRefused) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  std::unique_ptr<RequestManager> other = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  const std::vector<uint32_t> prompt = Range(1, 130);
+  RequestSpec t1, t2, salted;
+  t1.tenant = 1;
+  t2.tenant = 2;
+  salted.tenant = 1;
+  salted.cache_salt = 99;
+  const PromptKeys keys = m->HashPrompt(prompt, t1);
+  EXPECT_EQ(other->Admit(keys, t1).status().field(), "prompt");
+  EXPECT_EQ(m->Admit(keys, t2).status().field(), "prompt");
+  EXPECT_EQ(m->Admit(keys, salted).status().field(), "prompt");
+  EXPECT_EQ(m->Admit(keys, t2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->live_requests(), 0u);
+  EXPECT_EQ(other->live_requests(), 0u);
+  EXPECT_TRUE(m->Admit(keys, t1).ok());
+}
+
+// Two requests in one step: each reserves its tokens and appends them; the result names the
+// blocks each took, and the records read back.
+TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(700, 150));
+  RequestSpec chunked;
+  chunked.reserve_tokens = 0;
+  Admission a = MustAdmit(*m, s.tokens(), chunked);
+  Admission b = MustAdmit(*m, s.tokens(), chunked);
+  ASSERT_EQ(Table(*m, a.id).size(), 0u);
+  const std::vector<RequestId> ids = {a.id, b.id};
+  const std::vector<uint32_t> counts = {100, 70};
+  std::vector<uint32_t> tokens(s.tokens().begin(), s.tokens().begin() + 100);
+  tokens.insert(tokens.end(), s.tokens().begin(), s.tokens().begin() + 70);
+  StepResult r;
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, s.Writer(), &r).ok());
+  EXPECT_EQ(r.codes, (std::vector<StatusCode>{StatusCode::kOk, StatusCode::kOk}));
+  EXPECT_EQ(r.failed, 0u);
+  ASSERT_EQ(r.offsets, (std::vector<uint32_t>{0, 2, 4}));
+  EXPECT_EQ(std::vector<BlockId>(r.new_blocks.begin(), r.new_blocks.begin() + 2), Table(*m, a.id));
+  EXPECT_EQ(std::vector<BlockId>(r.new_blocks.begin() + 2, r.new_blocks.end()), Table(*m, b.id));
+  EXPECT_EQ(m->Tokens(a.id), 100u);
+  EXPECT_EQ(m->Tokens(b.id), 70u);
+  EXPECT_TRUE(RecordsMatch(*m, a.id, s));
+  EXPECT_TRUE(RecordsMatch(*m, b.id, s));
+  // The next step: a crosses no boundary (no block), b fills its second block.
+  const std::vector<uint32_t> more = {28, 58};
+  std::vector<uint32_t> next(s.tokens().begin() + 100, s.tokens().begin() + 128);
+  next.insert(next.end(), s.tokens().begin() + 70, s.tokens().begin() + 128);
+  ASSERT_TRUE(m->Step(StepBatch{ids, more, next}, s.Writer(), &r).ok());
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(r.offsets, (std::vector<uint32_t>{0, 0, 0}));
+  EXPECT_TRUE(r.new_blocks.empty());
+  EXPECT_EQ(Table(*m, a.id)[1], Table(*m, b.id)[1]);  // sealed with equal bytes: deduplicated
+  EXPECT_TRUE(RecordsMatch(*m, b.id, s));
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// A request the pool cannot serve is left unchanged and reported; the others go on.
+TEST(RequestManagerScheduler, StepLeavesARefusedRequestUnchanged) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(3));
+  KvStream s;
+  s.Add(Range(10, 3 * kBlock));
+  RequestSpec chunked;
+  chunked.reserve_tokens = 0;
+  Admission a = MustAdmit(*m, s.tokens(), chunked);
+  Admission b = MustAdmit(*m, s.tokens(), chunked);
+  const RequestId gone{77};
+  const std::vector<RequestId> ids = {a.id, b.id, gone};
+  const std::vector<uint32_t> counts = {2 * kBlock, 2 * kBlock, 1};
+  std::vector<uint32_t> tokens(s.tokens().begin(), s.tokens().begin() + 2 * kBlock);
+  tokens.insert(tokens.end(), s.tokens().begin(), s.tokens().begin() + 2 * kBlock);
+  tokens.push_back(1);
+  StepResult r;
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, s.Writer(), &r).ok());
+  EXPECT_EQ(r.codes,
+            (std::vector<StatusCode>{StatusCode::kOk, StatusCode::kOutOfBlocks, StatusCode::kInvalidArgument}));
+  EXPECT_EQ(r.failed, 2u);
+  EXPECT_EQ(r.offsets, (std::vector<uint32_t>{0, 2, 2, 2}));
+  EXPECT_EQ(m->Tokens(a.id), 2u * kBlock);
+  EXPECT_EQ(m->Tokens(b.id), 0u);
+  EXPECT_TRUE(Table(*m, b.id).empty());
+  EXPECT_EQ(m->pool().free_count(), 1u);
+  EXPECT_TRUE(RecordsMatch(*m, a.id, s));
+}
+
+TEST(RequestManagerScheduler, MalformedBatchesChangeNothing) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
+  Admission a = MustAdmit(*m, Range(1, 10));
+  const std::vector<RequestId> ids = {a.id};
+  const std::vector<uint32_t> one = {1}, two = {1, 1}, token = {5};
+  const KvStream s(1, 10);
+  StepResult r;
+  Status st = m->Step(StepBatch{ids, two, token}, s.Writer(), &r);
+  EXPECT_EQ(st.field(), "batch");
+  st = m->Step(StepBatch{ids, two, std::span<const uint32_t>(two)}, s.Writer(), &r);  // 2 counts for 1 request
+  EXPECT_EQ(st.field(), "batch");
+  st = m->Step(StepBatch{ids, one, {}}, s.Writer(), &r);  // 1 token counted, none given
+  EXPECT_EQ(st.field(), "batch");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  st = m->Step(StepBatch{ids, one, token}, nullptr, &r);  // a pool that holds bytes needs writers
+  EXPECT_EQ(st.field(), "writers");
+  EXPECT_EQ(m->Tokens(a.id), 0u);
+  EXPECT_EQ(Table(*m, a.id).size(), 1u);  // the block Admit reserved, nothing more
+}
+
 // --- The ledger and the pools agree ---------------------------------------------------------
 
 struct LedgerCase {

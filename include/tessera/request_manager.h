@@ -166,7 +166,8 @@ class RequestManager {
   RequestManager& operator=(const RequestManager&) = delete;
 
   PromptKeys HashPrompt(std::span<const uint32_t> prompt, const RequestSpec& spec) const;
-  // REQUIRES: keys from this manager's HashPrompt (else kInvalidArgument on "prompt").
+  // REQUIRES: keys from this manager's HashPrompt for the same tenant and cache salt as `spec`
+  // (else kInvalidArgument on "prompt": keys of one tenant never look up another's blocks).
   // Errors: kOutOfBlocks on "blocks" (no slots) or "requests" (the table is full): no request
   // is created; blocks promoted from the source stay cached in the pool.
   Result<Admission> Admit(const PromptKeys& keys, const RequestSpec& spec);
@@ -249,7 +250,7 @@ class RequestManager {
   size_t live_ = 0;
   uint32_t block_tokens_ = 0;
   bool token_groups_ = false;  // some group holds a record per token (else entries only)
-  uint64_t identity_ = 0;      // tells this manager's PromptKeys from another's (unique per process)
+  uint64_t instance_ = 0;      // tells this manager's PromptKeys from another's (unique per process)
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
 };

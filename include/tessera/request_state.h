@@ -147,7 +147,6 @@ class RequestStates {
   uint32_t window() const { return options_.window; }
   uint32_t slabs_free() const { return static_cast<uint32_t>(free_slabs_.size()); }
   const StateOptions& options() const { return options_; }
-  SwaStrategy strategy() const { return options_.strategy; }
 
   // For the strategies: storage and the fixed order of boundary rows.
   std::span<std::byte> SlabWindowRow(const SlabState& q, uint32_t layer_pos, uint64_t position) const;
@@ -165,9 +164,7 @@ class RequestStates {
   void ReleaseChunk(uint32_t chunk);
   std::span<std::byte> Chunk(uint32_t chunk) const { return chunks_[chunk]; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
-  uint64_t chunks_live() const { return chunks_live_; }
   const std::vector<StateLayer>& layers() const { return options_.layers; }
-  const SlabState& slab_state(uint32_t id) const { return states_[id]; }
 
  private:
   struct ArenaDeleter {

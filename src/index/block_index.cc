@@ -1,11 +1,12 @@
 #include "tessera/block_index.h"
-#include "tessera/counter.h"
 
 #include <algorithm>
 #include <cassert>
 #include <cstring>
 
 #include <openssl/evp.h>
+
+#include "tessera/counter.h"
 
 namespace tessera {
 

@@ -1,5 +1,4 @@
 #include "tessera/request_manager.h"
-#include "tessera/counter.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +9,7 @@
 #include <utility>
 
 #include "tessera/checked.h"
+#include "tessera/counter.h"
 #include "tessera/layout.h"
 #include "tessera/slots.h"
 
@@ -146,7 +146,7 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   const std::string_view variant = plan.state ? SwaStrategyName(options.window_strategy) : std::string_view();
   const Hash128 identity = CacheIdentityKey(g.config_sha256, options.weights_revision, *m->pool_, variant);
   static std::atomic<uint64_t> managers{0};
-  m->identity_ = managers.fetch_add(1, std::memory_order_relaxed) + 1;
+  m->instance_ = managers.fetch_add(1, std::memory_order_relaxed) + 1;
   m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), hasher, options.content_dedup,
                                            /*bucket_limit=*/8, identity);
   if (plan.state) {
@@ -218,7 +218,7 @@ PromptKeys RequestManager::HashPrompt(std::span<const uint32_t> prompt, const Re
   k.tokens_.assign(prompt.begin(), prompt.end());
   k.domain_ = domain_of(spec.tenant);
   k.salt_ = spec.cache_salt;
-  k.owner_ = identity_;
+  k.owner_ = instance_;
   k.keys_.reserve(prompt.size() / block_tokens_);
   Hash128 parent = index_->root_key();
   for (size_t i = 0; i + block_tokens_ <= prompt.size(); i += block_tokens_) {
@@ -233,7 +233,10 @@ Result<Admission> RequestManager::Admit(std::span<const uint32_t> prompt, const 
 }
 
 Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpec& spec) {
-  if (keys.owner_ != identity_) return InvalidArgument("prompt", "prompt keys hashed by another manager");
+  if (keys.owner_ != instance_) return InvalidArgument("prompt", "prompt keys hashed by another manager");
+  if (keys.domain_ != domain_of(spec.tenant) || keys.salt_ != spec.cache_salt) {
+    return InvalidArgument("prompt", "prompt keys hashed for another tenant or cache salt");
+  }
   if (live_ >= options_.max_requests || (states_ && states_->slabs_free() == 0)) {
     return Status(StatusCode::kOutOfBlocks, "requests",
                   "all " + std::to_string(options_.max_requests) + " request slots are in use");

@@ -1,10 +1,10 @@
 #include "tessera/block_pool.h"
-#include "tessera/counter.h"
 
 #include <algorithm>
 #include <cassert>
 
 #include "tessera/checked.h"
+#include "tessera/counter.h"
 
 namespace tessera {
 
