@@ -23,40 +23,8 @@ namespace {
 
 using testing::RedisServer;
 
-// One command on a fresh connection to 127.0.0.1:port; the reply rendered as text ("" on no
-// reply), its type and its integer.
-struct Reply {
-  int type = 0;
-  std::string text;
-  long long integer = 0;
-  bool ok() const { return type != 0 && type != REDIS_REPLY_ERROR; }
-};
-
-Reply Command(int port, const std::vector<std::string>& args) {
-  Reply out;
-  timeval tv{1, 0};
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, tv);
-  if (c == nullptr || c->err != 0) {
-    if (c != nullptr) redisFree(c);
-    return out;
-  }
-  redisSetTimeout(c, timeval{5, 0});
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (r != nullptr) {
-    out.type = r->type;
-    out.integer = r->integer;
-    if (r->str != nullptr) out.text.assign(r->str, r->len);
-    freeReplyObject(r);
-  }
-  redisFree(c);
-  return out;
-}
+using Reply = testing::RedisReply;
+Reply Command(int port, const std::vector<std::string>& args) { return testing::RedisCommand(port, args); }
 
 TierRecord Rec(uint64_t i, size_t n = 2000) {
   std::vector<std::byte> p(n);

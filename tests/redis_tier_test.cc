@@ -1,7 +1,6 @@
 #include "tessera/redis_tier.h"
 
 #include <gtest/gtest.h>
-#include <hiredis/hiredis.h>
 
 #include <atomic>
 #include <chrono>
@@ -42,21 +41,7 @@ std::unique_ptr<RedisTier> MustOpen(const RedisTierOptions& o) {
 }
 
 // One command on a fresh connection; the reply's string ("" if none).
-std::string Command(int port, const std::vector<std::string>& args) {
-  redisContext* c = redisConnect("127.0.0.1", port);
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const std::string& a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  std::string out;
-  if (r != nullptr && r->str != nullptr) out.assign(r->str, r->len);
-  if (r != nullptr) freeReplyObject(r);
-  redisFree(c);
-  return out;
-}
+std::string Command(int port, const std::vector<std::string>& args) { return testing::RedisCommand(port, args).text; }
 
 int64_t MillisSince(Clock::time_point t0) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
@@ -175,12 +160,9 @@ TEST(RedisTier, ACorruptedValueIsAMissNeverWrongBytes) {
   auto t = MustOpen(o);
   ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2)}).ok());
   // Overwrite byte 100 of record 1's value behind the tier's back.
-  redisContext* c = redisConnect("127.0.0.1", server.port());
-  std::string key = o.key_namespace + ":" + Rec(1).key.Hex();
-  freeReplyObject(redisCommand(c, "SETRANGE %s 100 %s", key.c_str(), "Z"));
-  std::string key2 = o.key_namespace + ":" + Rec(2).key.Hex();
-  freeReplyObject(redisCommand(c, "SET %s %s", key2.c_str(), "short"));
-  redisFree(c);
+  ASSERT_TRUE(
+      testing::RedisCommand(server.port(), {"SETRANGE", o.key_namespace + ":" + Rec(1).key.Hex(), "100", "Z"}).ok());
+  ASSERT_TRUE(testing::RedisCommand(server.port(), {"SET", o.key_namespace + ":" + Rec(2).key.Hex(), "short"}).ok());
   std::vector<Hash128> keys{Rec(1).key, Rec(2).key};
   auto got = t->GetBatch(keys);
   EXPECT_FALSE(got[0].has_value());

@@ -228,6 +228,44 @@ void RedisServer::Stop() {
   pid_ = -1;
 }
 
+bool RedisReply::ok() const {
+#if TESSERA_HAVE_REDIS
+  return type != 0 && type != REDIS_REPLY_ERROR;
+#else
+  return false;
+#endif
+}
+
+RedisReply RedisCommand(int port, const std::vector<std::string>& args) {
+  RedisReply out;
+#if TESSERA_HAVE_REDIS
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeval{1, 0});
+  if (c == nullptr || c->err != 0) {
+    if (c != nullptr) redisFree(c);
+    return out;
+  }
+  redisSetTimeout(c, timeval{5, 0});
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (r != nullptr) {
+    out.type = r->type;
+    out.integer = r->integer;
+    if (r->str != nullptr) out.text.assign(r->str, r->len);
+    freeReplyObject(r);
+  }
+  redisFree(c);
+#else
+  (void)port;
+  (void)args;
+#endif
+  return out;
+}
+
 std::string ForgeRedisValueV1(const Hash128& key, uint16_t format_id, const std::vector<std::byte>& payload) {
   struct {
     uint32_t magic;

@@ -117,6 +117,17 @@ class RedisServer {
   std::vector<std::string> args_;
 };
 
+// One command on a fresh connection to the server on 127.0.0.1:port (1 s to connect, 5 s for the
+// reply); the reply's type (0: none), its string and its integer. A build without Redis answers
+// nothing.
+struct RedisReply {
+  int type = 0;
+  std::string text;
+  long long integer = 0;
+  bool ok() const;  // a reply that is not an error
+};
+RedisReply RedisCommand(int port, const std::vector<std::string>& args);
+
 // A Redis value in the version-1 format (a 48-byte header — magic, version 1, format id, key,
 // payload length, xxh3-64 of the payload seeded with the key — then the payload): unkeyed, so
 // anyone with write access to a server could compute it. Tests plant such forgeries.
