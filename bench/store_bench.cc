@@ -158,6 +158,20 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
+// An unbacked DeepSeek-V3 fp8 manager for `requests` decoding requests (the decode benchmarks).
+std::unique_ptr<RequestManager> DecodeManager(uint32_t requests) {
+  ManagerOptions o = Fp8(40000, RegionKind::kUnbacked);
+  o.max_requests = requests;
+  return *RequestManager::Create(V3(), o);
+}
+
+// Admits `prompt` and appends what it did not hit (its slots were reserved by Admit).
+RequestId Prefill(RequestManager& m, std::span<const uint32_t> prompt) {
+  Admission a = *m.Admit(prompt, RequestSpec{});
+  (void)m.Append(a.id, prompt.subspan(a.cached_tokens), nullptr);
+  return a.id;
+}
+
 void BM_SchedulerTrace(benchmark::State& state) {
   constexpr uint32_t kRequests = 1024, kSteps = 256;
   const std::vector<std::vector<uint32_t>> prompts = TracePrompts();
@@ -167,17 +181,11 @@ void BM_SchedulerTrace(benchmark::State& state) {
   StepResult result;
   for (auto _ : state) {
     state.PauseTiming();
-    ManagerOptions o = Fp8(40000, RegionKind::kUnbacked);
-    o.max_requests = kRequests;
-    auto m = *RequestManager::Create(V3(), o);
+    auto m = DecodeManager(kRequests);
     std::vector<RequestId> ids(kRequests);
     state.ResumeTiming();
     auto t0 = std::chrono::steady_clock::now();
-    for (uint32_t r = 0; r < kRequests; ++r) {
-      Admission a = *m->Admit(prompts[r], RequestSpec{});
-      (void)m->Append(a.id, std::span<const uint32_t>(prompts[r]).subspan(a.cached_tokens), nullptr);
-      ids[r] = a.id;
-    }
+    for (uint32_t r = 0; r < kRequests; ++r) ids[r] = Prefill(*m, prompts[r]);
     auto t1 = std::chrono::steady_clock::now();
     for (uint32_t step = 0; step < kSteps; ++step) {
       auto s0 = std::chrono::steady_clock::now();
@@ -289,16 +297,12 @@ void BM_SealStep(benchmark::State& state) {
   StepResult result;
   for (auto _ : state) {
     state.PauseTiming();
-    ManagerOptions o = Fp8(40000, RegionKind::kUnbacked);
-    o.max_requests = kRequests;
-    auto m = *RequestManager::Create(V3(), o);
+    auto m = DecodeManager(kRequests);
     std::vector<RequestId> ids(kRequests);
     std::vector<uint32_t> prompt(2048 + 63);
     for (uint32_t r = 0; r < kRequests; ++r) {
       std::iota(prompt.begin(), prompt.end(), r * 100000u);
-      Admission a = *m->Admit(prompt, RequestSpec{});
-      (void)m->Append(a.id, prompt, nullptr);
-      ids[r] = a.id;
+      ids[r] = Prefill(*m, prompt);
     }
     state.ResumeTiming();
     (void)m->Step(StepBatch{ids, counts, tokens}, nullptr, &result);
