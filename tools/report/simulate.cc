@@ -342,13 +342,51 @@ void Simulation::VerifyWindows(const Agent& a) {
   }
 }
 
-// The scenario, once, through one manager built for `strategy` (models with windows) — the one
-// driver for every model. Fills the peak figures of `out` and adds its counters; returns the
-// run's own figures.
-Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
-                            SimulationResult& out) {
-  StrategyRun run;
-  if (strategy) run.strategy = *strategy;
+// The peak of a run, every request live: bytes held and window boundaries kept (`run`), and
+// sharing, copies of the shared context's first `shared_full_blocks` among the forked agents and
+// tenant isolation (`out`).
+void MeasurePeak(const RequestManager& m, const std::vector<Agent>& agents, const std::vector<size_t>& forked,
+                 uint64_t shared_full_blocks, StrategyRun& run, SimulationResult& out) {
+  run.bytes_held_peak = m.bytes_held();
+  if (m.states() != nullptr) {
+    run.boundaries_kept = m.states()->boundaries_kept();
+    run.bytes_kept_per_boundary = run.boundaries_kept > 0 ? m.states()->boundary_bytes_kept() / run.boundaries_kept : 0;
+  }
+  std::unordered_map<uint32_t, std::set<uint32_t>> block_domains;
+  std::set<uint32_t> physical;
+  out.requests = 0;
+  out.logical_blocks = 0;
+  for (const Agent& a : agents) {
+    if (!a.live) continue;
+    ++out.requests;
+    std::span<const BlockId> table = m.BlockTable(a.id);
+    out.logical_blocks += table.size();
+    for (BlockId b : table) {
+      physical.insert(b.value);
+      block_domains[b.value].insert(m.domain_of(a.tenant));
+    }
+  }
+  out.physical_blocks = physical.size();
+  out.bytes_saved = (out.logical_blocks - out.physical_blocks) * out.block_bytes;
+  for (const auto& [block, domains] : block_domains) out.cross_tenant_shares += domains.size() > 1 ? 1 : 0;
+  out.shared_context_copies = 0;
+  for (uint64_t i = 0; i < shared_full_blocks; ++i) {
+    std::set<uint32_t> copies;
+    for (size_t k : forked) {
+      // A table shorter than the shared context is possible when the pool is tiny.
+      std::span<const BlockId> table = agents[k].live ? m.BlockTable(agents[k].id) : std::span<const BlockId>();
+      if (i < table.size()) copies.insert(table[i].value);
+    }
+    out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
+  }
+}
+
+// The manager options of a run: the scenario's format and hashing, and a pool sized for the
+// first wave at its peak (every request live, nothing shared, plus slack for copy-on-write)
+// unless the scenario gives one; checked against what a simulation maps. `probe` receives the
+// ledger of one token (block span, format, the lines the state arena holds).
+Result<ManagerOptions> RunOptions(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
+                                  Ledger* probe) {
   ManagerOptions mo;
   mo.kv_format = s.kv_format;
   mo.block_tokens = s.block_tokens;
@@ -358,20 +396,13 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   if (strategy) mo.window_strategy = *strategy;
   const uint32_t pairs = std::min<uint32_t>(s.tenants, 2);
   mo.max_requests = 1 + s.agents + s.independent + 2 * pairs + 2;
-  // Token layout of the workload.
-  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
-  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
-  const uint64_t docs = s.shared_tokens - system - tools;
-
-  // Capacity: the first wave at its peak, every request live, nothing shared, plus slack for
-  // copy-on-write.
   LedgerOptions probe_options;
   probe_options.context_tokens = 1;
   probe_options.kv_format = s.kv_format;
   probe_options.block_tokens = s.block_tokens;
   if (strategy) probe_options.swa_strategy = *strategy;
-  TESSERA_ASSIGN_OR_RETURN(Ledger probe, ComputeLedger(g, probe_options));
-  const uint64_t bt = probe.block_tokens;
+  TESSERA_ASSIGN_OR_RETURN(*probe, ComputeLedger(g, probe_options));
+  const uint64_t bt = probe->block_tokens;
   if (s.capacity_blocks > 0) {
     mo.capacity_blocks = s.capacity_blocks;
   } else {
@@ -384,10 +415,10 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
     }
     mo.capacity_blocks = static_cast<uint32_t>(need.value());
   }
-  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(probe, mo.capacity_blocks, s));
+  TESSERA_RETURN_IF_ERROR(CheckPoolBytes(*probe, mo.capacity_blocks, s));
   // The per-request arena (window rings, compressor state) is mapped for every request too.
   Checked arena(0);
-  for (const CacheLine& line : probe.lines) {
+  for (const CacheLine& line : probe->lines) {
     if (!line.in_pages) arena += Checked(line.layers) * line.slots * line.format.record_bytes();
   }
   arena = arena * mo.max_requests;
@@ -396,6 +427,24 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
                                             " requests exceeds the " + std::to_string(kMaxPoolBytes) +
                                             " B a simulation maps");
   }
+  return mo;
+}
+
+// The scenario, once, through one manager built for `strategy` (models with windows) — the one
+// driver for every model. Fills the peak figures of `out` and adds its counters; returns the
+// run's own figures.
+Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
+                            SimulationResult& out) {
+  StrategyRun run;
+  if (strategy) run.strategy = *strategy;
+  Ledger probe;
+  TESSERA_ASSIGN_OR_RETURN(ManagerOptions mo, RunOptions(g, s, strategy, &probe));
+  const uint64_t bt = probe.block_tokens;
+  const uint32_t pairs = std::min<uint32_t>(s.tenants, 2);
+  // Token layout of the workload.
+  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t docs = s.shared_tokens - system - tools;
   // With a disk directory (a model with windows: one per strategy — their records carry
   // different state).
   const std::string dir =
@@ -505,40 +554,7 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   }
 
   // 5. The peak: sharing, copies of the shared context, tenant isolation, bytes held.
-  run.bytes_held_peak = m->bytes_held();
-  if (m->states() != nullptr) {
-    run.boundaries_kept = m->states()->boundaries_kept();
-    run.bytes_kept_per_boundary =
-        run.boundaries_kept > 0 ? m->states()->boundary_bytes_kept() / run.boundaries_kept : 0;
-  }
-  std::unordered_map<uint32_t, std::set<uint32_t>> block_domains;
-  std::set<uint32_t> physical;
-  out.requests = 0;
-  out.logical_blocks = 0;
-  for (const Agent& a : agents) {
-    if (!a.live) continue;
-    ++out.requests;
-    std::span<const BlockId> table = m->BlockTable(a.id);
-    out.logical_blocks += table.size();
-    for (BlockId b : table) {
-      physical.insert(b.value);
-      block_domains[b.value].insert(m->domain_of(a.tenant));
-    }
-  }
-  out.physical_blocks = physical.size();
-  out.bytes_saved = (out.logical_blocks - out.physical_blocks) * out.block_bytes;
-  for (const auto& [block, domains] : block_domains) out.cross_tenant_shares += domains.size() > 1 ? 1 : 0;
-  const uint64_t shared_full_blocks = s.shared_tokens / bt;
-  out.shared_context_copies = 0;
-  for (uint64_t i = 0; i < shared_full_blocks; ++i) {
-    std::set<uint32_t> copies;
-    for (size_t k : forked) {
-      // A table shorter than the shared context is possible when the pool is tiny.
-      std::span<const BlockId> table = agents[k].live ? m->BlockTable(agents[k].id) : std::span<const BlockId>();
-      if (i < table.size()) copies.insert(table[i].value);
-    }
-    out.shared_context_copies = std::max<uint64_t>(out.shared_context_copies, copies.size());
-  }
+  MeasurePeak(*m, agents, forked, s.shared_tokens / bt, run, out);
 
   // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
   for (Agent& a : agents) sim.Release(a, out);
