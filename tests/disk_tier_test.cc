@@ -687,9 +687,16 @@ TEST(DiskTierKey, MissingKeyWithRecordsIsAnErrorNotAQuarantine) {
     EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
     EXPECT_NE(t.status().message().find("prefix.key is missing"), std::string::npos) << t.status().ToString();
   }
+  // A process that derives its prefix keys from the directory first is refused the same way: a
+  // new key would make the next Open quarantine every record.
+  Result<TierKey> minted = DiskTier::LoadOrCreateKey(dir.path());
+  ASSERT_FALSE(minted.ok());
+  EXPECT_EQ(minted.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(minted.status().field(), "dir");
   EXPECT_EQ(ReadFile(SegmentPath(dir.path(), 1)), before);
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/prefix.key"));
   dir.Write("prefix.key", key);
+  ASSERT_TRUE(DiskTier::LoadOrCreateKey(dir.path()).ok());
   EXPECT_EQ(MustOpen(Opts(dir.path()))->stats().records, 3u);
 }
 

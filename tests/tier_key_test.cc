@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "tessera/disk_tier.h"
 #include "tessera/unique_fd.h"
 #include "test_support.h"
 
@@ -30,19 +31,19 @@ Result<TierKey> LoadAt(const std::string& dir, bool create) {
 
 TEST(TierKey, CreatedOnceWithOwnerOnlyModeAndValidated) {
   TempDir dir;
-  Result<TierKey> k = LoadOrCreateTierKey(dir.path() + "/sub");
+  Result<TierKey> k = DiskTier::LoadOrCreateKey(dir.path() + "/sub");
   ASSERT_TRUE(k.ok()) << k.status().ToString();
   EXPECT_EQ(k->secret.size(), 32u);
   EXPECT_TRUE(k->warnings.empty());
   EXPECT_EQ(ModeOf(dir.path() + "/sub/prefix.key"), 0600u);
   EXPECT_EQ(ModeOf(dir.path() + "/sub"), 0700u);
-  EXPECT_EQ(LoadOrCreateTierKey(dir.path() + "/sub")->secret, k->secret);
-  Result<TierKey> other = LoadOrCreateTierKey(dir.path() + "/other");
+  EXPECT_EQ(DiskTier::LoadOrCreateKey(dir.path() + "/sub")->secret, k->secret);
+  Result<TierKey> other = DiskTier::LoadOrCreateKey(dir.path() + "/other");
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->secret, k->secret);
   std::filesystem::create_directories(dir.path() + "/bad");
   dir.Write("bad/prefix.key", "short");
-  Result<TierKey> bad = LoadOrCreateTierKey(dir.path() + "/bad");
+  Result<TierKey> bad = DiskTier::LoadOrCreateKey(dir.path() + "/bad");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
   EXPECT_EQ(bad.status().field(), "dir");
@@ -77,10 +78,10 @@ TEST(TierKey, LinkOrFifoIsRefusedNeverFollowed) {
 
 TEST(TierKey, KeyReadableByOthersIsServedWithAWarning) {
   TempDir dir;
-  Result<TierKey> k = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> k = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(k.ok());
   ASSERT_EQ(::chmod((dir.path() + "/prefix.key").c_str(), 0644), 0);
-  Result<TierKey> again = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> again = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(again->secret, k->secret);
   ASSERT_EQ(again->warnings.size(), 1u);

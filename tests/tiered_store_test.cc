@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "kv_stream.h"
+#include "tessera/disk_tier.h"
 #include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
@@ -101,7 +102,7 @@ uint64_t RecordBytes(const RequestManager& m) { return ((104 + kBlock * 4 + 63) 
 // What a first process leaves behind: `s` served with a disk tier in `dir`, written through, under
 // the directory's prefix key, which it returns.
 std::vector<std::byte> WriteThroughInAnotherProcess(const std::string& dir, const Stream& s) {
-  Result<TierKey> key = LoadOrCreateTierKey(dir);
+  Result<TierKey> key = DiskTier::LoadOrCreateKey(dir);
   EXPECT_TRUE(key.ok()) << key.status().ToString();
   if (!key.ok()) return {};
   auto m = Manager(8, key->secret);
@@ -171,7 +172,7 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DemoteAndPromote, ::testing::Bool());
 
 TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
   TempDir dir;
-  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(key.ok()) << key.status().ToString();
   Stream a(7, 5 * kBlock + 3);
   {
@@ -187,7 +188,7 @@ TEST(TieredStore, WriteThroughLetsASecondProcessFindBlocksOnDisk) {
     m->SetBlockSource(nullptr);
   }
   // A cold process: the same key from the directory, a fresh pool.
-  Result<TierKey> key2 = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key2 = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(key2.ok());
   EXPECT_EQ(key2->secret, key->secret);
   auto m = Manager(16, key2->secret);
@@ -238,7 +239,7 @@ TEST(TieredStore, WriteBackWritesNothingUntilEvictionOrCheckpoint) {
 // still in the pool.
 TEST(TieredStore, CheckpointWritesTheHostTierDownToDisk) {
   TempDir dir;
-  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(key.ok());
   std::vector<Stream> streams;
   for (uint32_t i = 0; i < 4; ++i) streams.emplace_back(1000 * (i + 1), 3 * kBlock + 1);
@@ -358,7 +359,7 @@ TEST(TieredStore, FlushIsOkWhenATierBelowTookTheRefusedRecords) {
 // quarantining each other's records.
 TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
   TempDir dir;
-  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(key.ok());
   auto open = [&](const std::string& preset, const std::string& format, const std::string& revision) {
     ManagerOptions o = Options(8, key->secret);

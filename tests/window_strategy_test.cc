@@ -1,6 +1,6 @@
+#include "tessera/disk_tier.h"
 #include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
-#include "tessera/tier_key.h"
 #include "tessera/tiered_store.h"
 
 #include <gtest/gtest.h>
@@ -225,7 +225,7 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
   std::vector<uint32_t> prefix(toks.begin(), toks.begin() + 512);
   std::vector<uint32_t> rest(toks.begin() + 512, toks.end());
   testing::TempDir dir;
-  Result<TierKey> key = LoadOrCreateTierKey(dir.path());
+  Result<TierKey> key = DiskTier::LoadOrCreateKey(dir.path());
   ASSERT_TRUE(key.ok());
   ManagerOptions o;
   o.window_strategy = s;

@@ -49,6 +49,7 @@
 #include "tessera/record_mac.h"
 #include "tessera/status.h"
 #include "tessera/tier.h"
+#include "tessera/tier_key.h"
 #include "tessera/unique_fd.h"
 
 namespace tessera {
@@ -105,6 +106,11 @@ class DiskTier {
   // `prefix.key` does not; kFailedPrecondition when another process holds the directory's lock;
   // kIoError for a planted link, a foreign file named as a segment, or an I/O failure.
   static Result<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options);
+  // The key of the tier directory `dir` (created 0700 with any missing parent), for a process
+  // that derives its prefix keys from the directory before it opens the tier. Loaded, or created
+  // only while the directory holds no segment — Open's rule: a directory whose key was lost is
+  // refused (kNotFound on "dir"), never given a new key under which every record would fail.
+  static Result<TierKey> LoadOrCreateKey(const std::string& dir);
   ~DiskTier();
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;

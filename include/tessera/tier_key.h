@@ -35,7 +35,4 @@ Result<TierKey> LoadTierKeyAt(int dir_fd, const std::string& dir, bool create);
 // Creates `dir` and any missing parent, each mode 0700; OK when it exists. kIoError on "dir".
 Status CreateTierDirectory(const std::string& dir);
 
-// Opens `dir` (created as CreateTierDirectory does when absent) and loads or creates its key.
-Result<TierKey> LoadOrCreateTierKey(const std::string& dir);
-
 }  // namespace tessera

@@ -114,6 +114,35 @@ std::optional<uint32_t> ParseSegmentName(std::string_view name) {
   return id;
 }
 
+// The ids of the segment files in the directory open as `dir_fd`, ascending.
+Result<std::vector<uint32_t>> ListSegments(int dir_fd, const std::string& dir) {
+  std::vector<uint32_t> ids;
+  int list_fd = ::dup(dir_fd);
+  DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
+  if (d == nullptr) {
+    if (list_fd >= 0) ::close(list_fd);
+    return Errno("dir", "cannot list " + dir);
+  }
+  ::rewinddir(d);
+  while (dirent* e = ::readdir(d)) {
+    if (std::optional<uint32_t> id = ParseSegmentName(e->d_name)) ids.push_back(*id);
+  }
+  ::closedir(d);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+// The directory's key; created (when `create`) only while it holds no segment: segments whose
+// key is missing cannot be authenticated, and a new key would make every record fail.
+Result<TierKey> DirectoryKey(int dir_fd, const std::string& dir, size_t segments, bool create) {
+  Result<TierKey> key = LoadTierKeyAt(dir_fd, dir, create && segments == 0);
+  if (key.status().code() == StatusCode::kNotFound && segments > 0) {
+    return NotFound("dir", dir + "/" + kTierKeyFile + " is missing: its " + std::to_string(segments) +
+                               " segment files cannot be authenticated (restore the key or remove them)");
+  }
+  return key;
+}
+
 std::string Octal(mode_t mode) {
   char buf[8];
   std::snprintf(buf, sizeof buf, "%03o", static_cast<unsigned>(mode & 0777));
@@ -202,6 +231,14 @@ Status DiskTier::OpenSegment(uint32_t id, bool create) {
   return Status::Ok();
 }
 
+Result<TierKey> DiskTier::LoadOrCreateKey(const std::string& dir) {
+  TESSERA_RETURN_IF_ERROR(CreateTierDirectory(dir));
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Errno("dir", "cannot open " + dir);
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> ids, ListSegments(fd.get(), dir));
+  return DirectoryKey(fd.get(), dir, ids.size(), /*create=*/true);
+}
+
 Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options) {
   if (options.dir.empty()) return InvalidArgument("dir", "a directory is required");
   if (options.segment_bytes == 0) return InvalidArgument("segment-bytes", "must be positive");
@@ -209,36 +246,16 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options)
   t->options_ = options;
   TESSERA_RETURN_IF_ERROR(t->OpenDirectory());
 
-  std::vector<uint32_t> ids;
-  {
-    int list_fd = ::dup(t->dir_fd_.get());
-    DIR* d = list_fd >= 0 ? ::fdopendir(list_fd) : nullptr;
-    if (d == nullptr) {
-      if (list_fd >= 0) ::close(list_fd);
-      return Errno("dir", "cannot list " + options.dir);
-    }
-    ::rewinddir(d);
-    while (dirent* e = ::readdir(d)) {
-      if (std::optional<uint32_t> id = ParseSegmentName(e->d_name)) ids.push_back(*id);
-    }
-    ::closedir(d);
-  }
-  std::sort(ids.begin(), ids.end());
-
-  const bool may_create_key = !options.read_only && options.create && ids.empty();
-  Result<TierKey> key = LoadTierKeyAt(t->dir_fd_.get(), options.dir, may_create_key);
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<uint32_t> ids, ListSegments(t->dir_fd_.get(), options.dir));
+  Result<TierKey> key = DirectoryKey(t->dir_fd_.get(), options.dir, ids.size(), !options.read_only && options.create);
   if (key.ok()) {
     t->secret_ = std::move(key->secret);
     for (std::string& w : key->warnings) t->warnings_.push_back(std::move(w));
     TESSERA_ASSIGN_OR_RETURN(RecordMac mac, RecordMac::Create(t->secret_, kMacLabel));
     t->mac_ = std::make_unique<RecordMac>(std::move(mac));
   } else if (key.status().code() != StatusCode::kNotFound || !ids.empty()) {
-    if (key.status().code() == StatusCode::kNotFound) {
-      return NotFound("dir", options.dir + "/" + kTierKeyFile + " is missing: its " + std::to_string(ids.size()) +
-                                 " segment files cannot be authenticated (restore the key or remove them)");
-    }
     return key.status();
-  }
+  }  // else no key and no segment, none to be created (read-only, or !create): an empty tier
 
   for (uint32_t id : ids) TESSERA_RETURN_IF_ERROR(t->OpenSegment(id, false));
   for (Segment& seg : t->segments_) TESSERA_RETURN_IF_ERROR(t->Scan(seg));

@@ -90,11 +90,4 @@ Status CreateTierDirectory(const std::string& dir) {
   }
 }
 
-Result<TierKey> LoadOrCreateTierKey(const std::string& dir) {
-  TESSERA_RETURN_IF_ERROR(CreateTierDirectory(dir));
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return Errno("cannot open " + dir, errno);
-  return LoadTierKeyAt(fd.get(), dir, /*create=*/true);
-}
-
 }  // namespace tessera

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "tessera/checked.h"
+#include "tessera/disk_tier.h"
 #include "tessera/request_manager.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
@@ -450,7 +451,7 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   const std::string dir =
       s.disk_dir.empty() || !strategy ? s.disk_dir : s.disk_dir + "/" + std::string(SwaStrategyName(*strategy));
   if (!dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(TierKey key, LoadOrCreateTierKey(dir));
+    TESSERA_ASSIGN_OR_RETURN(TierKey key, DiskTier::LoadOrCreateKey(dir));
     mo.hash_key = std::move(key.secret);
     for (std::string& w : key.warnings) out.warnings.push_back(std::move(w));
   }
