@@ -6,7 +6,7 @@
 //   4 KiB-aligned records (BM_Io*; each prints its ratio to the pread/pwrite baseline as x_sync)
 //
 //   cmake --preset release && cmake --build build/release --target tier_bench
-//   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tier_bench   (default: build dir)
+//   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tier_bench   (default: $TMPDIR or /tmp)
 #include <arpa/inet.h>
 #include <benchmark/benchmark.h>
 

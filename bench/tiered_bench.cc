@@ -9,7 +9,7 @@
 // Model: DeepSeek-V3 with fp8_ds_mla records, 64-token blocks (61 layers x 64 x 656 B).
 //
 //   cmake --preset release && cmake --build build/release --target tiered_bench
-//   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tiered_bench   (default: build dir)
+//   TESSERA_BENCH_DIR=/path/on/the/disk build/release/bench/tiered_bench   (default: $TMPDIR or /tmp)
 #include <benchmark/benchmark.h>
 
 #include "bench_support.h"
