@@ -120,9 +120,11 @@ TEST(PromoteFromSource, LeadingRunIsSealedAsAChain) {
   Hold(src, s);
   auto m = Manager(16);
   m->SetBlockSource(&src);
+  const size_t sealed_before = src.sealed;
   Admission a = *m->Admit(s.tokens(), NoReserve());
   EXPECT_EQ(src.probed, 4u);
   EXPECT_EQ(a.cached_blocks, 4u);
+  EXPECT_EQ(src.sealed, sealed_before);  // what came from the source is not written back to it
   EXPECT_EQ(m->metrics().tier_hit_blocks.load(), 4u);
   EXPECT_EQ(m->pool().free_count(), 12u);
   // The promoted blocks are a verified chain: a second request finds them in the pool itself.

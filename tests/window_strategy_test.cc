@@ -256,6 +256,23 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     EXPECT_EQ(store->tier_counters(0).records, 2u);
     m->SetBlockSource(nullptr);
   }
+  {
+    // A cold pool too small for the prompt: the admission is refused, and what it promoted stays
+    // cached, its kept state counted in the metrics.
+    ManagerOptions tight = o;
+    tight.capacity_blocks = 2;
+    std::unique_ptr<RequestManager> t = Make(g, tight);
+    auto tight_store = store_for(*t);
+    t->SetBlockSource(tight_store.get());
+    EXPECT_EQ(t->Admit(toks, RequestSpec{}).status().code(), StatusCode::kOutOfBlocks);
+    EXPECT_EQ(t->live_requests(), 0u);
+    EXPECT_EQ(t->pool().cached_count(), 2u);
+    EXPECT_EQ(t->metrics().state_bytes.load(), t->states()->bytes_held());
+    if (s != SwaStrategy::kRecompute) {
+      EXPECT_GT(t->states()->bytes_held(), 0u);
+    }
+    t->SetBlockSource(nullptr);
+  }
   std::unique_ptr<RequestManager> m = Make(g, o);
   auto store = store_for(*m);
   m->SetBlockSource(store.get());

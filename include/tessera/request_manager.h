@@ -234,12 +234,15 @@ class RequestManager {
   Status AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w);
   StatusCode StepOne(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
                      std::vector<BlockId>* new_blocks);
-  void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
-                const std::vector<std::byte>* promoted_state);
+  // What a seal is for: a span the request wrote (handed to the block source), or a block
+  // promoted from the source (never written back), with the state it brought (models with windows).
+  struct Promoted {
+    const std::vector<std::byte>* state = nullptr;
+  };
+  void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, std::optional<Promoted> promoted);
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).
   void SyncStateBytes();
-  std::vector<PrefixRef> CachedPrefix(const PromptKeys& keys, size_t max_blocks);
 
   ManagerOptions options_;
   std::unique_ptr<BlockPool> pool_;

@@ -268,7 +268,7 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
                                                           q.salt, &q.table, states_ ? &states : nullptr));
     for (size_t i = 0; i < a.tier_blocks; ++i) {
       const size_t slot = first + i;
-      SealSlot(q, slot, prompt.subspan(slot * block_tokens_, block_tokens_), states_ ? &states[i] : nullptr);
+      SealSlot(q, slot, prompt.subspan(slot * block_tokens_, block_tokens_), Promoted{states_ ? &states[i] : nullptr});
     }
   }
   a.cached_blocks = static_cast<uint32_t>(q.table.size());
@@ -279,8 +279,12 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   const uint64_t reserve = std::min(rest, spec.reserve_tokens.value_or(rest));
   const uint64_t need = BlocksNeeded(a.cached_tokens + reserve + options_.spec_tokens);
   const uint64_t more = need > q.table.size() ? need - q.table.size() : 0;
-  // Refused: the request's table releases its references as it goes out of scope.
-  if (more > pool_->Available()) return OutOfBlocks(more);
+  // Refused: the request's table releases its references as it goes out of scope (promoted
+  // blocks stay cached, with the state they installed).
+  if (more > pool_->Available()) {
+    SyncStateBytes();
+    return OutOfBlocks(more);
+  }
   Status allocated = q.table.Allocate(static_cast<uint32_t>(more));
   assert(allocated.ok());
   (void)allocated;
@@ -419,7 +423,7 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
     q.span_tokens.insert(q.span_tokens.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n));
     q.tokens += n;
     if (q.tokens % block_tokens_ == 0) {
-      SealSlot(q, q.tokens / block_tokens_ - 1, q.span_tokens, nullptr);
+      SealSlot(q, q.tokens / block_tokens_ - 1, q.span_tokens, std::nullopt);
       q.span_tokens.clear();
     }
     tokens = tokens.subspan(n);
@@ -427,10 +431,10 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
   return Status::Ok();
 }
 
-// The one seal path, for a span the request wrote and for one promoted from the block source
-// (`promoted_state` non-null: its state came with it; it is not written back).
+// The one seal path, for a span the request wrote and for a block promoted from the block
+// source (its state, if any, came with it; nothing is written back to the source).
 void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
-                              const std::vector<std::byte>* promoted_state) {
+                              std::optional<Promoted> promoted) {
   const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
   const BlockIndex::SealResult sealed = index_->Seal(q.table[slot], parent, tokens, q.domain, q.salt);
   const BlockId kept = sealed.ref.block;
@@ -438,8 +442,8 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
   pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
   q.table.Rename(slot, kept);
   q.chain.push_back(sealed.ref);
-  if (promoted_state != nullptr) {
-    states_->Install(kept, *promoted_state);
+  if (promoted) {
+    if (promoted->state != nullptr) states_->Install(kept, *promoted->state);
     return;
   }
   if (states_) states_->Sealed(q.state, uint64_t{slot + 1} * block_tokens_, kept);
