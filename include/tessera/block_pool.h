@@ -210,8 +210,6 @@ class PinnedBlocks {
   // Appends n fresh blocks (kFilling, taking free blocks first, then evicting cached ones);
   // kOutOfBlocks on "blocks" changes nothing.
   Status Allocate(uint32_t n);
-  // Moves every reference of `other` to the end of this table (same pool).
-  void Append(PinnedBlocks&& other);
   // The reference at `slot` is released and replaced by `fresh`'s only reference (a
   // copy-on-write). REQUIRES: fresh.size() == 1.
   void Replace(size_t slot, PinnedBlocks&& fresh);

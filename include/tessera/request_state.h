@@ -79,7 +79,6 @@ struct SlabState {
 class WindowStrategy {
  public:
   virtual ~WindowStrategy() = default;
-  virtual SwaStrategy kind() const = 0;
   // The window row of `position` of layer `layer_pos` (index into the layers).
   virtual std::span<std::byte> WindowRow(const SlabState& q, uint32_t layer_pos, uint64_t position) const = 0;
   // Before token `position` is written (retain opens and drops window chunks).
@@ -113,7 +112,7 @@ class RequestStates {
   // A slab for a new request. kOutOfBlocks on "requests" when every slab is in use.
   Result<uint32_t> Open();
   void Close(uint32_t id);
-  // A new slab holding a copy of `parent`'s rows at `tokens`. kOutOfBlocks as Open.
+  // A new slab holding a copy of `parent`'s rows. kOutOfBlocks as Open.
   Result<uint32_t> Fork(uint32_t parent);
 
   // Writes token `position`'s window and compressor rows; when `entries` is given, each group the

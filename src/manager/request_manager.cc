@@ -17,7 +17,6 @@ namespace tessera {
 
 struct RequestManager::Request {
   bool live = false;
-  uint32_t tenant = 0;
   uint32_t domain = 0;
   uint64_t salt = 0;
   uint8_t priority = kDefaultRetentionPriority;
@@ -247,7 +246,6 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   Request q;
   q.table = PinnedBlocks(pool_.get());
   q.live = true;
-  q.tenant = spec.tenant;
   q.domain = keys.domain_;
   q.salt = keys.salt_;
   q.priority = std::min(spec.priority, kMaxRetentionPriority);
@@ -381,7 +379,7 @@ Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
 
 // Writes `tokens` (REQUIRES: their slots are reserved and unshared), one block span at a time:
 // per-token records only where writers fill them, the state component token by token, and a
-// seal where a span completes. Bookkeeping alone costs per span, not per token.
+// seal where a span completes. Without writers and windows the cost is per span, not per token.
 Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w) {
   const bool pages = w.page && pool_->backed() && token_groups_;
   while (!tokens.empty()) {
@@ -555,7 +553,6 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
     TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
   }
   copy.live = true;
-  copy.tenant = p->tenant;
   copy.domain = p->domain;
   copy.salt = p->salt;
   copy.priority = p->priority;

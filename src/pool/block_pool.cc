@@ -296,12 +296,6 @@ void PinnedBlocks::Pin(BlockId b) {
 
 Status PinnedBlocks::Allocate(uint32_t n) { return pool_->Allocate(n, &ids_); }
 
-void PinnedBlocks::Append(PinnedBlocks&& other) {
-  assert(other.pool_ == pool_ || other.ids_.empty());
-  ids_.insert(ids_.end(), other.ids_.begin(), other.ids_.end());
-  other.ids_.clear();
-}
-
 void PinnedBlocks::Replace(size_t slot, PinnedBlocks&& fresh) {
   assert(fresh.ids_.size() == 1 && fresh.pool_ == pool_);
   pool_->Unref(ids_[slot]);

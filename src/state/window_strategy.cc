@@ -14,7 +14,6 @@ namespace {
 class RecomputeStrategy final : public WindowStrategy {
  public:
   explicit RecomputeStrategy(RequestStates& states) : states_(states) {}
-  SwaStrategy kind() const override { return SwaStrategy::kRecompute; }
   std::span<std::byte> WindowRow(const SlabState& q, uint32_t layer_pos, uint64_t position) const override {
     return states_.SlabWindowRow(q, layer_pos, position);
   }
@@ -93,7 +92,6 @@ class KeepingStrategy : public WindowStrategy {
 class SnapshotStrategy final : public KeepingStrategy {
  public:
   using KeepingStrategy::KeepingStrategy;
-  SwaStrategy kind() const override { return SwaStrategy::kSnapshot; }
   std::span<std::byte> WindowRow(const SlabState& q, uint32_t layer_pos, uint64_t position) const override {
     return states_.SlabWindowRow(q, layer_pos, position);
   }
@@ -123,7 +121,6 @@ class SnapshotStrategy final : public KeepingStrategy {
 class RetainStrategy final : public KeepingStrategy {
  public:
   using KeepingStrategy::KeepingStrategy;
-  SwaStrategy kind() const override { return SwaStrategy::kRetain; }
   std::span<std::byte> WindowRow(const SlabState& q, uint32_t layer_pos, uint64_t position) const override {
     const uint64_t window = states_.window();
     const uint64_t c = position / window;
