@@ -724,6 +724,7 @@ TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {
   tokens.insert(tokens.end(), s.tokens().begin(), s.tokens().begin() + 70);
   StepResult r;
   ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, s.Writer(), &r).ok());
+  EXPECT_TRUE(r.replaced.empty());
   EXPECT_EQ(r.codes, (std::vector<StatusCode>{StatusCode::kOk, StatusCode::kOk}));
   EXPECT_EQ(r.failed, 0u);
   ASSERT_EQ(r.offsets, (std::vector<uint32_t>{0, 2, 4}));
@@ -734,6 +735,7 @@ TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {
   EXPECT_TRUE(RecordsMatch(*m, a.id, s));
   EXPECT_TRUE(RecordsMatch(*m, b.id, s));
   // The next step: a crosses no boundary (no block), b fills its second block.
+  const BlockId b_second = Table(*m, b.id)[1];
   const std::vector<uint32_t> more = {28, 58};
   std::vector<uint32_t> next(s.tokens().begin() + 100, s.tokens().begin() + 128);
   next.insert(next.end(), s.tokens().begin() + 70, s.tokens().begin() + 128);
@@ -742,7 +744,40 @@ TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {
   EXPECT_EQ(r.offsets, (std::vector<uint32_t>{0, 0, 0}));
   EXPECT_TRUE(r.new_blocks.empty());
   EXPECT_EQ(Table(*m, a.id)[1], Table(*m, b.id)[1]);  // sealed with equal bytes: deduplicated
+  // ... which the step reports, so that an engine's copy of b's table follows.
+  ASSERT_EQ(r.replaced.size(), 1u);
+  EXPECT_EQ(r.replaced[0].request, 1u);
+  EXPECT_EQ(r.replaced[0].slot, 1u);
+  EXPECT_EQ(r.replaced[0].from, b_second);
+  EXPECT_EQ(r.replaced[0].to, Table(*m, a.id)[1]);
   EXPECT_TRUE(RecordsMatch(*m, b.id, s));
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// A fork shares its parent's unsealed block until it writes: the step that writes reports the
+// copy it made.
+TEST(RequestManagerScheduler, StepReportsACopyOnWrite) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(40, kBlock + 10));
+  Admission a = MustAdmit(*m, s.Slice(0, kBlock + 5), RequestSpec{});
+  ASSERT_TRUE(m->Append(a.id, s.Slice(0, kBlock + 5), s.Writer()).ok());
+  RequestId child = *m->Fork(a.id);
+  const BlockId shared = Table(*m, child)[1];
+  ASSERT_EQ(shared, Table(*m, a.id)[1]);
+  const std::vector<RequestId> ids = {a.id, child};
+  const std::vector<uint32_t> counts = {0, 1};
+  const std::vector<uint32_t> tokens(s.tokens().begin() + kBlock + 5, s.tokens().begin() + kBlock + 6);
+  StepResult r;
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, s.Writer(), &r).ok());
+  ASSERT_EQ(r.failed, 0u);
+  ASSERT_EQ(r.replaced.size(), 1u);
+  EXPECT_EQ(r.replaced[0].request, 1u);
+  EXPECT_EQ(r.replaced[0].slot, 1u);
+  EXPECT_EQ(r.replaced[0].from, shared);
+  EXPECT_EQ(r.replaced[0].to, Table(*m, child)[1]);
+  EXPECT_NE(Table(*m, child)[1], shared);
+  EXPECT_EQ(Table(*m, a.id)[1], shared);  // the parent keeps its block
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
 

@@ -138,6 +138,16 @@ struct StepResult {
   // Blocks each request took this step: new_blocks[offsets[i], offsets[i + 1]).
   std::vector<uint32_t> offsets;
   std::vector<BlockId> new_blocks;
+  // Slots a request already had whose block id changed this step: a copy-on-write of a block
+  // shared with a fork, or a block sealed as a duplicate of a cached one (then shared). An
+  // engine that mirrors block tables applies these as well as new_blocks.
+  struct SlotChange {
+    uint32_t request = 0;  // index into the batch
+    uint32_t slot = 0;     // index into the request's block table
+    BlockId from;
+    BlockId to;
+  };
+  std::vector<SlotChange> replaced;
 };
 
 struct ManagerMetrics {
@@ -232,8 +242,8 @@ class RequestManager {
   Status CopyOnWrite(Request& q, size_t slot);
   Status Reserve(Request& q, uint64_t n);
   Status AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w);
-  StatusCode StepOne(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
-                     std::vector<BlockId>* new_blocks);
+  StatusCode StepOne(uint32_t index, RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
+                     StepResult* out);
   // What a seal is for: a span the request wrote (handed to the block source), or a block
   // promoted from the source (never written back), with the state it brought (models with windows).
   struct Promoted {
@@ -256,6 +266,7 @@ class RequestManager {
   uint64_t instance_ = 0;      // tells this manager's PromptKeys from another's (unique per process)
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
+  std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
 };
 
 }  // namespace tessera

@@ -500,11 +500,12 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   out->offsets.assign(1, 0);
   out->offsets.reserve(batch.requests.size() + 1);
   out->new_blocks.clear();
+  out->replaced.clear();
   size_t next = 0;
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
     next += batch.counts[i];
-    out->codes[i] = StepOne(batch.requests[i], tokens, writers, &out->new_blocks);
+    out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
     if (out->codes[i] != StatusCode::kOk) ++out->failed;
     out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
   }
@@ -514,15 +515,24 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
 
 // One request of a Step: Reserve (which also unshares what the tokens land in), then the
 // append; the request is left unchanged when the reservation is refused.
-StatusCode RequestManager::StepOne(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
-                                   std::vector<BlockId>* new_blocks) {
+StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const uint32_t> tokens,
+                                   const KvWriters& writers, StepResult* out) {
   Request* q = Get(r);
   if (q == nullptr) return StatusCode::kInvalidArgument;
   const size_t before = q->table.size();
+  // Only slots from the unsealed one on can change (unshared, or renamed when sealed).
+  const size_t first = std::min<size_t>(q->tokens / block_tokens_, before);
+  step_slots_.assign(q->table.ids().begin() + static_cast<ptrdiff_t>(first), q->table.ids().end());
   if (Status st = Reserve(*q, tokens.size()); !st.ok()) return st.code();
   if (Status st = AppendReserved(*q, tokens, writers); !st.ok()) return st.code();
+  for (size_t slot = first; slot < before; ++slot) {
+    const BlockId was = step_slots_[slot - first];
+    if (q->table[slot] != was) {
+      out->replaced.push_back({index, static_cast<uint32_t>(slot), was, q->table[slot]});
+    }
+  }
   const std::span<const BlockId> added = q->table.ids().subspan(before);
-  new_blocks->insert(new_blocks->end(), added.begin(), added.end());
+  out->new_blocks.insert(out->new_blocks.end(), added.begin(), added.end());
   return StatusCode::kOk;
 }
 
