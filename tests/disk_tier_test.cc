@@ -215,6 +215,46 @@ TEST(DiskTierFaults, TruncationAndZeroedPagesAreDetected) {
   EXPECT_EQ(ExpectAllVerified(*t, 20), 17u);
 }
 
+// A damaged region longer than the largest payload is marked dead by a chain of markers that
+// the next open accepts: it is quarantined once, not at every open.
+TEST(DiskTierFaults, ARegionLongerThanAPayloadIsQuarantinedOnce) {
+  TempDir dir;
+  DiskTierOptions o = Opts(dir.path());
+  o.segment_bytes = 1ULL << 40;
+  {
+    auto t = MustOpen(o);
+    ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(0), Rec(1)}).ok());
+  }
+  const std::filesystem::path seg = Segments(dir.path()).at(0);
+  const uint64_t second = 4096 + (PayloadOf(0).size() + 4095) / 4096 * 4096;
+  std::vector<char> rec1(std::filesystem::file_size(seg) - second);
+  {
+    std::ifstream in(seg, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(second));
+    ASSERT_TRUE(in.read(rec1.data(), static_cast<std::streamsize>(rec1.size())));
+  }
+  // [record 0][a hole of zeros longer than kMaxPayloadBytes + a header slot][record 1]
+  const uint64_t hole = kMaxPayloadBytes + 3 * 4096;
+  std::filesystem::resize_file(seg, second + hole);
+  {
+    std::ofstream out(seg, std::ios::binary | std::ios::app);
+    ASSERT_TRUE(out.write(rec1.data(), static_cast<std::streamsize>(rec1.size())));
+  }
+  {
+    auto t = MustOpen(o);
+    EXPECT_EQ(t->stats().quarantined, 1u);
+    EXPECT_EQ(ExpectAllVerified(*t, 2), 2u);
+  }
+  auto t = MustOpen(o);
+  EXPECT_EQ(t->stats().quarantined, 0u) << (t->quarantine_log().empty() ? "" : t->quarantine_log()[0]);
+  EXPECT_EQ(t->stats().dead_bytes, hole);
+  EXPECT_EQ(ExpectAllVerified(*t, 2), 2u);
+  // The copy kept for a person is bounded.
+  uint64_t copied = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path() + "/quarantine")) copied += f.file_size();
+  EXPECT_LE(copied, 64ULL << 20);
+}
+
 TEST(DiskTierFaults, CorruptionAfterOpenIsCaughtOnRead) {
   TempDir dir;
   DiskTierOptions o = Opts(dir.path());

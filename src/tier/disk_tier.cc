@@ -32,6 +32,9 @@ constexpr uint32_t kFlagDead = 2;  // a quarantined region, skipped by scans
 constexpr uint32_t kMaxSegmentId = 999999;
 constexpr char kMacLabel[] = "tessera disk record v2";
 constexpr size_t kCopyChunk = 1 << 20;
+// A quarantine copy keeps at most this much of a region (it is for a person to look at; the
+// dead marker is what keeps the region from being served).
+constexpr uint64_t kMaxQuarantineCopy = 64ULL << 20;
 
 // The on-disk header. The payload tag covers bytes [0, kIdentityBytes) and the payload; the
 // header tag covers bytes [0, kTaggedBytes), the payload tag included; the checksum covers
@@ -376,9 +379,10 @@ Status DiskTier::Quarantine(Segment& seg, uint64_t offset, uint64_t len, const s
     if (!out.valid() && errno != EEXIST) break;
   }
   if (out.valid()) {
-    std::vector<char> chunk(std::min<uint64_t>(len, kCopyChunk));
-    for (uint64_t done = 0; done < len;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), len - done));
+    const uint64_t keep = std::min(len, kMaxQuarantineCopy);
+    std::vector<char> chunk(std::min<uint64_t>(keep, kCopyChunk));
+    for (uint64_t done = 0; done < keep;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), keep - done));
       if (!ReadAt(seg.fd.get(), chunk.data(), n, offset + done) || !WriteAt(out.get(), chunk.data(), n, done).ok()) {
         break;
       }
@@ -387,16 +391,24 @@ Status DiskTier::Quarantine(Segment& seg, uint64_t offset, uint64_t len, const s
     ::fsync(out.get());
   }
   if (!mark_dead) return Status::Ok();
-  Header h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.flags = kFlagDead;
-  h.payload_len = len > kSlot ? len - kSlot : 0;
-  h.seq = next_seq_++;
-  h.header_nonce = RecordMac::RandomNonce();
-  h.header_tag = mac_->Compute(h.header_nonce, {BytesOf(h, kTaggedBytes)});
-  h.header_checksum = HeaderChecksum(h);
-  TESSERA_RETURN_IF_ERROR(WriteAt(seg.fd.get(), &h, sizeof h, offset));
+  // A chain of markers, each within the payload bound a scan enforces (a region of more than
+  // kMaxPayloadBytes under one marker would fail that bound and be quarantined again at every
+  // open). Regions are whole slots: they end where a verified record starts.
+  for (uint64_t at = offset, left = len; left > 0;) {
+    const uint64_t span = std::min(left, kSlot + kMaxPayloadBytes);
+    Header h{};
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.flags = kFlagDead;
+    h.payload_len = span > kSlot ? span - kSlot : 0;
+    h.seq = next_seq_++;
+    h.header_nonce = RecordMac::RandomNonce();
+    h.header_tag = mac_->Compute(h.header_nonce, {BytesOf(h, kTaggedBytes)});
+    h.header_checksum = HeaderChecksum(h);
+    TESSERA_RETURN_IF_ERROR(WriteAt(seg.fd.get(), &h, sizeof h, at));
+    at += span;
+    left -= span;
+  }
   if (::fdatasync(seg.fd.get()) != 0) return Errno("disk", "fdatasync failed");
   return Status::Ok();
 }
