@@ -136,6 +136,8 @@ class DiskTier {
   Status Sync();
 
   DiskTierStats stats() const;
+  // Superseded, erased and quarantined bytes in the segments (what Compact would reclaim); O(1).
+  uint64_t dead_bytes() const { return dead_bytes_; }
   std::vector<std::string> quarantine_log() const { return quarantine_log_; }
   // Conditions worth an operator's attention that did not stop the open (permissions).
   const std::vector<std::string>& warnings() const { return warnings_; }

@@ -66,10 +66,14 @@ class HostTierAdapter final : public Tier {
 // An LRU over a DiskTier, which has none: `lru_` and `map_` hold the same keys, the directory's
 // live records as far as this process knows (every one found on open, every one written since),
 // most recent first; `bytes_` is the sum of their payload lengths and stays within `capacity_`
-// (when not 0) after every PutBatch.
+// (when not 0) after every PutBatch. The directory is compacted when its dead bytes (evicted,
+// erased, superseded records) exceed both the live payload and one segment, so it stays within
+// about twice what it holds plus a segment, and each compaction's copy is paid for by as many
+// bytes written since the last.
 class DiskTierAdapter final : public Tier {
  public:
-  DiskTierAdapter(std::unique_ptr<DiskTier> disk, uint64_t capacity) : disk_(std::move(disk)), capacity_(capacity) {
+  DiskTierAdapter(std::unique_ptr<DiskTier> disk, uint64_t capacity, uint64_t segment_bytes)
+      : disk_(std::move(disk)), capacity_(capacity), compact_floor_(segment_bytes) {
     for (const auto& [key, len] : disk_->Keys()) Touch(key, len);  // oldest first: ends least recent
   }
   std::string_view name() const override { return "disk"; }
@@ -88,15 +92,15 @@ class DiskTierAdapter final : public Tier {
       incoming += r->payload.size();
     }
     if (capacity_ > 0) {
-      while (!lru_.empty() && bytes_ + incoming > capacity_) EvictOne();
+      while (!lru_.empty() && bytes_ + incoming > capacity_) TESSERA_RETURN_IF_ERROR(EvictOne());
     }
     TESSERA_RETURN_IF_ERROR(disk_->PutBatch(std::span<const TierRecord* const>(admit)));
     for (const TierRecord* r : admit) Touch(r->key, r->payload.size());
     // A batch larger than the room left: its oldest records go on down at once.
     if (capacity_ > 0) {
-      while (!lru_.empty() && bytes_ > capacity_) EvictOne();
+      while (!lru_.empty() && bytes_ > capacity_) TESSERA_RETURN_IF_ERROR(EvictOne());
     }
-    return Status::Ok();
+    return MaybeCompact();
   }
   std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
     std::vector<std::optional<TierRecord>> out(keys.size());
@@ -122,7 +126,7 @@ class DiskTierAdapter final : public Tier {
       TESSERA_RETURN_IF_ERROR(disk_->Erase(k));
       Forget(k);
     }
-    return Status::Ok();
+    return MaybeCompact();
   }
   std::vector<Hash128> Keys() const override {
     std::vector<Hash128> keys;
@@ -156,19 +160,30 @@ class DiskTierAdapter final : public Tier {
     lru_.erase(it->second.first);
     map_.erase(it);
   }
-  void EvictOne() {
+  // The least recent record goes to the listener, then out of the directory. A failed erase
+  // (a full disk cannot take the tombstone) keeps it in the LRU and fails the put that needed
+  // the room: the directory holds what the LRU says.
+  Status EvictOne() {
     Hash128 victim = lru_.back();
     if (on_evict_) {
       Result<TierRecord> r = disk_->Get(victim);
       if (r.ok()) on_evict_(r.value());
     }
-    (void)disk_->Erase(victim);
+    TESSERA_RETURN_IF_ERROR(disk_->Erase(victim));
     Forget(victim);
     ++evictions_;
+    return Status::Ok();
+  }
+  // The put or erase that called this is durable either way; a failed compaction (the disk is
+  // full or failing) keeps the old segments and is reported so the caller learns of it.
+  Status MaybeCompact() {
+    if (disk_->dead_bytes() <= std::max(bytes_, compact_floor_)) return Status::Ok();
+    return disk_->Compact();
   }
 
   std::unique_ptr<DiskTier> disk_;
   uint64_t capacity_;
+  uint64_t compact_floor_;
   uint64_t bytes_ = 0;
   uint64_t evictions_ = 0;
   std::list<Hash128> lru_;  // front: most recent
@@ -250,7 +265,8 @@ std::unique_ptr<Tier> MakeHostTier(uint64_t capacity_bytes) {
 
 Result<std::unique_ptr<Tier>> MakeDiskTier(const DiskTierOptions& options, uint64_t capacity_bytes) {
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DiskTier> disk, DiskTier::Open(options));
-  return std::unique_ptr<Tier>(std::make_unique<DiskTierAdapter>(std::move(disk), capacity_bytes));
+  return std::unique_ptr<Tier>(
+      std::make_unique<DiskTierAdapter>(std::move(disk), capacity_bytes, options.segment_bytes));
 }
 
 #if TESSERA_HAVE_REDIS
