@@ -87,18 +87,24 @@ Status WriteAll(const std::string& path, const std::string& contents) {
   // O_EXCL: never opens an existing file, and never follows a link planted at the name.
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!fd.valid()) return IoError("out", "cannot create " + path + ": " + std::strerror(errno));
+  // From here the file is ours: a failure removes it (nothing partial is left behind).
+  auto fail = [&path](const char* what) {
+    Status st = IoError("out", std::string("cannot ") + what + " " + path + ": " + std::strerror(errno));
+    ::unlink(path.c_str());
+    return st;
+  };
   size_t done = 0;
   while (done < contents.size()) {
     ssize_t n = ::write(fd.get(), contents.data() + done, contents.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return IoError("out", "cannot write " + path + ": " + std::strerror(errno));
+      return fail("write");
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd.get()) != 0) return IoError("out", "cannot fsync " + path + ": " + std::strerror(errno));
+  if (::fsync(fd.get()) != 0) return fail("fsync");
   // A close that fails can lose the data: it is checked, not left to the destructor.
-  if (::close(fd.Release()) != 0) return IoError("out", "cannot close " + path + ": " + std::strerror(errno));
+  if (::close(fd.Release()) != 0) return fail("close");
   return Status::Ok();
 }
 
