@@ -215,11 +215,10 @@ TEST(Cli, FifoInputsAreRefusedWithoutBlocking) {
   TempDir dir;
   std::string fifo = dir.path() + "/config.json";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  auto start = std::chrono::steady_clock::now();
+  // (A command that blocks is caught by the test's timeout.)
   ExpectInputError(RunTessera("ledger --config " + fifo + " --context 8k"), "config");
   ExpectInputError(RunTessera("simulate --config " + fifo), "config");
   ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --observed-trace " + fifo), "trace");
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 // Hostile config numbers and shapes through the binary: one line naming the field, exit 2.
@@ -311,14 +310,19 @@ TEST(Cli, FailedWriteToStdoutExitsOne) {
   }
 }
 
-// A vLLM prefill peak walked every chunk: 2^50 tokens ran for minutes.
+// A vLLM prefill peak walked every chunk: 2^40 tokens in 1-token chunks ran for hours (the
+// closed form answers at once; a hang is caught by the test's timeout). 2^50 tokens overflow the
+// MHA-equivalent bytes and are refused naming the context.
 TEST(Cli, VllmPrefillPeakOfAHugeContextIsImmediate) {
-  auto start = std::chrono::steady_clock::now();
   CommandResult r = RunTessera(
-      "ledger --model deepseek-v4-pro --context 1125899906842624 --engine vllm "
-      "--prefill-chunk 1 --format json");
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
-  EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 2) << r.err;
+      "ledger --model deepseek-v4-pro --context 1099511627776 --engine vllm --prefill-chunk 1 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["inputs"]["context_tokens"], 1099511627776ULL);
+  EXPECT_EQ(j["inputs"]["prefill_chunk_tokens"], 1);
+  ExpectInputError(RunTessera("ledger --model deepseek-v4-pro --context 1125899906842624 --engine vllm "
+                              "--prefill-chunk 1 --format json"),
+                   "context");
 }
 
 // A pool smaller than the shared context (16 blocks of 64 tokens by default) crashed: SIGSEGV in

@@ -279,15 +279,14 @@ TEST(Geometry, ConfigMustBeARegularFile) {
 }
 
 // The MTP layer count flowed into a loop over main + MTP layers: 2^32 - 1 of them.
+// (A loop over them would show as the test's timeout.)
 TEST(Geometry, HybridMtpNear2To32IsRefusedQuickly) {
-  auto start = std::chrono::steady_clock::now();
   Result<Geometry> g = GeometryFromConfigJson(R"({"num_hidden_layers": 2, "num_attention_heads": 64,
       "head_dim": 512, "qk_rope_head_dim": 64, "sliding_window": 128, "compress_ratios": [0, 128],
       "num_nextn_predict_layers": 4294967295})",
                                               "mtp.json");
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().field(), "num_nextn_predict_layers");
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
 }
 
 TEST(Geometry, V4WindowOfOneCsaGroupIsEnough) {
