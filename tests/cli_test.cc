@@ -566,6 +566,33 @@ TEST(Cli, TierFsckAndStats) {
   ExpectInputError(RunTessera("tier stats " + dir.path() + "/missing"), "dir");
 }
 
+// tier printed with printf: a full disk exited 0 with the output cut; --format markdown was taken
+// and printed the table.
+TEST(Cli, TierOutputIsCheckedAndMarkdownRefused) {
+  TempDir dir;
+  std::string tier = dir.path() + "/tier";
+  {
+    DiskTierOptions o;
+    o.dir = tier;
+    ASSERT_TRUE(DiskTier::Open(o).ok());
+  }
+  for (const std::string action : {"stats", "fsck"}) {
+    for (const std::string format : {"table", "json"}) {
+      std::string err = dir.path() + "/stderr";
+      std::string cmd =
+          std::string(TESSERA_BINARY) + " tier " + action + " " + tier + " --format " + format + " >/dev/full 2>" + err;
+      int status = std::system(cmd.c_str());
+      ASSERT_TRUE(WIFEXITED(status)) << action;
+      EXPECT_EQ(WEXITSTATUS(status), 1) << action << " " << format;
+      std::ifstream e(err);
+      std::stringstream text;
+      text << e.rdbuf();
+      EXPECT_NE(text.str().find("standard output"), std::string::npos) << action << ": " << text.str();
+    }
+    ExpectInputError(RunTessera("tier " + action + " " + tier + " --format markdown"), "format");
+  }
+}
+
 // Write-back with a host tier: the exit checkpoint writes what the pool evicted into host memory
 // as well, so the directory ends up holding every block write-through would have written.
 TEST(Cli, SimulateWriteBackThroughAHostTierLosesNothingAtExit) {

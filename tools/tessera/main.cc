@@ -345,6 +345,7 @@ int RunLayout(const ModelArgs& args, const std::string& format_name) {
 int RunTier(const std::string& action, const std::string& dir, const std::string& format_name) {
   Result<OutputFormat> format = ParseOutputFormat(format_name);
   if (!format.ok()) return Fail(format.status());
+  if (*format == OutputFormat::kMarkdown) return Fail(InvalidArgument("format", "tier writes table | json"));
   DiskTierOptions o;
   o.dir = dir;
   o.read_only = action == "stats";
@@ -353,6 +354,7 @@ int RunTier(const std::string& action, const std::string& dir, const std::string
   if (!t.ok()) return Fail(t.status());
   for (const std::string& w : (*t)->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   const DiskTierStats s = (*t)->stats();
+  std::string text;
   if (*format == OutputFormat::kJson) {
     nlohmann::ordered_json j;
     j["dir"] = dir;
@@ -366,18 +368,16 @@ int RunTier(const std::string& action, const std::string& dir, const std::string
     j["quarantined"] = s.quarantined;
     j["quarantine_log"] = (*t)->quarantine_log();
     // A path need not be UTF-8: invalid bytes become U+FFFD rather than an exception.
-    const std::string text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   } else {
-    std::printf(
-        "%s: %s\n  segments     %llu\n  records      %llu (verified %llu)\n  bytes        %s\n  live bytes   %s\n"
-        "  dead bytes   %s\n  torn tail    %s\n  quarantined  %llu\n",
-        action.c_str(), dir.c_str(), static_cast<unsigned long long>(s.segments),
-        static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.verified),
-        FormatBytes(s.bytes).c_str(), FormatBytes(s.live_bytes).c_str(), FormatBytes(s.dead_bytes).c_str(),
-        FormatBytes(s.torn_tail_bytes).c_str(), static_cast<unsigned long long>(s.quarantined));
-    for (const std::string& q : (*t)->quarantine_log()) std::printf("  quarantined: %s\n", q.c_str());
+    auto count = [](uint64_t v) { return std::to_string(v); };
+    text = action + ": " + dir + "\n  segments     " + count(s.segments) + "\n  records      " + count(s.records) +
+           " (verified " + count(s.verified) + ")\n  bytes        " + FormatBytes(s.bytes) + "\n  live bytes   " +
+           FormatBytes(s.live_bytes) + "\n  dead bytes   " + FormatBytes(s.dead_bytes) + "\n  torn tail    " +
+           FormatBytes(s.torn_tail_bytes) + "\n  quarantined  " + count(s.quarantined) + "\n";
+    for (const std::string& q : (*t)->quarantine_log()) text += "  quarantined: " + q + "\n";
   }
+  if (Status st = WriteStdout(text); !st.ok()) return Fail(st);
   if (action == "fsck") return s.quarantined == 0 ? 0 : 1;
   return 0;
 }
