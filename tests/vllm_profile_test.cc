@@ -111,7 +111,8 @@ TEST(EngineVllm, DcpWithSlidingWindowIsRejected) {
 // unused log argument and merge() asserts; the figures are the same from both), under stubs for
 // torch and logging, prefix caching off (it changes which free blocks are evictable, not how
 // many a request holds). Per case:
-// - the layer specs the model's get_kv_cache_spec builds (V3/V3.2: MLAAttentionSpec per layer,
+// - the layer specs the model's get_kv_cache_spec builds (V3/V3.2: MLAAttentionSpec per layer —
+//   mla-fp8 is V3 under --kv-cache-dtype fp8: head_size 576, dtype float8_e4m3fn —
 //   V3.2's DeepseekV32IndexerCache 132 B; V4: vllm/models/deepseek_v4/{attention,compressor}.py,
 //   v1/attention/backends/mla/sparse_swa.py — SWA 64-token blocks, window 128, C4/C128 state
 //   blocks of 4/8, alignment 576), the MTP layer included when spec > 0 (method "mtp", an eagle
@@ -693,6 +694,18 @@ const std::vector<VllmTruth>& VllmTruths() {
        {4096, 259, 259, 4099, 2065},
        {4096, 258, 258, 4098, 2064},
        {4096, 2, 2, 2, 16}},
+      {"deepseek-v3", "mla-fp8", 1024, 2048, 0, 0, 2248704, {16}, {16}, {17}},
+      {"deepseek-v3", "mla-fp8", 1024, 8192, 0, 0, 2248704, {16}, {16}, {17}},
+      {"deepseek-v3", "mla-fp8", 1024, 16384, 0, 0, 2248704, {16}, {16}, {17}},
+      {"deepseek-v3", "mla-fp8", 8192, 2048, 0, 0, 2248704, {128}, {128}, {129}},
+      {"deepseek-v3", "mla-fp8", 8192, 8192, 0, 0, 2248704, {128}, {128}, {129}},
+      {"deepseek-v3", "mla-fp8", 8192, 16384, 0, 0, 2248704, {128}, {128}, {129}},
+      {"deepseek-v3", "mla-fp8", 131072, 2048, 0, 0, 2248704, {2048}, {2048}, {2049}},
+      {"deepseek-v3", "mla-fp8", 131072, 8192, 0, 0, 2248704, {2048}, {2048}, {2049}},
+      {"deepseek-v3", "mla-fp8", 131072, 16384, 0, 0, 2248704, {2048}, {2048}, {2049}},
+      {"deepseek-v3", "mla-fp8", 1048576, 2048, 0, 0, 2248704, {16384}, {16384}, {16384}},
+      {"deepseek-v3", "mla-fp8", 1048576, 8192, 0, 0, 2248704, {16384}, {16384}, {16384}},
+      {"deepseek-v3", "mla-fp8", 1048576, 16384, 0, 0, 2248704, {16384}, {16384}, {16384}},
   };
   return truths;
 }
@@ -729,7 +742,7 @@ TEST(EngineVllm, PhasesEqualVllmsOwnAllocator) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 120u);
+  EXPECT_EQ(checked, 132u);
 }
 
 // The three disagreements the truth table settled, spelled out.
