@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -756,6 +757,59 @@ TEST(EngineVllm, AdmissionNeedsTheWholePromptDecodeHoldsTheSampledToken) {
   // V4-Pro, 1,024 tokens: the window groups hold the prompt's 16 blocks, not a chunk's 131.
   Ledger v4 = MustLedger(Preset("deepseek-v4-pro"), Context(1024, "", Engine::kVllm));
   EXPECT_EQ(v4.phases[0].bytes, (4ULL + 16 + 16 + 128 + 256) * 1482048);
+}
+
+// --kernel picks vLLM's MLA backend and with it the block: CUTLASS MLA 128, FlashInfer MLA 32
+// (get_supported_kernel_block_sizes [128] and [32, 64]; AttentionBackend.get_preferred_block_size
+// takes the smallest when the default 16 does not fit; vllm/v1/attention/backends/mla/, commit as
+// above). Block ids from vLLM's allocator run at those blocks (chunk 8,192, no spec): DeepSeek-V3
+// bf16 at 128: 8 / 64 / 1,024 ids admitted and at peak for 1,000 / 8,192 / 131,072 tokens, 8 /
+// 65 / 1,025 after the first decode step, 8,994,816 B each; at 32: 32 / 256 / 4,096 and 32 / 257
+// / 4,097, 2,248,704 B each; V3.2 fp8_ds_mla at 32, 8,192 tokens: 256, 256, 257 of 1,538,176 B.
+TEST(EngineVllm, KernelBlocksEqualVllmsOwnAllocator) {
+  struct Case {
+    const char* model;
+    const char* format;
+    Kernel kernel;
+    uint64_t n, cost, admission, peak, decode;
+  };
+  const Case cases[] = {
+      {"deepseek-v3", "mla-bf16", Kernel::kCutlassMla, 1000, 8994816, 8, 8, 8},
+      {"deepseek-v3", "mla-bf16", Kernel::kCutlassMla, 8192, 8994816, 64, 64, 65},
+      {"deepseek-v3", "mla-bf16", Kernel::kCutlassMla, 131072, 8994816, 1024, 1024, 1025},
+      {"deepseek-v3", "mla-bf16", Kernel::kFlashInferMla, 1000, 2248704, 32, 32, 32},
+      {"deepseek-v3", "mla-bf16", Kernel::kFlashInferMla, 8192, 2248704, 256, 256, 257},
+      {"deepseek-v3", "mla-bf16", Kernel::kFlashInferMla, 131072, 2248704, 4096, 4096, 4097},
+      {"deepseek-v3.2", "fp8_ds_mla", Kernel::kFlashInferMla, 8192, 1538176, 256, 256, 257},
+  };
+  for (const Case& c : cases) {
+    LedgerOptions o = Context(c.n, c.format, Engine::kVllm);
+    o.kernel = c.kernel;
+    Ledger l = MustLedger(Preset(c.model), o);
+    SCOPED_TRACE(std::string(c.model) + " " + std::string(KernelName(c.kernel)) + " " + std::to_string(c.n));
+    EXPECT_EQ(l.block_tokens, KernelPageEntries(c.kernel));
+    EXPECT_EQ(l.phases[0].bytes, c.admission * c.cost);
+    EXPECT_EQ(l.phases[1].bytes, c.peak * c.cost);
+    EXPECT_EQ(l.phases[2].bytes, c.decode * c.cost);
+  }
+}
+
+// What vLLM cannot serve is refused, naming the option.
+TEST(EngineVllm, KernelsVllmHasNoBackendForAreRefused) {
+  auto field = [](const std::string& model, Kernel k, std::optional<uint64_t> block) {
+    LedgerOptions o = Context(8192, "", Engine::kVllm);
+    o.kernel = k;
+    o.block_tokens = block;
+    Result<Ledger> l = ComputeLedger(Preset(model), o);
+    return l.ok() ? std::string("ok") : l.status().field();
+  };
+  EXPECT_EQ(field("deepseek-v3.2", Kernel::kCutlassMla, std::nullopt), "kernel");  // no sparse CUTLASS
+  EXPECT_EQ(field("deepseek-v4-pro", Kernel::kFlashInferMla, std::nullopt), "kernel");
+  EXPECT_EQ(field("deepseek-v4-pro", Kernel::kCutlassMla, std::nullopt), "kernel");
+  EXPECT_EQ(field("deepseek-v3", Kernel::kCutlassMla, 64), "block-tokens");
+  EXPECT_EQ(field("deepseek-v3", Kernel::kFlashInferMla, 48), "block-tokens");
+  EXPECT_EQ(field("deepseek-v3", Kernel::kFlashInferMla, 64), "ok");  // FlashInfer MLA also pages 64
+  EXPECT_EQ(field("deepseek-v3", Kernel::kCutlassMla, 256), "ok");
 }
 
 // max_num_batched_tokens sets the window groups' admission cap: --prefill-chunk moves it.

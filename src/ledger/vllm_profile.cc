@@ -152,9 +152,14 @@ class VllmProfile final : public EngineProfile {
   Status Plan(Ledger& ledger) override {
     const Geometry& g = in_.g;
     max_len_ = std::max<uint64_t>(g.max_position_embeddings, in_.options.context_tokens);
+    if (g.is_hybrid && in_.options.kernel != Kernel::kFlashMla && in_.options.kernel != Kernel::kGeneric) {
+      return InvalidArgument("kernel", "vLLM serves DeepSeek-V4 with FlashMLA sparse only, not " +
+                                           std::string(KernelName(in_.options.kernel)));
+    }
     if (!g.is_hybrid) {
+      TESSERA_ASSIGN_OR_RETURN(Kernel kernel, DenseKernel());
       TESSERA_RETURN_IF_ERROR(
-          PageDenseModel(in_, kVllmMhaBlockTokens, "vLLM default block of 16 tokens", ledger, policies_));
+          PageDenseModel(in_, kernel, kVllmMhaBlockTokens, "vLLM default block of 16 tokens", ledger, policies_));
       TESSERA_RETURN_IF_ERROR(LayPages(ledger));
       // One group whose block id is a page in every layer (UniformTypeKVCacheSpecs for V3.2's
       // two page sizes); DCP multiplies the block size by dcp and counts the global sequence.
@@ -238,6 +243,26 @@ class VllmProfile final : public EngineProfile {
   }
 
  private:
+  // The MLA backend's block (vllm/v1/attention/backends/mla/*.py get_supported_kernel_block_sizes,
+  // picked by AttentionBackend.get_preferred_block_size): FlashMLA 64, CUTLASS MLA 128, FlashInfer
+  // MLA 32; a --block-tokens the chosen backend cannot page is refused, as vLLM finds no backend.
+  // FlashMLA (the default) under another --block-tokens: vLLM falls back to a backend that takes
+  // it (Triton MLA: multiples of 16), so the block is the user's.
+  Result<Kernel> DenseKernel() const {
+    const Kernel k = in_.options.kernel == Kernel::kGeneric ? Kernel::kFlashMla : in_.options.kernel;
+    if (!in_.g.is_mla || k == Kernel::kFlashMla) return k;
+    if (k == Kernel::kCutlassMla && in_.g.index_head_dim > 0) {
+      return InvalidArgument("kernel", "vLLM has no CUTLASS MLA backend for sparse attention (" + in_.g.name +
+                                           "): FlashMLA or FlashInfer MLA");
+    }
+    const uint32_t page = KernelPageEntries(k);
+    if (in_.options.block_tokens && *in_.options.block_tokens % page != 0) {
+      return InvalidArgument("block-tokens", "vLLM's " + std::string(KernelName(k)) +
+                                                 " backend pages blocks of a multiple of " + std::to_string(page) +
+                                                 " tokens");
+    }
+    return k;
+  }
   uint64_t Chunk() const { return std::max<uint64_t>(1, in_.options.prefill_chunk_tokens); }
   // vLLM counts the whole sequence (DCP multiplies the block size instead); the ledger passes the
   // busiest rank's tokens, cdiv(context, dcp).

@@ -77,7 +77,8 @@ struct ModelArgs {
     app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
     app->add_flag("--include-mtp", include_mtp, "count the MTP layer(s) as holding cache");
     app->add_option("--engine", engine, "tessera | vllm | sglang (default tessera)");
-    app->add_option("--kernel", kernel, "flashmla | generic (tessera engine; default flashmla)");
+    app->add_option("--kernel", kernel,
+                    "flashmla | cutlass-mla | flashinfer-mla | generic (tessera and vllm engines; default flashmla)");
     app->add_option("--observed", observed, "bytes an engine really allocated, to reconcile");
     app->add_option("--observed-trace", observed_trace, "allocation trace file: one \"<bytes> [label]\" per line");
     app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
@@ -434,7 +435,8 @@ int Main(int argc, char** argv) {
   layout->add_option("--model", layout_args.model, "preset name");
   layout->add_option("--config", layout_args.config, "path to a Hugging Face config.json");
   layout->add_option("--block-tokens", layout_args.block_tokens, "tokens per block (default: derived)");
-  layout->add_option("--kernel", layout_args.kernel, "flashmla | generic (default flashmla)");
+  layout->add_option("--kernel", layout_args.kernel,
+                     "flashmla | cutlass-mla | flashinfer-mla | generic (default flashmla)");
   layout->add_option("--kv-format", layout_args.kv_format, "main record format");
   layout->add_option("--indexer-format", layout_args.indexer_format, "indexer record format");
   layout->add_option("--format", format, "table | json | markdown");
