@@ -121,7 +121,8 @@ struct ModelArgs {
     return o;
   }
 
-  Result<std::optional<uint64_t>> Observed() const {
+  // The observation: a byte count, or an allocation trace's total and labels.
+  Result<std::optional<AllocationTrace>> Observed() const {
     if (!observed.empty() && !observed_trace.empty()) {
       return InvalidArgument("observed", "give --observed or --observed-trace, not both");
     }
@@ -130,13 +131,13 @@ struct ModelArgs {
     }
     if (!observed.empty()) {
       TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(observed, "observed"));
-      return std::optional<uint64_t>(v);
+      return std::optional<AllocationTrace>(AllocationTrace{v, {}});
     }
     if (!observed_trace.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t v, ReadAllocationTrace(observed_trace));
-      return std::optional<uint64_t>(v);
+      TESSERA_ASSIGN_OR_RETURN(AllocationTrace t, ReadLabelledAllocationTrace(observed_trace));
+      return std::optional<AllocationTrace>(std::move(t));
     }
-    return std::optional<uint64_t>();
+    return std::optional<AllocationTrace>();
   }
 
   std::string Source() const { return config.empty() ? "preset " + model : config; }
@@ -166,13 +167,14 @@ int RunLedger(const ModelArgs& args, const std::string& format_name, bool check_
     if (!g.ok()) return Fail(g.status());
     Result<LedgerOptions> o = args.Options();
     if (!o.ok()) return Fail(o.status());
-    Result<std::optional<uint64_t>> observed = args.Observed();
+    Result<std::optional<AllocationTrace>> observed = args.Observed();
     if (!observed.ok()) return Fail(observed.status());
     Result<Ledger> l = ComputeLedger(*g, *o);
     if (!l.ok()) return Fail(l.status());
     std::optional<Reconciliation> rec;
     if (observed->has_value()) {
-      Result<Reconciliation> r = Reconcile(*g, *l, **observed, args.observed_scope == "all");
+      Result<Reconciliation> r =
+          Reconcile(*g, *l, (*observed)->total, args.observed_scope == "all", (*observed)->labels);
       if (!r.ok()) return Fail(r.status());
       rec = *r;
     }
@@ -198,9 +200,11 @@ int RunReceipt(const ModelArgs& args, const std::string& out) {
   if (!g.ok()) return Fail(g.status());
   Result<LedgerOptions> o = args.Options();
   if (!o.ok()) return Fail(o.status());
-  Result<std::optional<uint64_t>> observed = args.Observed();
+  Result<std::optional<AllocationTrace>> observed = args.Observed();
   if (!observed.ok()) return Fail(observed.status());
-  ReceiptRequest req{args.Source(), *o, *observed, args.observed_scope == "all"};
+  std::optional<uint64_t> observed_bytes;
+  if (observed->has_value()) observed_bytes = (*observed)->total;
+  ReceiptRequest req{args.Source(), *o, observed_bytes, args.observed_scope == "all"};
   Result<Receipt> r = BuildReceipt(*g, req);
   if (!r.ok()) return Fail(r.status());
   Status st = WriteFilesAtomically({{out + ".md", r->markdown}, {out + ".json", r->json}});
