@@ -570,6 +570,53 @@ TEST(Cli, TierFsckAndStats) {
   ExpectInputError(RunTessera("tier stats " + dir.path() + "/missing"), "dir");
 }
 
+// --observed-trace: the trace's labels name reconciliation terms (here the MTP layer vLLM holds
+// under MTP speculative decoding), reported with the labelled bytes.
+TEST(Cli, ObservedTraceLabelsNameTerms) {
+  TempDir dir;
+  Ledger l = testing::MustLedger(testing::Preset("deepseek-v3"), testing::Context(8192, "", Engine::kVllm));
+  LedgerOptions mtp = testing::Context(8192, "", Engine::kVllm);
+  mtp.include_mtp = true;
+  const uint64_t extra = testing::MustLedger(testing::Preset("deepseek-v3"), mtp).committed_bytes - l.committed_bytes;
+  std::string trace = dir.Write("trace.txt", "# from the engine\n" + std::to_string(l.committed_bytes) + " kv_cache\n" +
+                                                 std::to_string(extra) + " mtp_layers\n");
+  CommandResult r =
+      RunTessera("ledger --model deepseek-v3 --context 8192 --engine vllm --format json --observed-trace " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json rec = nlohmann::json::parse(r.out)["reconciliation"];
+  ASSERT_EQ(rec["attributed"].size(), 1u) << rec.dump();
+  EXPECT_EQ(rec["attributed"][0]["term"], "+mtp_layers");
+  EXPECT_EQ(rec["attributed"][0]["trace_bytes"], extra);
+  EXPECT_EQ(rec["unexplained_bytes"], 0);
+}
+
+// tier printed with printf: a full disk exited 0 with the output cut; --format markdown was taken
+// and printed the table.
+TEST(Cli, TierOutputIsCheckedAndMarkdownRefused) {
+  TempDir dir;
+  std::string tier = dir.path() + "/tier";
+  {
+    DiskTierOptions o;
+    o.dir = tier;
+    ASSERT_TRUE(DiskTier::Open(o).ok());
+  }
+  for (const std::string action : {"stats", "fsck"}) {
+    for (const std::string format : {"table", "json"}) {
+      std::string err = dir.path() + "/stderr";
+      std::string cmd =
+          std::string(TESSERA_BINARY) + " tier " + action + " " + tier + " --format " + format + " >/dev/full 2>" + err;
+      int status = std::system(cmd.c_str());
+      ASSERT_TRUE(WIFEXITED(status)) << action;
+      EXPECT_EQ(WEXITSTATUS(status), 1) << action << " " << format;
+      std::ifstream e(err);
+      std::stringstream text;
+      text << e.rdbuf();
+      EXPECT_NE(text.str().find("standard output"), std::string::npos) << action << ": " << text.str();
+    }
+    ExpectInputError(RunTessera("tier " + action + " " + tier + " --format markdown"), "format");
+  }
+}
+
 // Write-back with a host tier: the exit checkpoint writes what the pool evicted into host memory
 // as well, so the directory ends up holding every block write-through would have written.
 TEST(Cli, SimulateWriteBackThroughAHostTierLosesNothingAtExit) {

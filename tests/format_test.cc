@@ -25,6 +25,22 @@ TEST(Format, DeepSeekV3Records) {
   EXPECT_EQ(Bytes("expanded-bf16", "deepseek-v3"), 81920u);
   EXPECT_EQ(Bytes("mla-bf16", "deepseek-v3"), 1152u);
   EXPECT_EQ(Bytes("fp8_ds_mla", "deepseek-v3"), 656u);
+  EXPECT_EQ(Bytes("mla-fp8", "deepseek-v3"), 576u);
+}
+
+// vLLM's DeepSeek-V3 cache under --kv-cache-dtype fp8 with a dense MLA backend: MLAAttentionSpec
+// with head_size 576 (kv_lora_rank + rope) and an fp8 dtype, no scales in the record
+// (vllm/v1/kv_cache_interface.py, MLAAttentionSpec.real_page_size_bytes; a 64-token page is
+// 36,864 B, as tests/vllm_profile_test.cc pins from vLLM's own allocator).
+TEST(Format, MlaFp8IsTheWholeRecordInE4m3) {
+  Result<RecordFormat> f = BuildFormat("mla-fp8", Preset("deepseek-v3"));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_EQ(f->regions.size(), 2u);
+  EXPECT_EQ(f->regions[0], (Region{"latent", ElementType::kFp8E4M3, 512, 0}));
+  EXPECT_EQ(f->regions[1], (Region{"rope", ElementType::kFp8E4M3, 64, 0}));
+  EXPECT_EQ(f->page_alignment, 1u);
+  EXPECT_EQ(f->packing, Packing::kPerToken);
+  EXPECT_FALSE(BuildFormat("mla-fp8", Preset("llama-3.1-8b")).ok());
 }
 
 TEST(Format, IndexerRecords) {
@@ -133,6 +149,7 @@ TEST(Format, EveryFormatHasItsFamily) {
   EXPECT_EQ(BuildFormat("expanded-bf16", v3)->family, FormatFamily::kExpanded);
   EXPECT_EQ(BuildFormat("mla-bf16", v3)->family, FormatFamily::kMlaLatent);
   EXPECT_EQ(BuildFormat("mla-fp16", v3)->family, FormatFamily::kMlaLatent);
+  EXPECT_EQ(BuildFormat("mla-fp8", v3)->family, FormatFamily::kMlaLatent);
   EXPECT_EQ(BuildFormat("fp8_ds_mla", v3)->family, FormatFamily::kFp8DsMla);
   EXPECT_EQ(BuildFormat("v4-fp8", v4)->family, FormatFamily::kV4Fp8);
   EXPECT_EQ(BuildFormat("v41-fp8", v4)->family, FormatFamily::kV41Fp8);

@@ -26,6 +26,27 @@ TEST(Layout, GenericKernelFallsBackToLcm) {
   EXPECT_EQ(ChooseBlockTokens({1}, false, Kernel::kGeneric, std::nullopt)->block_tokens, 16u);
 }
 
+// The MLA kernels' pages: CUTLASS MLA 128 entries, FlashInfer MLA 32 (vLLM's
+// get_supported_kernel_block_sizes: [128], [32, 64]); per entry of the finest paged cache.
+TEST(Layout, MlaKernelPages) {
+  EXPECT_EQ(ChooseBlockTokens({1}, true, Kernel::kCutlassMla, std::nullopt)->block_tokens, 128u);
+  EXPECT_EQ(ChooseBlockTokens({1}, true, Kernel::kFlashInferMla, std::nullopt)->block_tokens, 32u);
+  EXPECT_EQ(ChooseBlockTokens({4, 128}, true, Kernel::kCutlassMla, std::nullopt)->block_tokens, 512u);
+  EXPECT_EQ(ChooseBlockTokens({4, 128}, true, Kernel::kFlashInferMla, std::nullopt)->block_tokens, 128u);
+  BlockTokensChoice c = *ChooseBlockTokens({1}, true, Kernel::kCutlassMla, 64);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_NE(c.notes[0].find("CUTLASS MLA reads pages of 128 entries"), std::string::npos) << c.notes[0];
+  for (Kernel k : {Kernel::kFlashMla, Kernel::kCutlassMla, Kernel::kFlashInferMla, Kernel::kGeneric}) {
+    EXPECT_EQ(*ParseKernel(KernelName(k)), k);
+  }
+  EXPECT_EQ(KernelName(Kernel::kCutlassMla), "cutlass-mla");
+  EXPECT_EQ(KernelName(Kernel::kFlashInferMla), "flashinfer-mla");
+  Result<Kernel> bad = ParseKernel("cutlass");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().field(), "kernel");
+  EXPECT_NE(bad.status().message().find("cutlass-mla"), std::string::npos);
+}
+
 TEST(Layout, ExplicitBlockBreakingARatioIsRejected) {
   Result<BlockTokensChoice> c = ChooseBlockTokens({4, 128}, true, Kernel::kFlashMla, 100);
   ASSERT_FALSE(c.ok());

@@ -228,6 +228,25 @@ TEST(LedgerTerms, PageRoundingCommitsWholePages) {
   EXPECT_EQ(sum, l.committed_bytes);
 }
 
+// mla-fp8 (576-B e4m3 records, the scale outside the cache) under every engine: half of mla-bf16's
+// bytes, the same pages of 64 tokens, nothing else changed.
+TEST(LedgerFormats, MlaFp8HalvesTheDenseLatentEverywhere) {
+  Geometry g = Preset("deepseek-v3");
+  for (Engine e : {Engine::kTessera, Engine::kVllm, Engine::kSglang}) {
+    Ledger fp8 = MustLedger(g, Context(100, "mla-fp8", e));
+    Ledger bf16 = MustLedger(g, Context(100, "mla-bf16", e));
+    SCOPED_TRACE(std::string(EngineName(e)));
+    EXPECT_EQ(fp8.lines[0].format.record_bytes(), 576u);
+    EXPECT_EQ(fp8.requested_bytes, 61ULL * 100 * 576);
+    EXPECT_EQ(fp8.requested_bytes * 2, bf16.requested_bytes);
+    EXPECT_EQ(fp8.TermBytes(LedgerTerm::kRecords) * 2, bf16.TermBytes(LedgerTerm::kRecords));
+    EXPECT_EQ(fp8.TermBytes(LedgerTerm::kPageRounding) * 2, bf16.TermBytes(LedgerTerm::kPageRounding));
+    EXPECT_EQ(fp8.TermBytes(LedgerTerm::kAlignmentPadding), 0u);
+  }
+  // vLLM: 2 blocks of 64 tokens x 576 B x 61 layers.
+  EXPECT_EQ(MustLedger(g, Context(100, "mla-fp8", Engine::kVllm)).committed_bytes, 61ULL * 128 * 576);
+}
+
 TEST(LedgerTerms, CompressedPagesRoundByCompleteEntries) {
   // 300 tokens of V4-Pro: 75 complete C4 entries need 2 pages of 64, so 2 block ids; a block id
   // has a page in every group of its span, so the 2 C128 entries also sit in 2 pages of 2.

@@ -75,6 +75,110 @@ TEST(Reconcile, AllRanksScope) {
   EXPECT_EQ(rank.attributed[0].term, "+other_ranks");
 }
 
+uint64_t CommittedWith(const std::string& model, LedgerOptions o) {
+  return MustLedger(Preset(model), o).committed_bytes;
+}
+
+Reconciliation Explain(const std::string& model, const LedgerOptions& o, uint64_t observed, bool all_ranks = false) {
+  Geometry g = Preset(model);
+  Result<Reconciliation> r = Reconcile(g, MustLedger(g, o), observed, all_ranks);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : Reconciliation{};
+}
+
+// The ledger guide's failure probes are named terms with their sizes, not "unexplained".
+TEST(ReconcileProbes, ExpandedKvTensorCachedInsteadOfTheLatent) {
+  LedgerOptions o = Context(8192, "mla-bf16", Engine::kVllm);
+  LedgerOptions expanded = o;
+  expanded.kv_format = "expanded-bf16";
+  Reconciliation r = Explain("deepseek-v3", o, CommittedWith("deepseek-v3", expanded));
+  ASSERT_EQ(r.attributed.size(), 1u);
+  EXPECT_EQ(r.attributed[0].term, "+expanded_kv");
+  // 61 layers x 129 blocks x 64 tokens x (128 heads x (192 + 128) x 2 B - 1,152 B).
+  EXPECT_EQ(r.attributed[0].bytes, 61LL * 129 * 64 * (128 * 320 * 2 - 1152));
+  EXPECT_EQ(r.unexplained_bytes, 0);
+}
+
+TEST(ReconcileProbes, MissingQuantizationScales) {
+  // V3.2 fp8_ds_mla under vLLM at 8,192 tokens holds 129 blocks of 64 entries in 61 layers; each
+  // entry's scales: 4 fp32 in the 656-B latent record, 1 fp32 in the 132-B indexer key.
+  LedgerOptions o = Context(8192, "fp8_ds_mla", Engine::kVllm);
+  const uint64_t scales = 61ULL * 129 * 64 * (16 + 4);
+  Reconciliation r = Explain("deepseek-v3.2", o, CommittedWith("deepseek-v3.2", o) - scales);
+  ASSERT_EQ(r.attributed.size(), 1u);
+  EXPECT_EQ(r.attributed[0].term, "-quantization_scales");
+  EXPECT_EQ(r.attributed[0].bytes, -static_cast<int64_t>(scales));
+  EXPECT_EQ(r.unexplained_bytes, 0);
+  // A record with no scales offers no such term.
+  Reconciliation bf16 = Explain("deepseek-v3", Context(8192, "mla-bf16", Engine::kVllm), 1);
+  for (const Attribution& a : bf16.attributed) EXPECT_NE(a.term, "-quantization_scales");
+}
+
+TEST(ReconcileProbes, TensorParallelMismatch) {
+  // GQA heads shard: an engine at tp 4 holds half of what tp 2 predicts per rank.
+  LedgerOptions o = Context(8192, "", Engine::kVllm);
+  o.tp = 2;
+  LedgerOptions four = o;
+  four.tp = 4;
+  Reconciliation r = Explain("llama-3.1-8b", o, CommittedWith("llama-3.1-8b", four));
+  ASSERT_EQ(r.attributed.size(), 1u);
+  EXPECT_EQ(r.attributed[0].term, "-tp_mismatch(tp=4)");
+  EXPECT_EQ(r.unexplained_bytes, 0);
+  // The MLA latent is replicated: per rank the same at every tp, so only the sum over ranks tells.
+  LedgerOptions v3 = Context(8192, "", Engine::kVllm);
+  v3.tp = 8;
+  LedgerOptions v3_at_4 = v3;
+  v3_at_4.tp = 4;
+  Reconciliation all =
+      Explain("deepseek-v3", v3, MustLedger(Preset("deepseek-v3"), v3_at_4).committed_bytes_all_ranks, true);
+  ASSERT_EQ(all.attributed.size(), 1u);
+  EXPECT_EQ(all.attributed[0].term, "-tp_mismatch(tp=4)");
+  EXPECT_EQ(all.unexplained_bytes, 0);
+}
+
+TEST(ReconcileProbes, GenericKernelFallback) {
+  // vLLM without FlashMLA falls back to Triton MLA's 16-token blocks: 513 blocks of 16 tokens for
+  // 8,193 slots instead of 129 of 64.
+  LedgerOptions o = Context(8192, "mla-bf16", Engine::kVllm);
+  Reconciliation r = Explain("deepseek-v3", o, 61ULL * 513 * 16 * 1152);
+  ASSERT_EQ(r.attributed.size(), 1u);
+  EXPECT_EQ(r.attributed[0].term, "-generic_kernel_fallback");
+  EXPECT_EQ(r.attributed[0].bytes, -61LL * (129 * 64 - 513 * 16) * 1152);
+  EXPECT_EQ(r.unexplained_bytes, 0);
+}
+
+// A trace's labels name the terms: a labelled term is attributed even where another would fit.
+TEST(ReconcileProbes, TraceLabelsForceTheirTerms) {
+  testing::TempDir dir;
+  Geometry g = Preset("deepseek-v3");
+  LedgerOptions o = Context(8192, "mla-bf16", Engine::kVllm);
+  Ledger l = MustLedger(g, o);
+  LedgerOptions mtp = o;
+  mtp.include_mtp = true;
+  const uint64_t extra = MustLedger(g, mtp).committed_bytes - l.committed_bytes;
+  std::string path =
+      dir.Write("trace.txt", std::to_string(l.committed_bytes) + " kv cache\n" + std::to_string(extra / 2) +
+                                 " mtp_layers\n" + std::to_string(extra - extra / 2) + "  mtp_layers \n");
+  AllocationTrace t = *ReadLabelledAllocationTrace(path);
+  EXPECT_EQ(t.total, l.committed_bytes + extra);
+  ASSERT_EQ(t.labels.size(), 2u);
+  EXPECT_EQ(t.labels[0].label, "kv cache");
+  EXPECT_EQ(t.labels[1].label, "mtp_layers");
+  EXPECT_EQ(t.labels[1].bytes, extra);
+  Reconciliation r = *Reconcile(g, l, t.total, false, t.labels);
+  ASSERT_EQ(r.attributed.size(), 1u);
+  EXPECT_EQ(r.attributed[0].term, "+mtp_layers");
+  EXPECT_EQ(r.attributed[0].trace_bytes, extra);
+  // Labelled expanded_kv where the bytes say MTP: attributed anyway, the rest unexplained.
+  Reconciliation forced = *Reconcile(g, l, t.total, false, {{"expanded_kv", 1}});
+  bool expanded = false;
+  for (const Attribution& a : forced.attributed) {
+    if (a.term == "+expanded_kv") expanded = a.trace_bytes == 1u;
+  }
+  EXPECT_TRUE(expanded);
+  EXPECT_NE(forced.unexplained_bytes, 0);
+}
+
 TEST(Reconcile, TraceFileIsSummed) {
   testing::TempDir dir;
   std::string p = dir.Write("trace.txt", "# kv cache tensors\n1000 layer0\n2000 layer1\n\n  500\n");

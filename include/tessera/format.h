@@ -51,7 +51,7 @@ std::string_view FormatUseName(FormatUse use);
 enum class FormatFamily {
   kMha,              // per-head K and V of an MHA/GQA model (mha-bf16, mha-fp8)
   kExpanded,         // an MLA model expanded to per-head K and V (expanded-bf16)
-  kMlaLatent,        // MLA latent + RoPE at one precision (mla-bf16, mla-fp16)
+  kMlaLatent,        // MLA latent + RoPE at one precision (mla-bf16, mla-fp16, mla-fp8)
   kFp8DsMla,         // FlashMLA's DeepSeek-V3.x fp8 record (fp8_ds_mla)
   kV4Fp8,            // FlashMLA's DeepSeek-V4 record (v4-fp8): the one vLLM and SGLang serve V4 with
   kV41Fp8,           // DeepSeek-V4.1 (v41-fp8)

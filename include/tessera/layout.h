@@ -22,10 +22,15 @@
 namespace tessera {
 
 enum class Kernel {
-  kFlashMla,  // FlashMLA: 64 entries per page
-  kGeneric,   // no kernel preference beyond the hard constraints
+  kFlashMla,       // FlashMLA: 64 entries per page
+  kGeneric,        // no kernel preference beyond the hard constraints
+  kCutlassMla,     // CUTLASS MLA: pages of 128 entries
+  kFlashInferMla,  // FlashInfer MLA: pages of 32 (or 64) entries
 };
 std::string_view KernelName(Kernel kernel);
+// Entries per page an MLA kernel reads (0 for kGeneric): FlashMLA 64, CUTLASS MLA 128, FlashInfer
+// MLA 32 — the smallest page of each, what vLLM picks for it (docs/ENGINES.md).
+uint32_t KernelPageEntries(Kernel kernel);
 Result<Kernel> ParseKernel(std::string_view name);
 
 // How a cached prefix that ends at a block boundary gets the sliding-window ring and the

@@ -116,6 +116,7 @@ enum class FormatId {
   kExpandedBf16,
   kMlaBf16,
   kMlaFp16,
+  kMlaFp8,
   kFp8DsMla,
   kV4Fp8,
   kV41Fp8,
@@ -143,6 +144,9 @@ constexpr FormatDef kFormats[] = {
     {"mla-bf16", FormatId::kMlaBf16, FormatUse::kLatent, FormatFamily::kMlaLatent,
      "MLA latent + RoPE, bf16 (FlashMLA dense); V is the first latent dims of K"},
     {"mla-fp16", FormatId::kMlaFp16, FormatUse::kLatent, FormatFamily::kMlaLatent, "MLA latent + RoPE, fp16"},
+    {"mla-fp8", FormatId::kMlaFp8, FormatUse::kLatent, FormatFamily::kMlaLatent,
+     "MLA latent + RoPE, fp8 e4m3, per-tensor scale kept outside the cache (vLLM --kv-cache-dtype fp8 with dense "
+     "MLA backends; SGLang fp8_e4m3)"},
     {"fp8_ds_mla", FormatId::kFp8DsMla, FormatUse::kLatent, FormatFamily::kFp8DsMla,
      "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse)"},
     {"v4-fp8", FormatId::kV4Fp8, FormatUse::kLatent, FormatFamily::kV4Fp8,
@@ -205,8 +209,11 @@ Status FillLatentRegions(FormatId id, const Geometry& g, std::string_view field,
   const uint64_t rope = g.qk_rope_head_dim;
   switch (id) {
     case FormatId::kMlaBf16:
-    case FormatId::kMlaFp16: {
-      ElementType t = id == FormatId::kMlaBf16 ? ElementType::kBf16 : ElementType::kFp16;
+    case FormatId::kMlaFp16:
+    case FormatId::kMlaFp8: {
+      ElementType t = id == FormatId::kMlaBf16   ? ElementType::kBf16
+                      : id == FormatId::kMlaFp16 ? ElementType::kFp16
+                                                 : ElementType::kFp8E4M3;
       f.regions = {{"latent", t, latent, 0}, {"rope", t, rope, 0}};
       break;
     }

@@ -7,17 +7,58 @@
 
 namespace tessera {
 
-std::string_view KernelName(Kernel kernel) { return kernel == Kernel::kFlashMla ? "flashmla" : "generic"; }
+std::string_view KernelName(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kFlashMla:
+      return "flashmla";
+    case Kernel::kCutlassMla:
+      return "cutlass-mla";
+    case Kernel::kFlashInferMla:
+      return "flashinfer-mla";
+    case Kernel::kGeneric:
+      break;
+  }
+  return "generic";
+}
+
+uint32_t KernelPageEntries(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kFlashMla:
+      return 64;
+    case Kernel::kCutlassMla:
+      return 128;
+    case Kernel::kFlashInferMla:
+      return 32;
+    case Kernel::kGeneric:
+      break;
+  }
+  return 0;
+}
 
 Result<Kernel> ParseKernel(std::string_view name) {
-  if (name == "flashmla") return Kernel::kFlashMla;
-  if (name == "generic") return Kernel::kGeneric;
-  return InvalidArgument("kernel", "unknown kernel \"" + std::string(name) + "\" (known: flashmla, generic)");
+  for (Kernel k : {Kernel::kFlashMla, Kernel::kCutlassMla, Kernel::kFlashInferMla, Kernel::kGeneric}) {
+    if (name == KernelName(k)) return k;
+  }
+  return InvalidArgument(
+      "kernel", "unknown kernel \"" + std::string(name) + "\" (known: flashmla, cutlass-mla, flashinfer-mla, generic)");
 }
 
 namespace {
-constexpr uint32_t kFlashMlaEntriesPerPage = 64;
 constexpr uint32_t kGenericMhaBlockTokens = 16;
+
+std::string_view KernelDisplayName(Kernel kernel) {
+  switch (kernel) {
+    case Kernel::kFlashMla:
+      return "FlashMLA";
+    case Kernel::kCutlassMla:
+      return "CUTLASS MLA";
+    case Kernel::kFlashInferMla:
+      return "FlashInfer MLA";
+    case Kernel::kGeneric:
+      break;
+  }
+  return "a generic kernel";
+}
 constexpr uint64_t kMaxBlockTokens = 1u << 20;
 }  // namespace
 
@@ -40,10 +81,12 @@ Result<BlockTokensChoice> ChooseBlockTokens(const std::vector<uint32_t>& ratios,
 
   uint64_t preferred = 0;
   std::string preference;
-  if (mla && kernel == Kernel::kFlashMla) {
-    preferred = static_cast<uint64_t>(kFlashMlaEntriesPerPage) * finest;
-    preference = "FlashMLA reads pages of " + std::to_string(kFlashMlaEntriesPerPage) + " entries; at " +
-                 std::to_string(finest) + " token(s) per entry that is " + std::to_string(preferred) + " tokens";
+  const uint32_t entries = KernelPageEntries(kernel);
+  if (mla && entries > 0) {
+    preferred = static_cast<uint64_t>(entries) * finest;
+    preference = std::string(KernelDisplayName(kernel)) + " reads pages of " + std::to_string(entries) +
+                 " entries; at " + std::to_string(finest) + " token(s) per entry that is " + std::to_string(preferred) +
+                 " tokens";
   } else if (!mla) {
     preferred = kGenericMhaBlockTokens;
     preference = "MHA pages of 16 tokens (the PagedAttention default)";

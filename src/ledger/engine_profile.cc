@@ -185,17 +185,20 @@ uint64_t ServedV4Alignment(const RecordFormat& main_format) {
   return main_format.family == FormatFamily::kV4Fp8 ? main_format.page_alignment : 1;
 }
 
-Status PageDenseModel(const EngineInputs& in, uint32_t mha_block_tokens, std::string mha_reason, Ledger& ledger,
-                      std::vector<Policy>& policies) {
+Status PageDenseModel(const EngineInputs& in, Kernel mla_kernel, uint32_t mha_block_tokens, std::string mha_reason,
+                      Ledger& ledger, std::vector<Policy>& policies) {
   const bool mla = in.g.is_mla;
-  uint32_t bt = mla ? kFlashMlaBlockTokens : mha_block_tokens;
+  const uint32_t mla_page = KernelPageEntries(mla_kernel) > 0 ? KernelPageEntries(mla_kernel) : kFlashMlaBlockTokens;
+  uint32_t bt = mla ? mla_page : mha_block_tokens;
   if (in.options.block_tokens) {
     TESSERA_ASSIGN_OR_RETURN(BlockTokensChoice c,
                              ChooseBlockTokens(PagedRatios(ledger), mla, Kernel::kGeneric, in.options.block_tokens));
     bt = c.block_tokens;
   }
   ledger.block_tokens = bt;
-  ledger.block_reasons.push_back(mla ? std::string(EngineName(in.options.engine)) + " with FlashMLA: 64-token pages"
+  ledger.block_reasons.push_back(mla ? std::string(EngineName(in.options.engine)) + " with " +
+                                           std::string(KernelName(mla_kernel)) + ": " + std::to_string(mla_page) +
+                                           "-token pages"
                                      : std::move(mha_reason));
   policies.assign(
       ledger.lines.size(),

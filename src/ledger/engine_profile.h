@@ -135,9 +135,10 @@ Result<uint32_t> ServedV4BlockTokens(const EngineInputs& in, Ledger& ledger);
 // for another record.
 uint64_t ServedV4Alignment(const RecordFormat& main_format);
 // Models without DeepSeek-V4's hybrid layers: every line in unpadded pages, a block per block
-// span of tokens — FlashMLA's 64-token pages for MLA, `mha_block_tokens` (the engine's default,
-// given as `mha_reason`) for MHA/GQA, --block-tokens over either. Sets the ledger's block span.
-Status PageDenseModel(const EngineInputs& in, uint32_t mha_block_tokens, std::string mha_reason, Ledger& ledger,
-                      std::vector<Policy>& policies);
+// span of tokens — `mla_kernel`'s pages for MLA (KernelPageEntries; FlashMLA's 64 for kGeneric),
+// `mha_block_tokens` (the engine's default, given as `mha_reason`) for MHA/GQA, --block-tokens
+// over either. Sets the ledger's block span.
+Status PageDenseModel(const EngineInputs& in, Kernel mla_kernel, uint32_t mha_block_tokens, std::string mha_reason,
+                      Ledger& ledger, std::vector<Policy>& policies);
 
 }  // namespace tessera::detail

@@ -48,8 +48,8 @@ class SglangProfile final : public EngineProfile {
 
   Status Plan(Ledger& ledger) override {
     if (!in_.g.is_hybrid) {
-      TESSERA_RETURN_IF_ERROR(
-          PageDenseModel(in_, kSglangMhaPageTokens, "SGLang default page size 1", ledger, policies_));
+      TESSERA_RETURN_IF_ERROR(PageDenseModel(in_, Kernel::kFlashMla, kSglangMhaPageTokens, "SGLang default page size 1",
+                                             ledger, policies_));
       return LayPages(ledger);
     }
     TESSERA_ASSIGN_OR_RETURN(uint32_t full, ServedV4BlockTokens(in_, ledger));

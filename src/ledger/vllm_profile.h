@@ -1,4 +1,4 @@
-// vLLM's DeepSeek-V4 prefill arithmetic, exposed for its tests. Internal to the ledger module.
+// vLLM's per-request block arithmetic, exposed for its tests. Internal to the ledger module.
 #pragma once
 
 #include <cstdint>
@@ -15,16 +15,26 @@ struct VllmWindowBucket {
   uint64_t window = 0;
   uint64_t groups = 0;
 };
-// Block ids vLLM holds during the prefill step that ends at `end` tokens, having written `size`
-// tokens in that step: the full group's blocks of `full_block_tokens` plus, per window bucket,
-// the blocks of the last window - 1 + size tokens (blocks wholly behind the window are freed
-// only after the step).
-Checked VllmPrefillHeld(uint64_t end, uint64_t size, uint32_t full_block_tokens,
-                        std::span<const VllmWindowBucket> buckets);
-// The most block ids held at the end of any step of a prefill of `n` tokens in chunks of
-// `chunk` (REQUIRES: chunk > 0): the maximum of VllmPrefillHeld over every step, in a closed
-// form that evaluates at most lcm(block sizes) + 1 steps whatever n is.
-Checked VllmPrefillPeakBlocks(uint64_t n, uint64_t chunk, uint32_t full_block_tokens,
+
+// Block ids one request holds right after KVCacheManager.allocate_slots for a step that starts
+// with `computed` tokens cached and needs `slots` slots: the full group's cdiv(slots, full), and
+// per window bucket the blocks from the first token not skipped (computed - window + 1, freed by
+// remove_skipped_blocks before the allocation) to slot `slots`. REQUIRES: computed <= slots.
+Checked VllmHeld(uint64_t computed, uint64_t slots, uint64_t full_block_tokens,
+                 std::span<const VllmWindowBucket> buckets);
+
+// A prefill of `n` tokens in steps of `chunk` (REQUIRES: chunk > 0, n <= max_len) as vLLM's
+// scheduler runs it: the first step with no lookahead (a fresh request), later steps with
+// `spec` lookahead slots, every step's slots capped at max_model_len `max_len`.
+struct VllmPrefill {
+  uint64_t n = 0;
+  uint64_t chunk = 1;
+  uint32_t spec = 0;
+  uint64_t max_len = 0;
+};
+// The most block ids held after any step's allocation: the maximum of VllmHeld over every step,
+// in a closed form that evaluates O(lcm(block sizes) + spec / chunk) steps whatever n is.
+Checked VllmPrefillPeakBlocks(const VllmPrefill& prefill, uint64_t full_block_tokens,
                               std::span<const VllmWindowBucket> buckets);
 
 }  // namespace tessera::detail

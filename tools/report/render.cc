@@ -215,7 +215,11 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
     r["observed_bytes"] = rec->observed_bytes;
     r["difference_bytes"] = rec->difference_bytes;
     ordered_json at = ordered_json::array();
-    for (const Attribution& a : rec->attributed) at.push_back({{"term", a.term}, {"bytes", a.bytes}});
+    for (const Attribution& a : rec->attributed) {
+      ordered_json aj = {{"term", a.term}, {"bytes", a.bytes}};
+      if (a.trace_bytes) aj["trace_bytes"] = *a.trace_bytes;
+      at.push_back(aj);
+    }
     r["attributed"] = at;
     r["unexplained_bytes"] = rec->unexplained_bytes;
     j["reconciliation"] = r;
@@ -328,8 +332,11 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
     out << (md ? "- " : "  ") << "predicted " << FormatBytes(rec->predicted_bytes) << "\n";
     out << (md ? "- " : "  ") << "observed  " << FormatBytes(rec->observed_bytes) << "\n";
     out << (md ? "- " : "  ") << "difference " << Signed(rec->difference_bytes) << "\n";
-    for (const Attribution& a : rec->attributed)
-      out << (md ? "- " : "    ") << a.term << ": " << Signed(a.bytes) << "\n";
+    for (const Attribution& a : rec->attributed) {
+      out << (md ? "- " : "    ") << a.term << ": " << Signed(a.bytes);
+      if (a.trace_bytes) out << " (trace label: " << FormatBytes(*a.trace_bytes) << ")";
+      out << "\n";
+    }
     out << (md ? "- " : "  ") << "unexplained " << Signed(rec->unexplained_bytes) << "\n";
   }
   if (!l.notes.empty()) {

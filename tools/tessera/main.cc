@@ -77,7 +77,8 @@ struct ModelArgs {
     app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
     app->add_flag("--include-mtp", include_mtp, "count the MTP layer(s) as holding cache");
     app->add_option("--engine", engine, "tessera | vllm | sglang (default tessera)");
-    app->add_option("--kernel", kernel, "flashmla | generic (tessera engine; default flashmla)");
+    app->add_option("--kernel", kernel,
+                    "flashmla | cutlass-mla | flashinfer-mla | generic (tessera and vllm engines; default flashmla)");
     app->add_option("--observed", observed, "bytes an engine really allocated, to reconcile");
     app->add_option("--observed-trace", observed_trace, "allocation trace file: one \"<bytes> [label]\" per line");
     app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
@@ -120,7 +121,8 @@ struct ModelArgs {
     return o;
   }
 
-  Result<std::optional<uint64_t>> Observed() const {
+  // The observation: a byte count, or an allocation trace's total and labels.
+  Result<std::optional<AllocationTrace>> Observed() const {
     if (!observed.empty() && !observed_trace.empty()) {
       return InvalidArgument("observed", "give --observed or --observed-trace, not both");
     }
@@ -129,13 +131,13 @@ struct ModelArgs {
     }
     if (!observed.empty()) {
       TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(observed, "observed"));
-      return std::optional<uint64_t>(v);
+      return std::optional<AllocationTrace>(AllocationTrace{v, {}});
     }
     if (!observed_trace.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t v, ReadAllocationTrace(observed_trace));
-      return std::optional<uint64_t>(v);
+      TESSERA_ASSIGN_OR_RETURN(AllocationTrace t, ReadLabelledAllocationTrace(observed_trace));
+      return std::optional<AllocationTrace>(std::move(t));
     }
-    return std::optional<uint64_t>();
+    return std::optional<AllocationTrace>();
   }
 
   std::string Source() const { return config.empty() ? "preset " + model : config; }
@@ -165,13 +167,14 @@ int RunLedger(const ModelArgs& args, const std::string& format_name, bool check_
     if (!g.ok()) return Fail(g.status());
     Result<LedgerOptions> o = args.Options();
     if (!o.ok()) return Fail(o.status());
-    Result<std::optional<uint64_t>> observed = args.Observed();
+    Result<std::optional<AllocationTrace>> observed = args.Observed();
     if (!observed.ok()) return Fail(observed.status());
     Result<Ledger> l = ComputeLedger(*g, *o);
     if (!l.ok()) return Fail(l.status());
     std::optional<Reconciliation> rec;
     if (observed->has_value()) {
-      Result<Reconciliation> r = Reconcile(*g, *l, **observed, args.observed_scope == "all");
+      Result<Reconciliation> r =
+          Reconcile(*g, *l, (*observed)->total, args.observed_scope == "all", (*observed)->labels);
       if (!r.ok()) return Fail(r.status());
       rec = *r;
     }
@@ -197,9 +200,11 @@ int RunReceipt(const ModelArgs& args, const std::string& out) {
   if (!g.ok()) return Fail(g.status());
   Result<LedgerOptions> o = args.Options();
   if (!o.ok()) return Fail(o.status());
-  Result<std::optional<uint64_t>> observed = args.Observed();
+  Result<std::optional<AllocationTrace>> observed = args.Observed();
   if (!observed.ok()) return Fail(observed.status());
-  ReceiptRequest req{args.Source(), *o, *observed, args.observed_scope == "all"};
+  std::optional<uint64_t> observed_bytes;
+  if (observed->has_value()) observed_bytes = (*observed)->total;
+  ReceiptRequest req{args.Source(), *o, observed_bytes, args.observed_scope == "all"};
   Result<Receipt> r = BuildReceipt(*g, req);
   if (!r.ok()) return Fail(r.status());
   Status st = WriteFilesAtomically({{out + ".md", r->markdown}, {out + ".json", r->json}});
@@ -345,6 +350,7 @@ int RunLayout(const ModelArgs& args, const std::string& format_name) {
 int RunTier(const std::string& action, const std::string& dir, const std::string& format_name) {
   Result<OutputFormat> format = ParseOutputFormat(format_name);
   if (!format.ok()) return Fail(format.status());
+  if (*format == OutputFormat::kMarkdown) return Fail(InvalidArgument("format", "tier writes table | json"));
   DiskTierOptions o;
   o.dir = dir;
   o.read_only = action == "stats";
@@ -353,6 +359,7 @@ int RunTier(const std::string& action, const std::string& dir, const std::string
   if (!t.ok()) return Fail(t.status());
   for (const std::string& w : (*t)->warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
   const DiskTierStats s = (*t)->stats();
+  std::string text;
   if (*format == OutputFormat::kJson) {
     nlohmann::ordered_json j;
     j["dir"] = dir;
@@ -366,18 +373,16 @@ int RunTier(const std::string& action, const std::string& dir, const std::string
     j["quarantined"] = s.quarantined;
     j["quarantine_log"] = (*t)->quarantine_log();
     // A path need not be UTF-8: invalid bytes become U+FFFD rather than an exception.
-    const std::string text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-    std::fwrite(text.data(), 1, text.size(), stdout);
+    text = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   } else {
-    std::printf(
-        "%s: %s\n  segments     %llu\n  records      %llu (verified %llu)\n  bytes        %s\n  live bytes   %s\n"
-        "  dead bytes   %s\n  torn tail    %s\n  quarantined  %llu\n",
-        action.c_str(), dir.c_str(), static_cast<unsigned long long>(s.segments),
-        static_cast<unsigned long long>(s.records), static_cast<unsigned long long>(s.verified),
-        FormatBytes(s.bytes).c_str(), FormatBytes(s.live_bytes).c_str(), FormatBytes(s.dead_bytes).c_str(),
-        FormatBytes(s.torn_tail_bytes).c_str(), static_cast<unsigned long long>(s.quarantined));
-    for (const std::string& q : (*t)->quarantine_log()) std::printf("  quarantined: %s\n", q.c_str());
+    auto count = [](uint64_t v) { return std::to_string(v); };
+    text = action + ": " + dir + "\n  segments     " + count(s.segments) + "\n  records      " + count(s.records) +
+           " (verified " + count(s.verified) + ")\n  bytes        " + FormatBytes(s.bytes) + "\n  live bytes   " +
+           FormatBytes(s.live_bytes) + "\n  dead bytes   " + FormatBytes(s.dead_bytes) + "\n  torn tail    " +
+           FormatBytes(s.torn_tail_bytes) + "\n  quarantined  " + count(s.quarantined) + "\n";
+    for (const std::string& q : (*t)->quarantine_log()) text += "  quarantined: " + q + "\n";
   }
+  if (Status st = WriteStdout(text); !st.ok()) return Fail(st);
   if (action == "fsck") return s.quarantined == 0 ? 0 : 1;
   return 0;
 }
@@ -434,7 +439,8 @@ int Main(int argc, char** argv) {
   layout->add_option("--model", layout_args.model, "preset name");
   layout->add_option("--config", layout_args.config, "path to a Hugging Face config.json");
   layout->add_option("--block-tokens", layout_args.block_tokens, "tokens per block (default: derived)");
-  layout->add_option("--kernel", layout_args.kernel, "flashmla | generic (default flashmla)");
+  layout->add_option("--kernel", layout_args.kernel,
+                     "flashmla | cutlass-mla | flashinfer-mla | generic (default flashmla)");
   layout->add_option("--kv-format", layout_args.kv_format, "main record format");
   layout->add_option("--indexer-format", layout_args.indexer_format, "indexer record format");
   layout->add_option("--format", format, "table | json | markdown");
