@@ -51,7 +51,10 @@ struct PhasePlan {
   uint64_t bytes_per_request = 0;  // per rank, at the context
   uint64_t max_concurrency = 0;    // floor(kv_budget / bytes_per_request)
   // At PlanOptions::concurrency: the longest context that fits (0: not even one token; equal to
-  // max_position_embeddings when the whole range fits).
+  // max_position_embeddings when the whole range fits). Found by bisection: the answer fits and
+  // one more token does not. Where an engine's bytes are not monotone in the context (vLLM's and
+  // SGLang's DeepSeek-V4 pages dip by a block or two past some boundaries) the longest fitting
+  // context can lie a few blocks away from the one found.
   std::optional<uint64_t> max_context;
 };
 

@@ -54,6 +54,7 @@ constexpr LedgerPhase kPhases[] = {LedgerPhase::kAdmission, LedgerPhase::kPrefil
 class PhaseBytesAt {
  public:
   PhaseBytesAt(const Geometry& g, LedgerOptions o) : g_(g), o_(std::move(o)) {}
+  const std::string& kv_format() const { return kv_format_; }  // of the last ledger computed
   Result<std::array<uint64_t, 3>> At(uint64_t context) {
     auto it = memo_.find(context);
     if (it != memo_.end()) return it->second;
@@ -61,6 +62,7 @@ class PhaseBytesAt {
     TESSERA_ASSIGN_OR_RETURN(Ledger l, ComputeLedger(g_, o_));
     std::array<uint64_t, 3> b{};
     for (const PhaseBytes& p : l.phases) b[static_cast<size_t>(p.phase)] = p.bytes;
+    kv_format_ = l.kv_format;
     memo_.emplace(context, b);
     return b;
   }
@@ -68,27 +70,43 @@ class PhaseBytesAt {
  private:
   const Geometry& g_;
   LedgerOptions o_;
+  std::string kv_format_;
   std::map<uint64_t, std::array<uint64_t, 3>> memo_;
 };
 
-bool Fits(uint64_t n, uint64_t bytes, uint64_t budget) {
-  return static_cast<Int128>(n) * static_cast<Int128>(bytes) <= static_cast<Int128>(budget);
-}
-
 // The longest context in [0, hi] whose phase bytes x n fit the budget; assumes the bytes never
-// shrink as the context grows (tests check the answer's neighbours).
+// shrink as the context grows (tests check the answer's neighbours). The bytes are close to
+// linear in the context, so each round probes the linear interpolation between the bracket's
+// ends, then a point just across it, and bisects when that did not halve the bracket: a few
+// ledgers instead of log2(hi).
 Result<uint64_t> LongestContext(PhaseBytesAt& at, size_t phase, uint64_t n, uint64_t budget, uint64_t hi) {
+  const uint64_t limit = budget / n;  // fits <=> bytes <= limit
   TESSERA_ASSIGN_OR_RETURN(auto top, at.At(hi));
-  if (Fits(n, top[phase], budget)) return hi;
-  uint64_t lo = 0;  // fits (vacuously); hi does not
-  while (hi - lo > 1) {
-    uint64_t mid = lo + (hi - lo) / 2;
-    TESSERA_ASSIGN_OR_RETURN(auto b, at.At(mid));
-    if (Fits(n, b[phase], budget)) {
-      lo = mid;
+  if (top[phase] <= limit) return hi;
+  uint64_t lo = 0, b_lo = 0, b_hi = top[phase];  // lo fits (vacuously at 0); hi does not
+  auto probe = [&](uint64_t c) -> Status {
+    if (c <= lo || c >= hi) return Status::Ok();
+    TESSERA_ASSIGN_OR_RETURN(auto b, at.At(c));
+    if (b[phase] <= limit) {
+      lo = c;
+      b_lo = b[phase];
     } else {
-      hi = mid;
+      hi = c;
+      b_hi = b[phase];
     }
+    return Status::Ok();
+  };
+  while (hi - lo > 1) {
+    const uint64_t width = hi - lo;
+    uint64_t guess = lo + width / 2;
+    if (b_hi > b_lo && limit >= b_lo) {
+      guess = lo + static_cast<uint64_t>(static_cast<Int128>(limit - b_lo) * width / (b_hi - b_lo));
+      guess = std::clamp<uint64_t>(guess, lo + 1, hi - 1);
+    }
+    TESSERA_RETURN_IF_ERROR(probe(guess));
+    const uint64_t step = std::max<uint64_t>(1, width >> 8);
+    TESSERA_RETURN_IF_ERROR(probe(lo == guess ? guess + step : guess > step ? guess - step : 0));
+    if (hi - lo > width / 2) TESSERA_RETURN_IF_ERROR(probe(lo + (hi - lo) / 2));
   }
   return lo;
 }
@@ -141,11 +159,7 @@ Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const Pl
     lo.batch = 1;
     PhaseBytesAt at(g, lo);
     TESSERA_ASSIGN_OR_RETURN(auto bytes, at.At(o.context_tokens));
-    if (p.kv_format.empty()) {
-      lo.context_tokens = 1;
-      TESSERA_ASSIGN_OR_RETURN(Ledger l, ComputeLedger(g, lo));
-      p.kv_format = l.kv_format;
-    }
+    if (p.kv_format.empty()) p.kv_format = at.kv_format();
     EnginePlan e;
     e.engine = engine;
     e.sustained_concurrency = UINT64_MAX;
