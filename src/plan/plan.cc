@@ -83,7 +83,11 @@ Result<uint64_t> LongestContext(PhaseBytesAt& at, size_t phase, uint64_t n, uint
   const uint64_t limit = budget / n;  // fits <=> bytes <= limit
   TESSERA_ASSIGN_OR_RETURN(auto top, at.At(hi));
   if (top[phase] <= limit) return hi;
-  uint64_t lo = 0, b_lo = 0, b_hi = top[phase];  // lo fits (vacuously at 0); hi does not
+  // Anchored at one token: when that does not fit nothing does, and the interpolation starts
+  // from a real point (a fixed per-request cost would throw a line through zero far off).
+  TESSERA_ASSIGN_OR_RETURN(auto first, at.At(1));
+  if (first[phase] > limit) return 0;
+  uint64_t lo = 1, b_lo = first[phase], b_hi = top[phase];  // lo fits; hi does not
   auto probe = [&](uint64_t c) -> Status {
     if (c <= lo || c >= hi) return Status::Ok();
     TESSERA_ASSIGN_OR_RETURN(auto b, at.At(c));
@@ -104,7 +108,7 @@ Result<uint64_t> LongestContext(PhaseBytesAt& at, size_t phase, uint64_t n, uint
       guess = std::clamp<uint64_t>(guess, lo + 1, hi - 1);
     }
     TESSERA_RETURN_IF_ERROR(probe(guess));
-    const uint64_t step = std::max<uint64_t>(1, width >> 8);
+    const uint64_t step = std::max<uint64_t>(1, width >> 6);
     TESSERA_RETURN_IF_ERROR(probe(lo == guess ? guess + step : guess > step ? guess - step : 0));
     if (hi - lo > width / 2) TESSERA_RETURN_IF_ERROR(probe(lo + (hi - lo) / 2));
   }
