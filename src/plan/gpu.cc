@@ -12,7 +12,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr size_t kMaxSpecBytes = 64 * 1024;
+constexpr size_t kMaxSpecBytes = size_t{64} * 1024;
 constexpr uint64_t kMaxFigure = 1000000000000000000ULL;
 
 std::string Lower(std::string_view s) {
