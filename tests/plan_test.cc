@@ -158,6 +158,21 @@ TEST(Weights, ShardingRule) {
   EXPECT_EQ(group(eight, "attention"), 61 * (replicated + split / 8));
 }
 
+TEST(Weights, MtpLayersCountOnlyWhenAsked) {
+  WeightShapes s = Shapes("deepseek-v3");
+  WeightBytes without = Bytes(s, WeightDtype::kBf16, 1, false);
+  WeightBytes with = Bytes(s, WeightDtype::kBf16, 1, true);
+  EXPECT_EQ(without.params, ParameterCount(s, false));
+  EXPECT_EQ(with.params, ParameterCount(s, false) + ParameterCount(s, true));
+  uint64_t mtp_bytes = 0;
+  for (const WeightGroupBytes& g : with.groups) {
+    if (g.group == "mtp") mtp_bytes = g.bytes_per_rank;
+  }
+  EXPECT_EQ(with.bytes_per_rank, without.bytes_per_rank + mtp_bytes);
+  // One MoE decoder layer, eh_proj, three norms, its own embedding and shared head: 13.46B.
+  EXPECT_EQ(ParameterCount(s, true), 13463426304ULL);
+}
+
 TEST(Weights, RefusesWhatTheConfigCannotHave) {
   // Kimi-K2's preset carries no quantization_config (data/models/README.md).
   Result<WeightBytes> w = ComputeWeightBytes(Shapes("kimi-k2"), WeightDtype::kFp8, 8, false);

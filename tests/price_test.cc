@@ -145,6 +145,19 @@ TEST(Price, TimeIsTheRooflineMax) {
   }
 }
 
+TEST(Price, Fp8CacheShrinksTheCacheBytesNotTheFlops) {
+  Geometry g = Preset("deepseek-v3");
+  PriceOptions bf16 = On("H200-141G", 4, 65536, 8);
+  PriceOptions fp8 = bf16;
+  fp8.kv_format = "fp8_ds_mla";  // 512 e4m3 + 4 fp32 scales + 64 bf16 RoPE = 656 B
+  Price a = MustPrice(g, bf16);
+  Price b = MustPrice(g, fp8);
+  EXPECT_EQ(a.absorbed.flops, b.absorbed.flops);
+  EXPECT_EQ(a.absorbed.cache_bytes, uint64_t{4} * 65536 * 1152 * 61);
+  EXPECT_EQ(b.absorbed.cache_bytes, uint64_t{4} * 65536 * 656 * 61);
+  EXPECT_GT(b.absorbed.intensity, a.absorbed.intensity);
+}
+
 TEST(Price, InputErrorsNameTheField) {
   Result<Price> p = ComputePrice(Preset("llama-3.1-8b"), On("H200-141G", 1, 1024, 1));
   ASSERT_FALSE(p.ok());
