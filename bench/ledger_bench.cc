@@ -1,4 +1,4 @@
-// Ledger speed. Target: the ledger for any preset at 1M tokens answers in well under 100 ms.
+// Ledger and plan speed. Target (issue 12): any ledger or plan answers in under 1 ms.
 // Baseline measured in the same run: parsing the preset's config.json (the work any tool that
 // reads a model card must do). The ratio ledger / parse shows what the ledger adds.
 //
@@ -8,6 +8,8 @@
 
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
+#include "tessera/plan.h"
+#include "tessera/price.h"
 #include "tessera/report.h"
 
 namespace {
@@ -47,6 +49,45 @@ void BM_Ledger1M(benchmark::State& state) {
   state.SetLabel(std::string(name) + "/" + std::string(EngineName(engine)));
 }
 BENCHMARK(BM_Ledger1M)->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kPresets) - 1, 1), {0, 1, 2}});
+
+// `tessera plan` without the CLI: config text to weight shapes, geometry and the plan on
+// 8 x H200 at 128K for all three engines. Arg 1 = 1 adds the longest-context search at
+// concurrency 4 (a bisection per engine and phase, each step a ledger).
+void BM_Plan(benchmark::State& state) {
+  const char* name = kPresets[state.range(0)];
+  std::string text = *PresetConfigText(name);
+  PlanOptions o;
+  o.gpu = *LoadGpu("H200-141G");
+  o.tp = 8;
+  o.context_tokens = 131072;
+  if (state.range(1) == 1) o.concurrency = 4;
+  for (auto _ : state) {
+    Result<Geometry> g = GeometryFromConfigJson(text, name);
+    Result<WeightShapes> shapes = WeightShapesFromConfigJson(text, name);
+    Result<Plan> p = ComputePlan(*g, *shapes, o);
+    benchmark::DoNotOptimize(p);
+  }
+  state.SetLabel(std::string(name) + (state.range(1) == 1 ? "/max-context" : ""));
+}
+// deepseek-v3.2 (5) and deepseek-v4-pro (8), with and without the context search.
+BENCHMARK(BM_Plan)->ArgsProduct({{5, 8}, {0, 1}})->Unit(benchmark::kMicrosecond);
+
+// `tessera price` at batch 64, 128K on 8 x H200 (two crossover bisections included).
+void BM_Price(benchmark::State& state) {
+  const char* name = kPresets[state.range(0)];
+  Geometry g = *LoadPreset(name);
+  PriceOptions o;
+  o.gpu = *LoadGpu("H200-141G");
+  o.tp = 8;
+  o.batch = 64;
+  o.context_tokens = 131072;
+  for (auto _ : state) {
+    Result<Price> p = ComputePrice(g, o);
+    benchmark::DoNotOptimize(p);
+  }
+  state.SetLabel(name);
+}
+BENCHMARK(BM_Price)->Arg(2)->Arg(5)->Arg(8)->Unit(benchmark::kMicrosecond);
 
 // The whole main job: 18 ledgers and the 23-claim check.
 void BM_Report(benchmark::State& state) {

@@ -1,4 +1,4 @@
-// Files shipped inside the binary (data/models/*.json, data/claims/*.json), generated at build
+// Files shipped inside the binary (data/models/*.json, data/claims/*.json, data/gpus/*.json), generated at build
 // time by cmake/embed.cmake so that the tool stands alone and presets go through the same
 // reader as user files.
 #pragma once
@@ -16,5 +16,6 @@ struct EmbeddedFile {
 // Sorted by name.
 const EmbeddedFile* ModelFiles(size_t* count);
 const EmbeddedFile* ClaimFiles(size_t* count);
+const EmbeddedFile* GpuFiles(size_t* count);
 
 }  // namespace tessera::data

@@ -7,6 +7,8 @@
 //   tessera simulate | stats [...]       the agents workload through the request manager (stats:
 //                                        its counters as Prometheus text); --disk DIR adds tiers
 //   tessera tier fsck | stats DIR        verify or count a disk tier
+//   tessera plan --model NAME --gpu H200-141G --tp 8 --context 128k [...]   capacity per engine
+//   tessera price --model NAME --gpu H200-141G --batch 64 --context 128k      absorbed vs naive MLA
 //   tessera models | formats
 //
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
@@ -22,14 +24,19 @@
 #include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
+#include "tessera/gpu.h"
 #include "tessera/layout.h"
 #include "tessera/ledger.h"
+#include "tessera/plan.h"
+#include "tessera/plan_render.h"
+#include "tessera/price.h"
 #include "tessera/receipt.h"
 #include "tessera/reconcile.h"
 #include "tessera/render.h"
 #include "tessera/report.h"
 #include "tessera/simulate.h"
 #include "tessera/units.h"
+#include "tessera/weights.h"
 
 namespace {
 
@@ -387,6 +394,196 @@ int RunTier(const std::string& action, const std::string& dir, const std::string
   return 0;
 }
 
+// `table`, `text` (the same) | `json` | `markdown`.
+Result<OutputFormat> ParsePlanFormat(const std::string& name) {
+  if (name == "text") return OutputFormat::kTable;
+  return ParseOutputFormat(name);
+}
+
+// Options of `plan` and `price`, kept as text so that errors name the option.
+struct PlanArgs {
+  std::string model;
+  std::string config;
+  std::string gpu;
+  std::string gpu_spec;
+  std::string tp = "1";
+  std::string utilization = "0.9";
+  std::string weights_dtype;
+  std::string context;
+  std::string concurrency;
+  std::string batch = "1";
+  std::string engines = "tessera,vllm,sglang";
+  std::string reserve = "0";
+  std::string max_committed;
+  std::string min_concurrency;
+  std::string kv_format;
+  std::string indexer_format;
+  std::string block_tokens;
+  std::string spec_tokens = "0";
+  std::string prefill_chunk = "8192";
+  bool include_mtp = false;
+  std::string format = "text";
+
+  void RegisterCommon(CLI::App* app) {
+    app->add_option("--model", model, "preset name (see `tessera models`)");
+    app->add_option("--config", config, "path to a Hugging Face config.json");
+    app->add_option("--gpu", gpu, "H100-80G | H200-141G | B200 | MI300X");
+    app->add_option("--gpu-spec", gpu_spec, "a GPU spec JSON file (fields as data/gpus/*.json)");
+    app->add_option("--tp", tp, "tensor-parallel ranks (default 1)");
+    app->add_option("--context", context, "tokens per request: 8192, 128k, 1m");
+    app->add_option("--kv-format", kv_format, "main record format (see `tessera formats`)");
+    app->add_option("--format", format, "text | json | markdown");
+  }
+  void RegisterPlan(CLI::App* app) {
+    RegisterCommon(app);
+    app->add_option("--gpu-memory-utilization", utilization,
+                    "fraction of device memory the engine may use (default 0.9)");
+    app->add_option("--weights-dtype", weights_dtype, "bf16 | fp8 | fp4 (default: the checkpoint's)");
+    app->add_option("--concurrency", concurrency, "also find the longest context at this many requests");
+    app->add_option("--engine", engines, "comma-separated engines (default tessera,vllm,sglang)");
+    app->add_option("--reserve-bytes", reserve,
+                    "per rank, kept out of the KV budget: activations, CUDA graphs (default 0)");
+    app->add_option("--max-committed-bytes", max_committed, "gate: reject a configuration committing more per rank");
+    app->add_option("--min-concurrency", min_concurrency, "gate: reject a configuration sustaining fewer requests");
+    app->add_option("--indexer-format", indexer_format, "indexer record format");
+    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived)");
+    app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
+    app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
+    app->add_flag("--include-mtp", include_mtp, "load the MTP layer(s) and count their cache");
+  }
+  void RegisterPrice(CLI::App* app) {
+    RegisterCommon(app);
+    app->add_option("--batch", batch, "sequences decoded together (default 1)");
+  }
+
+  Result<Geometry> LoadGeometry() const {
+    if (!model.empty() && !config.empty()) return InvalidArgument("model", "give --model or --config, not both");
+    if (!config.empty()) return LoadConfigFile(config);
+    if (model.empty()) return InvalidArgument("model", "missing: give --model NAME or --config PATH");
+    return LoadPreset(model);
+  }
+  Result<WeightShapes> LoadShapes(const Geometry& g) const {
+    std::string text;
+    if (!config.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(text, ReadRegularFile(config, "config"));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(text, PresetConfigText(model));
+    }
+    return WeightShapesFromConfigJson(text, g.name);
+  }
+  Result<GpuSpec> LoadGpuSpec() const {
+    if (!gpu.empty() && !gpu_spec.empty()) return InvalidArgument("gpu", "give --gpu or --gpu-spec, not both");
+    if (!gpu_spec.empty()) return LoadGpuSpecFile(gpu_spec);
+    if (gpu.empty()) return InvalidArgument("gpu", "missing: give --gpu NAME (e.g. H200-141G) or --gpu-spec FILE");
+    return LoadGpu(gpu);
+  }
+  static Result<uint32_t> Small(const std::string& text, const char* field) {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(text, field));
+    if (v == 0) return InvalidArgument(field, "must be positive");
+    if (v > 65536) return OutOfRange(field, std::to_string(v) + " is above 65536");
+    return static_cast<uint32_t>(v);
+  }
+  Result<uint64_t> Context() const {
+    if (context.empty()) return InvalidArgument("context", "missing: give --context TOKENS (e.g. 128k)");
+    TESSERA_ASSIGN_OR_RETURN(uint64_t c, ParseTokenCount(context, "context"));
+    if (c == 0) return InvalidArgument("context", "must be positive");
+    return c;
+  }
+
+  Result<PlanOptions> Plan() const {
+    PlanOptions o;
+    TESSERA_ASSIGN_OR_RETURN(o.gpu, LoadGpuSpec());
+    TESSERA_ASSIGN_OR_RETURN(o.tp, Small(tp, "tp"));
+    TESSERA_ASSIGN_OR_RETURN(o.utilization, ParseUtilization(utilization));
+    if (!weights_dtype.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(WeightDtype d, ParseWeightDtype(weights_dtype));
+      o.weights_dtype = d;
+    }
+    TESSERA_ASSIGN_OR_RETURN(o.reserve_bytes, ParseByteSize(reserve, "reserve-bytes"));
+    TESSERA_ASSIGN_OR_RETURN(o.context_tokens, Context());
+    if (!concurrency.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned(concurrency, "concurrency"));
+      if (n == 0) return InvalidArgument("concurrency", "must be positive");
+      o.concurrency = n;
+    }
+    o.engines.clear();
+    size_t start = 0;
+    while (start <= engines.size()) {
+      size_t comma = engines.find(',', start);
+      std::string name = engines.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      TESSERA_ASSIGN_OR_RETURN(Engine e, ParseEngine(name));
+      for (Engine seen : o.engines) {
+        if (seen == e) return InvalidArgument("engine", "\"" + name + "\" given twice");
+      }
+      o.engines.push_back(e);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (!max_committed.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t b, ParseByteSize(max_committed, "max-committed-bytes"));
+      o.max_committed_bytes = b;
+    }
+    if (!min_concurrency.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned(min_concurrency, "min-concurrency"));
+      o.min_concurrency = n;
+    }
+    o.ledger.kv_format = kv_format;
+    o.ledger.indexer_format = indexer_format;
+    if (!block_tokens.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(block_tokens, "block-tokens"));
+      o.ledger.block_tokens = bt;
+    }
+    TESSERA_ASSIGN_OR_RETURN(uint64_t spec, ParseUnsigned(spec_tokens, "spec-tokens"));
+    if (spec > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
+    o.ledger.spec_tokens = static_cast<uint32_t>(spec);
+    TESSERA_ASSIGN_OR_RETURN(o.ledger.prefill_chunk_tokens, ParseTokenCount(prefill_chunk, "prefill-chunk"));
+    if (o.ledger.prefill_chunk_tokens == 0) return InvalidArgument("prefill-chunk", "must be positive");
+    o.ledger.include_mtp = include_mtp;
+    return o;
+  }
+
+  Result<PriceOptions> Price() const {
+    PriceOptions o;
+    TESSERA_ASSIGN_OR_RETURN(o.gpu, LoadGpuSpec());
+    TESSERA_ASSIGN_OR_RETURN(o.tp, Small(tp, "tp"));
+    TESSERA_ASSIGN_OR_RETURN(o.batch, ParseUnsigned(batch, "batch"));
+    TESSERA_ASSIGN_OR_RETURN(o.context_tokens, Context());
+    o.kv_format = kv_format;
+    return o;
+  }
+};
+
+// Exit 0, or 1 when a configuration is rejected (a gate failed or the weights do not fit); the
+// output lists what was rejected and why.
+int RunPlan(const PlanArgs& args) {
+  Result<OutputFormat> format = ParsePlanFormat(args.format);
+  if (!format.ok()) return Fail(format.status());
+  Result<Geometry> g = args.LoadGeometry();
+  if (!g.ok()) return Fail(g.status());
+  Result<WeightShapes> shapes = args.LoadShapes(*g);
+  if (!shapes.ok()) return Fail(shapes.status());
+  Result<PlanOptions> o = args.Plan();
+  if (!o.ok()) return Fail(o.status());
+  Result<Plan> p = ComputePlan(*g, *shapes, *o);
+  if (!p.ok()) return Fail(p.status());
+  Status st = WriteStdout(RenderPlan(*p, *format));
+  if (!st.ok()) return Fail(st);
+  return p->any_rejected() ? 1 : 0;
+}
+
+int RunPrice(const PlanArgs& args) {
+  Result<OutputFormat> format = ParsePlanFormat(args.format);
+  if (!format.ok()) return Fail(format.status());
+  Result<Geometry> g = args.LoadGeometry();
+  if (!g.ok()) return Fail(g.status());
+  Result<PriceOptions> o = args.Price();
+  if (!o.ok()) return Fail(o.status());
+  Result<Price> p = ComputePrice(*g, *o);
+  if (!p.ok()) return Fail(p.status());
+  Status st = WriteStdout(RenderPrice(*p, *format));
+  return st.ok() ? 0 : Fail(st);
+}
+
 int RunModels() {
   for (const std::string& name : PresetNames()) {
     Result<Geometry> g = LoadPreset(name);
@@ -453,6 +650,12 @@ int Main(int argc, char** argv) {
   tier_stats->add_option("dir", tier_dir, "disk tier directory")->required();
   tier_stats->add_option("--format", format, "table | json");
   tier->require_subcommand(1);
+  PlanArgs plan_args;
+  CLI::App* plan = app.add_subcommand("plan", "capacity: weights per rank, KV budget, requests and context per engine");
+  plan_args.RegisterPlan(plan);
+  PlanArgs price_args;
+  CLI::App* price = app.add_subcommand("price", "one decode step: FLOPs and HBM bytes of absorbed vs naive MLA");
+  price_args.RegisterPrice(price);
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");
 
@@ -476,6 +679,8 @@ int Main(int argc, char** argv) {
   if (layout->parsed()) return RunLayout(layout_args, format);
   if (fsck->parsed()) return RunTier("fsck", tier_dir, format);
   if (tier_stats->parsed()) return RunTier("stats", tier_dir, format);
+  if (plan->parsed()) return RunPlan(plan_args);
+  if (price->parsed()) return RunPrice(price_args);
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
   return 2;

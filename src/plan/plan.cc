@@ -1,0 +1,208 @@
+#include "tessera/plan.h"
+
+#include <algorithm>
+#include <array>
+#include <map>
+
+#include "tessera/checked.h"
+
+namespace tessera {
+
+Result<Fraction> ParseUtilization(std::string_view text) {
+  const char* field = "gpu-memory-utilization";
+  if (text.empty() || text.size() > 12) {
+    return InvalidArgument(field,
+                           "must be a decimal in (0, 1] such as 0.9 (got \"" + std::string(text.substr(0, 20)) + "\")");
+  }
+  uint64_t num = 0, den = 1;
+  bool dot = false, digits = false;
+  int places = 0;
+  for (char c : text) {
+    if (c == '.' && !dot) {
+      dot = true;
+      continue;
+    }
+    if (c < '0' || c > '9') {
+      return InvalidArgument(field, "must be a decimal in (0, 1] such as 0.9 (got \"" + std::string(text) + "\")");
+    }
+    digits = true;
+    num = num * 10 + static_cast<uint64_t>(c - '0');  // at most 12 digits
+    if (dot) {
+      den *= 10;
+      if (++places > 9) return InvalidArgument(field, "at most 9 decimal places");
+    }
+  }
+  if (!digits || num == 0 || num > den) {
+    return InvalidArgument(field, "must be in (0, 1] (got \"" + std::string(text) + "\")");
+  }
+  return Fraction(num, den);
+}
+
+bool Plan::any_rejected() const {
+  for (const EnginePlan& e : engines) {
+    if (e.rejected) return true;
+  }
+  return false;
+}
+
+namespace {
+
+constexpr LedgerPhase kPhases[] = {LedgerPhase::kAdmission, LedgerPhase::kPrefillPeak, LedgerPhase::kDecode};
+
+// Per-request bytes per phase (one rank) at a context, memoized: the three bisections of an
+// engine share their first midpoints.
+class PhaseBytesAt {
+ public:
+  PhaseBytesAt(const Geometry& g, LedgerOptions o) : g_(g), o_(std::move(o)) {}
+  const std::string& kv_format() const { return kv_format_; }  // of the last ledger computed
+  Result<std::array<uint64_t, 3>> At(uint64_t context) {
+    auto it = memo_.find(context);
+    if (it != memo_.end()) return it->second;
+    o_.context_tokens = context;
+    TESSERA_ASSIGN_OR_RETURN(Ledger l, ComputeLedger(g_, o_));
+    std::array<uint64_t, 3> b{};
+    for (const PhaseBytes& p : l.phases) b[static_cast<size_t>(p.phase)] = p.bytes;
+    kv_format_ = l.kv_format;
+    memo_.emplace(context, b);
+    return b;
+  }
+
+ private:
+  const Geometry& g_;
+  LedgerOptions o_;
+  std::string kv_format_;
+  std::map<uint64_t, std::array<uint64_t, 3>> memo_;
+};
+
+// The longest context in [0, hi] whose phase bytes x n fit the budget; assumes the bytes never
+// shrink as the context grows (tests check the answer's neighbours). The bytes are close to
+// linear in the context, so each round probes the linear interpolation between the bracket's
+// ends, then a point just across it, and bisects when that did not halve the bracket: a few
+// ledgers instead of log2(hi).
+Result<uint64_t> LongestContext(PhaseBytesAt& at, size_t phase, uint64_t n, uint64_t budget, uint64_t hi) {
+  const uint64_t limit = budget / n;  // fits <=> bytes <= limit
+  TESSERA_ASSIGN_OR_RETURN(auto top, at.At(hi));
+  if (top[phase] <= limit) return hi;
+  // Anchored at one token: when that does not fit nothing does, and the interpolation starts
+  // from a real point (a fixed per-request cost would throw a line through zero far off).
+  TESSERA_ASSIGN_OR_RETURN(auto first, at.At(1));
+  if (first[phase] > limit) return 0;
+  uint64_t lo = 1, b_lo = first[phase], b_hi = top[phase];  // lo fits; hi does not
+  auto probe = [&](uint64_t c) -> Status {
+    if (c <= lo || c >= hi) return Status::Ok();
+    TESSERA_ASSIGN_OR_RETURN(auto b, at.At(c));
+    if (b[phase] <= limit) {
+      lo = c;
+      b_lo = b[phase];
+    } else {
+      hi = c;
+      b_hi = b[phase];
+    }
+    return Status::Ok();
+  };
+  while (hi - lo > 1) {
+    const uint64_t width = hi - lo;
+    uint64_t guess = lo + width / 2;
+    if (b_hi > b_lo && limit >= b_lo) {
+      guess = lo + static_cast<uint64_t>(static_cast<Int128>(limit - b_lo) * width / (b_hi - b_lo));
+      guess = std::clamp<uint64_t>(guess, lo + 1, hi - 1);
+    }
+    TESSERA_RETURN_IF_ERROR(probe(guess));
+    const uint64_t step = std::max<uint64_t>(1, width >> 6);
+    TESSERA_RETURN_IF_ERROR(probe(lo == guess ? guess + step : guess > step ? guess - step : 0));
+    if (hi - lo > width / 2) TESSERA_RETURN_IF_ERROR(probe(lo + (hi - lo) / 2));
+  }
+  return lo;
+}
+
+}  // namespace
+
+Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const PlanOptions& o) {
+  if (o.context_tokens == 0) return InvalidArgument("context", "must be a positive token count");
+  if (o.concurrency && *o.concurrency == 0) return InvalidArgument("concurrency", "must be positive");
+  if (o.engines.empty()) return InvalidArgument("engine", "give at least one engine");
+  if (o.utilization.num() == 0 || o.utilization.num() > o.utilization.den()) {
+    return InvalidArgument("gpu-memory-utilization", "must be in (0, 1]");
+  }
+  Plan p;
+  p.model = g.name;
+  p.config_sha256 = g.config_sha256;
+  p.gpu = o.gpu;
+  p.tp = o.tp;
+  p.utilization = o.utilization;
+  p.context_tokens = o.context_tokens;
+  p.concurrency = o.concurrency;
+  p.max_committed_bytes = o.max_committed_bytes;
+  p.min_concurrency = o.min_concurrency;
+  p.include_mtp = o.ledger.include_mtp;
+  p.max_position_embeddings = g.max_position_embeddings;
+  const WeightDtype dtype = o.weights_dtype.value_or(shapes.checkpoint_dtype);
+  TESSERA_ASSIGN_OR_RETURN(p.weights, ComputeWeightBytes(shapes, dtype, o.tp, o.ledger.include_mtp));
+
+  p.usable_bytes =
+      static_cast<uint64_t>(static_cast<Int128>(o.gpu.memory_bytes) * o.utilization.num() / o.utilization.den());
+  p.reserve_bytes = o.reserve_bytes;
+  Checked held = Checked(p.weights.bytes_per_rank) + o.reserve_bytes;
+  p.weights_fit = !held.overflowed() && held.value() <= p.usable_bytes;
+  p.kv_budget_bytes = p.weights_fit ? p.usable_bytes - held.value() : 0;
+
+  uint64_t hi = g.max_position_embeddings;
+  if (hi == 0) {
+    hi = uint64_t{1} << 20;
+    p.notes.push_back("the config has no max_position_embeddings: the longest context is searched up to 1048576");
+  }
+  if (o.context_tokens > hi) {
+    p.notes.push_back("context " + std::to_string(o.context_tokens) + " is beyond max_position_embeddings " +
+                      std::to_string(hi));
+  }
+  const uint64_t planned = o.concurrency.value_or(1);
+  for (Engine engine : o.engines) {
+    LedgerOptions lo = o.ledger;
+    lo.engine = engine;
+    lo.tp = o.tp;
+    lo.batch = 1;
+    PhaseBytesAt at(g, lo);
+    TESSERA_ASSIGN_OR_RETURN(auto bytes, at.At(o.context_tokens));
+    if (p.kv_format.empty()) p.kv_format = at.kv_format();
+    EnginePlan e;
+    e.engine = engine;
+    e.sustained_concurrency = UINT64_MAX;
+    uint64_t largest = 0;
+    for (LedgerPhase phase : kPhases) {
+      const size_t i = static_cast<size_t>(phase);
+      PhasePlan pp;
+      pp.phase = phase;
+      pp.bytes_per_request = bytes[i];
+      pp.max_concurrency = bytes[i] == 0 ? UINT64_MAX : p.kv_budget_bytes / bytes[i];
+      if (o.concurrency) {
+        TESSERA_ASSIGN_OR_RETURN(uint64_t c, LongestContext(at, i, *o.concurrency, p.kv_budget_bytes, hi));
+        pp.max_context = c;
+        e.max_context = std::min(e.max_context.value_or(UINT64_MAX), c);
+      }
+      e.sustained_concurrency = std::min(e.sustained_concurrency, pp.max_concurrency);
+      largest = std::max(largest, bytes[i]);
+      e.phases.push_back(pp);
+    }
+    Checked committed = Checked(largest) * planned;
+    if (committed.overflowed()) return OutOfRange("concurrency", "committed bytes overflow 64 bits");
+    e.committed_bytes = committed.value();
+    if (!p.weights_fit) {
+      e.reasons.push_back("weights (" + std::to_string(p.weights.bytes_per_rank) + " B per rank) plus reserve (" +
+                          std::to_string(p.reserve_bytes) + " B) exceed the usable " + std::to_string(p.usable_bytes) +
+                          " B");
+    }
+    if (o.max_committed_bytes && e.committed_bytes > *o.max_committed_bytes) {
+      e.reasons.push_back("committed " + std::to_string(e.committed_bytes) + " B per rank > --max-committed-bytes " +
+                          std::to_string(*o.max_committed_bytes));
+    }
+    if (o.min_concurrency && e.sustained_concurrency < *o.min_concurrency) {
+      e.reasons.push_back("sustained concurrency " + std::to_string(e.sustained_concurrency) + " < --min-concurrency " +
+                          std::to_string(*o.min_concurrency));
+    }
+    e.rejected = !e.reasons.empty();
+    p.engines.push_back(std::move(e));
+  }
+  return p;
+}
+
+}  // namespace tessera
