@@ -9,7 +9,7 @@
 //                 concurrency x phase_bytes(c) <= kv_budget  (bisection over c, each step a ledger)
 //
 // Left out of the budget unless given as --reserve-bytes: activations, CUDA graphs, NCCL and
-// allocator workspaces (ADR 0018). The ledger's per-request bytes scale linearly with the batch
+// allocator workspaces (ADR 0019). The ledger's per-request bytes scale linearly with the batch
 // (ComputeLedger multiplies per-request figures), so one ledger per context is enough.
 //
 // Thread-safety: pure functions over values.

@@ -3,7 +3,7 @@
 // Every parameter tensor the model's checkpoint carries is listed with its shape, how tensor
 // parallelism splits it and which storage class it belongs to; the storage class and the chosen
 // weight dtype give its bytes (quantization scales included). The sharding rule and the dtype
-// rules are ADR 0018's:
+// rules are ADR 0019's:
 //   - attention heads split across ranks (q up-projection, kv up-projection, V4 wq_b / wo_a by
 //     rows, the output projection by columns); the low-rank down-projections (q_a, kv_a, V4
 //     wq_a/wkv), the V3.2/V4 indexer and the V4 compressors replicated;
