@@ -76,9 +76,10 @@ TEST(Mutex, CondVarWaitReleasesAndRetakesTheMutex) {
 
 // While one thread holds the mutex another cannot take it: the other thread is started and
 // reaches Lock while the mutex is held, and whatever it saw inside must be what the holder left
-// there at Unlock. If the mutex did not exclude, it would enter at once and see the holder
-// mid-way (the holder yields 10,000 times between writes). A MutexLock releases at scope end:
-// otherwise the second Lock would never return (ctest's timeout).
+// there at Unlock. If the mutex did not exclude, the other thread would enter as soon as it ran
+// and see the holder mid-way (the holder yields 10,000 times between writes): a broken mutex
+// fails this almost surely, not certainly (a no-op Lock/Unlock did). A MutexLock releases at
+// scope end: otherwise the second Lock would never return (ctest's timeout).
 TEST(Mutex, LockExcludesOtherThreadsUntilUnlock) {
   Mutex mu;
   std::atomic<bool> started{false};
