@@ -2,6 +2,7 @@
 //   disk tier batch put  vs  pwrite of the same bytes + one fdatasync per batch
 //   disk tier get        vs  pread of the same bytes (page cache dropped with fadvise first)
 //   host tier put/get    vs  memcpy of the same bytes
+//   MACs over one 2.5-MB record (OpenSSL EVP_MAC, RecordMac) vs memcpy of the same bytes
 //   io_uring (queue depth 8 and 32, buffered and O_DIRECT) vs pread/pwrite of the same
 //   4 KiB-aligned records (BM_Io*; each prints its ratio to the pread/pwrite baseline as x_sync)
 //
@@ -14,6 +15,9 @@
 #include <hiredis/hiredis.h>
 #include <liburing.h>
 #include <netinet/in.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/statfs.h>
@@ -32,10 +36,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/disk_tier.h"
 #include "tessera/host_tier.h"
+#include "tessera/record_mac.h"
 #include "tessera/redis_tier.h"
 
 namespace {
@@ -237,6 +243,105 @@ void BM_HostTierPutGet(benchmark::State& state) {
   state.SetLabel(into ? "GetInto (caller memory)" : "Get (fresh vector)");
 }
 BENCHMARK(BM_HostTierPutGet)->Arg(0)->Arg(1);
+
+// --- MACs over one record (ADR 0010: why RecordMac is Poly1305) -------------------------------
+//
+// One DeepSeek-V3 fp8_ds_mla block (61 layers x 64 tokens x 656 B = 2,561,024 B) through each
+// OpenSSL EVP_MAC the disk tier could have used (the key set for every record, as a one-time key
+// must be) and through RecordMac itself (HMAC-SHA256 of the nonce, then Poly1305), against memcpy
+// of the same bytes first in the same run. x_memcpy is on thread CPU time, as bytes_per_second is.
+//   build/release/bench/tier_bench --benchmark_filter=Mac
+constexpr size_t kMacRecord = size_t{61} * 64 * 656;
+
+double g_mac_memcpy_bps = 0;
+void BM_MacMemcpyBaseline(benchmark::State& state) {
+  std::vector<std::byte> src(kMacRecord, std::byte{7}), dst(kMacRecord);
+  const double t0 = ThreadCpuSeconds();
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), src.size());
+    benchmark::ClobberMemory();
+  }
+  const double s = ThreadCpuSeconds() - t0;
+  g_mac_memcpy_bps = static_cast<double>(state.iterations()) * static_cast<double>(kMacRecord) / s;
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kMacRecord));
+}
+BENCHMARK(BM_MacMemcpyBaseline);
+
+void ReportMacRatio(benchmark::State& state, double cpu_seconds) {
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kMacRecord));
+  if (g_mac_memcpy_bps > 0) {
+    state.counters["x_memcpy"] =
+        static_cast<double>(state.iterations()) * static_cast<double>(kMacRecord) / cpu_seconds / g_mac_memcpy_bps;
+  }
+}
+
+struct MacCase {
+  const char* label;
+  const char* algorithm;
+  const char* param;  // the digest or cipher parameter's name, or null
+  const char* value;
+  size_t key_bytes;
+};
+constexpr MacCase kMacs[] = {
+    {"POLY1305", "POLY1305", nullptr, nullptr, 32},
+    {"GMAC AES-256-GCM", "GMAC", OSSL_MAC_PARAM_CIPHER, "AES-256-GCM", 32},
+    {"SIPHASH-2-4", "SIPHASH", nullptr, nullptr, 16},
+    {"HMAC-SHA256", "HMAC", OSSL_MAC_PARAM_DIGEST, "SHA256", 32},
+    {"BLAKE2BMAC", "BLAKE2BMAC", nullptr, nullptr, 32},
+};
+
+void BM_EvpMac(benchmark::State& state) {
+  const MacCase& c = kMacs[state.range(0)];
+  std::vector<unsigned char> record(kMacRecord, 7), key(c.key_bytes, 0x42), iv(12, 0x24);
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, c.algorithm, nullptr);
+  EVP_MAC_CTX* ctx = mac != nullptr ? EVP_MAC_CTX_new(mac) : nullptr;
+  if (ctx == nullptr) {
+    state.SkipWithError("the crypto library lacks this MAC");
+    EVP_MAC_free(mac);
+    return;
+  }
+  std::string value = c.value != nullptr ? c.value : "";
+  std::vector<OSSL_PARAM> params;
+  if (c.param != nullptr) params.push_back(OSSL_PARAM_construct_utf8_string(c.param, value.data(), 0));
+  if (std::string_view(c.algorithm) == "GMAC") {
+    params.push_back(OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv.data(), iv.size()));
+  }
+  params.push_back(OSSL_PARAM_construct_end());
+  unsigned char out[64];
+  const double t0 = ThreadCpuSeconds();
+  for (auto _ : state) {
+    size_t len = 0;
+    if (EVP_MAC_init(ctx, key.data(), key.size(), params.data()) != 1 ||
+        EVP_MAC_update(ctx, record.data(), record.size()) != 1 || EVP_MAC_final(ctx, out, &len, sizeof out) != 1) {
+      state.SkipWithError("EVP_MAC failed");
+      break;
+    }
+    benchmark::DoNotOptimize(out);
+  }
+  ReportMacRatio(state, ThreadCpuSeconds() - t0);
+  state.SetLabel(c.label);
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+}
+BENCHMARK(BM_EvpMac)->DenseRange(0, std::size(kMacs) - 1);
+
+// What the disk tier computes per payload: RecordMac::Compute (a fixed nonce: the MAC alone).
+void BM_RecordMac(benchmark::State& state) {
+  Result<RecordMac> mac = RecordMac::Create(std::vector<std::byte>(32, std::byte{0x42}), "bench");
+  if (!mac.ok()) {
+    state.SkipWithError(mac.status().ToString().c_str());
+    return;
+  }
+  std::vector<std::byte> record(kMacRecord, std::byte{7});
+  const RecordMac::Nonce nonce{};
+  const double t0 = ThreadCpuSeconds();
+  for (auto _ : state) {
+    RecordMac::Tag tag = mac->Compute(nonce, {record});
+    benchmark::DoNotOptimize(tag);
+  }
+  ReportMacRatio(state, ThreadCpuSeconds() - t0);
+}
+BENCHMARK(BM_RecordMac);
 
 // --- io_uring vs pread/pwrite ------------------------------------------------------------------
 //

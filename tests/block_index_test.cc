@@ -437,12 +437,34 @@ TEST(BlockIndexAdversarial, OneBitKeysNeverShareUnequalBytesOrCrossDomains) {
 namespace tessera {
 namespace {
 
-// The ledger counts 64 B of host metadata per block as a model (layout.h); the structures that
-// hold it take what this test pins. A change to either structure must update the model's
+// The ledger counts 64 B of host metadata per block plus 4 B per token id, as a model (layout.h).
+// What the code computes from it, against figures derived by hand: the pool's per-block charge
+// and bytes held, and the ledger's block_metadata term. The structures that hold the header take
+// more than the model; their sizes are pinned, so a change to either must update the model's
 // comment (and, when the ledger adopts the real figure, the ledger).
 TEST(BlockMetadata, LedgerModelAgainstTheStructures) {
-  EXPECT_EQ(BlockPool::kHeaderBytes + BlockIndex::kIdentityBytes, 98u);
-  EXPECT_EQ(BlockMetadataBytes(64), kBlockHeaderBytes + 4u * 64);
+  // 64-token blocks: 64 B + 64 x 4 B = 320 B per block id.
+  BlockPoolOptions o;
+  PoolGroup g = TinyGroup("latent", 8, 2);
+  g.page = *ComputePageLayout(g.format, 1, 64);
+  o.groups = {g};
+  o.capacity_blocks = 4;
+  std::unique_ptr<BlockPool> pool = *BlockPool::Create(std::move(o));
+  EXPECT_EQ(pool->metadata_bytes_per_block(), 320u);
+  PinnedBlocks held(pool.get());
+  ASSERT_TRUE(held.Allocate(3).ok());
+  // Pages: 64 tokens x 8 bf16 values x 2 layers = 2,048 B per block.
+  EXPECT_EQ(pool->bytes_held(), 3u * (2048 + 320));
+  // DeepSeek-V3 at 1,000 tokens in 64-token blocks: 16 block ids, 16 x 320 = 5,120 B.
+  Ledger l = testing::MustLedger(testing::Preset("deepseek-v3"), testing::Context(1000));
+  ASSERT_EQ(l.block_tokens, 64u);
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 5120u);
+  // The structures: the pool's per-block arrays, state 1 + refcount 4 + generation 4 +
+  // priority 1 + LRU/free links 2 x 4 = 18 B; the index's identity, three 16-B keys (48) +
+  // parent id, parent generation and domain (12) = 60, the 8-B salt aligned at 64 = 72, two
+  // flags = 74, padded to a multiple of 8 = 80 B. 98 B in all, not the model's 64.
+  EXPECT_EQ(BlockPool::kHeaderBytes, 18u);
+  EXPECT_EQ(BlockIndex::kIdentityBytes, 80u);
 }
 
 }  // namespace

@@ -652,9 +652,35 @@ TEST(PinnedBlocks, OwnsItsReferencesAndReleasesTheTailFirst) {
     EXPECT_EQ(pool->free_count(), 1u);  // the unsealed replacement was freed
     EXPECT_EQ(pool->cached_count(), 2u);
   }
-  // The table went: every block cached (sealed) or free, and the cache order is the tail first.
+  // The table went: every block cached (sealed) or free.
   EXPECT_EQ(pool->cached_count(), 3u);
   EXPECT_TRUE(pool->CheckInvariants().ok());
+}
+
+// Released last block first, a chain's prefix is cached after its extensions, so LRU evicts the
+// leaves first and the prefix last (block_pool.h). Destruction, Truncate and move-assignment
+// release in that order; eviction order shows it.
+TEST(PinnedBlocks, ReleaseOrderMakesLruEvictTheTailFirst) {
+  for (int release = 0; release < 3; ++release) {
+    SCOPED_TRACE("release " + std::to_string(release));
+    std::unique_ptr<BlockPool> pool = TinyPool(4);
+    std::vector<uint32_t> evicted;
+    pool->AddEvictionListener([&](BlockId b) { evicted.push_back(b.value); });
+    std::vector<uint32_t> chain;
+    {
+      PinnedBlocks t(pool.get());
+      ASSERT_TRUE(t.Allocate(4).ok());
+      for (BlockId b : t.ids()) pool->MarkSealed(b);
+      for (BlockId b : t.ids()) chain.push_back(b.value);
+      if (release == 1) t.Truncate(0);
+      if (release == 2) t = PinnedBlocks(pool.get());
+    }  // release == 0: the destructor
+    ASSERT_EQ(pool->cached_count(), 4u);
+    // Each allocation evicts the least recently cached block: the chain from its tail back.
+    PinnedBlocks fresh(pool.get());
+    for (uint32_t i = 0; i < 4; ++i) ASSERT_TRUE(fresh.Allocate(1).ok());
+    EXPECT_EQ(evicted, (std::vector<uint32_t>{chain[3], chain[2], chain[1], chain[0]}));
+  }
 }
 
 }  // namespace

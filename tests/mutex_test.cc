@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -73,10 +74,31 @@ TEST(Mutex, CondVarWaitReleasesAndRetakesTheMutex) {
   EXPECT_EQ(sum, 1000L * 1001 / 2);
 }
 
-TEST(Mutex, LockAndUnlockPair) {
+// While one thread holds the mutex another cannot take it: the other thread is started and
+// reaches Lock while the mutex is held, and whatever it saw inside must be what the holder left
+// there at Unlock. If the mutex did not exclude, the other thread would enter as soon as it ran
+// and see the holder mid-way (the holder yields 10,000 times between writes): a broken mutex
+// fails this almost surely, not certainly (a no-op Lock/Unlock did). A MutexLock releases at
+// scope end: otherwise the second Lock would never return (ctest's timeout).
+TEST(Mutex, LockExcludesOtherThreadsUntilUnlock) {
   Mutex mu;
+  std::atomic<bool> started{false};
+  std::atomic<int> progress{0};
+  int seen_inside = -1;
   mu.Lock();
+  std::thread other([&] {
+    started = true;
+    MutexLock lock(mu);
+    seen_inside = progress.load();
+  });
+  while (!started.load()) std::this_thread::yield();
+  for (int i = 1; i <= 10000; ++i) {
+    progress = i;
+    std::this_thread::yield();
+  }
   mu.Unlock();
+  other.join();
+  EXPECT_EQ(seen_inside, 10000);
   { MutexLock lock(mu); }
   mu.Lock();  // released by the MutexLock above
   mu.Unlock();

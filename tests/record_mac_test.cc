@@ -1,7 +1,11 @@
 #include "tessera/record_mac.h"
 
 #include <gtest/gtest.h>
+#include <openssl/core_names.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,62 @@ RecordMac Make(const std::string& secret, const std::string& label = "disk-recor
   Result<RecordMac> mac = RecordMac::Create(Bytes(secret), label);
   EXPECT_TRUE(mac.ok()) << mac.status().ToString();
   return *mac;
+}
+
+// OpenSSL's EVP_MAC directly (not RecordMac): `algorithm` ("HMAC" with SHA-256, or "POLY1305")
+// of `data` under `key`.
+std::vector<unsigned char> EvpMac(const char* algorithm, const std::vector<unsigned char>& key,
+                                  const std::vector<unsigned char>& data) {
+  EVP_MAC* mac = EVP_MAC_fetch(nullptr, algorithm, nullptr);
+  EXPECT_NE(mac, nullptr) << algorithm;
+  EVP_MAC_CTX* ctx = mac != nullptr ? EVP_MAC_CTX_new(mac) : nullptr;
+  char digest[] = "SHA256";
+  OSSL_PARAM hmac_params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                              OSSL_PARAM_construct_end()};
+  const bool hmac = std::string(algorithm) == "HMAC";
+  std::vector<unsigned char> out(hmac ? 32 : 16);
+  size_t len = 0;
+  const bool ok = ctx != nullptr && EVP_MAC_init(ctx, key.data(), key.size(), hmac ? hmac_params : nullptr) == 1 &&
+                  EVP_MAC_update(ctx, data.data(), data.size()) == 1 &&
+                  EVP_MAC_final(ctx, out.data(), &len, out.size()) == 1 && len == out.size();
+  EXPECT_TRUE(ok) << algorithm;
+  EVP_MAC_CTX_free(ctx);
+  EVP_MAC_free(mac);
+  return out;
+}
+
+std::vector<unsigned char> Uchars(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Known answer: the construction of record_mac.h rebuilt from OpenSSL's primitives, and the same
+// tag from OpenSSL's command line (OpenSSL 3.0.19):
+//   secret=$(printf 0123456789abcdef0123456789abcdef | xxd -p -c 64)
+//   mk=$(printf 'tessera disk record v2' | openssl mac -digest SHA256 -macopt hexkey:$secret HMAC)
+//   nonce() { printf 000102030405060708090a0b0c0d0e0f | xxd -r -p; }
+//   otk=$(nonce | openssl mac -digest SHA256 -macopt hexkey:$mk HMAC)
+//   printf 'tessera known-answer record' | openssl mac -macopt hexkey:$otk POLY1305
+//   -> 821964CCAC8F24BB60E86DA6D96CA934
+TEST(RecordMac, KnownAnswerFromOpenSsl) {
+  const std::string secret = "0123456789abcdef0123456789abcdef", label = "tessera disk record v2";
+  RecordMac::Nonce nonce{};
+  std::vector<unsigned char> nonce_bytes(nonce.size());
+  for (size_t i = 0; i < nonce.size(); ++i) {
+    nonce[i] = static_cast<std::byte>(i);
+    nonce_bytes[i] = static_cast<unsigned char>(i);
+  }
+  const std::vector<unsigned char> mac_key = EvpMac("HMAC", Uchars(secret), Uchars(label));
+  const std::vector<unsigned char> one_time = EvpMac("HMAC", mac_key, nonce_bytes);
+  const std::vector<unsigned char> expected = EvpMac("POLY1305", one_time, Uchars("tessera known-answer record"));
+  const std::vector<unsigned char> from_cli = {0x82, 0x19, 0x64, 0xCC, 0xAC, 0x8F, 0x24, 0xBB,
+                                               0x60, 0xE8, 0x6D, 0xA6, 0xD9, 0x6C, 0xA9, 0x34};
+  EXPECT_EQ(expected, from_cli);
+
+  RecordMac mac = Make(secret, label);
+  std::vector<std::byte> head = Bytes("tessera "), tail = Bytes("known-answer record");
+  const RecordMac::Tag tag = mac.Compute(nonce, {head, tail});  // parts: one message
+  EXPECT_EQ(std::vector<unsigned char>(reinterpret_cast<const unsigned char*>(tag.data()),
+                                       reinterpret_cast<const unsigned char*>(tag.data()) + tag.size()),
+            from_cli);
+  EXPECT_TRUE(mac.Verify(nonce, {Bytes("tessera known-answer record")}, tag));
 }
 
 TEST(RecordMac, TagVerifiesAndAnyChangeFails) {
