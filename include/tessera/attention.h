@@ -100,7 +100,19 @@ class PagedLayer {
   // indexer-fp8 of head_dim keys.
   static Result<PagedLayer> Of(const RequestManager& manager, RequestId request, uint32_t layer);
 
-  // Tokens the request has written (positions 0..tokens()-1 can be read).
+  // The records of the token being computed, encoded in the layer's formats but not yet in a
+  // page: the manager appends a token to every layer at once, while a forward pass needs the
+  // token's own record in layer l before it can compute layer l + 1. While set, position
+  // manager tokens (the next one) reads these bytes, which the caller then appends verbatim, so
+  // what attention reads is exactly what the page will hold. Spans must outlive the reads; the
+  // indexer span is ignored for a model without an indexer. Sizes are checked on read.
+  void SetPending(std::span<const std::byte> latent_record, std::span<const std::byte> indexer_record) {
+    pending_latent_ = latent_record;
+    pending_indexer_ = indexer_record;
+    pending_ = true;
+  }
+
+  // Tokens readable: those the request has written, plus the pending one when set.
   uint64_t tokens() const;
   const RecordFormat& latent_format() const { return *latent_format_; }
   // nullptr for a model without an indexer.
@@ -126,6 +138,9 @@ class PagedLayer {
   uint32_t latent_dim_ = 0;
   uint32_t rope_dim_ = 0;
   uint32_t indexer_dim_ = 0;
+  bool pending_ = false;
+  std::span<const std::byte> pending_latent_;
+  std::span<const std::byte> pending_indexer_;
 };
 
 // One query token in one layer.

@@ -151,14 +151,31 @@ Result<PagedLayer> PagedLayer::Of(const RequestManager& manager, RequestId reque
   return p;
 }
 
-uint64_t PagedLayer::tokens() const { return manager_->Tokens(request_); }
+uint64_t PagedLayer::tokens() const { return manager_->Tokens(request_) + (pending_ ? 1 : 0); }
+
+namespace {
+
+// A read-only view of pending bytes as the RecordView the region helpers take.
+RecordView PendingView(std::span<const std::byte> bytes) {
+  RecordView v;
+  v.planes[0] = std::span(const_cast<std::byte*>(bytes.data()), bytes.size());  // NOLINT: never written
+  return v;
+}
+
+}  // namespace
 
 Status PagedLayer::ReadLatent(uint64_t position, std::span<float> latent, std::span<float> rope,
                               AttentionCounters* counters) const {
   TESSERA_RETURN_IF_ERROR(CheckSpan("latent", latent.size(), latent_dim_));
   TESSERA_RETURN_IF_ERROR(CheckSpan("rope", rope.size(), rope_dim_));
-  TESSERA_ASSIGN_OR_RETURN(RecordView view, manager_->Record(request_, latent_group_, layer_, position));
   const RecordFormat& f = *latent_format_;
+  RecordView view;
+  if (pending_ && position == manager_->Tokens(request_)) {
+    if (pending_latent_.size() != f.record_bytes()) return InvalidArgument("record", "pending record size differs");
+    view = PendingView(pending_latent_);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(view, manager_->Record(request_, latent_group_, layer_, position));
+  }
   const std::span<const std::byte> rec = view.planes[0].first(f.record_bytes());
   if (f.family == FormatFamily::kFp8DsMla) {
     TESSERA_RETURN_IF_ERROR(DequantizeFp8DsMla(rec, latent, rope));
@@ -189,10 +206,14 @@ Status PagedLayer::ReadLatent(uint64_t position, std::span<float> latent, std::s
 Status PagedLayer::ReadIndexerKey(uint64_t position, std::span<float> key, AttentionCounters* counters) const {
   if (indexer_format_ == nullptr) return InvalidArgument("indexer-format", "the model has no indexer pages");
   TESSERA_RETURN_IF_ERROR(CheckSpan("key", key.size(), indexer_dim_));
-  TESSERA_ASSIGN_OR_RETURN(RecordView view,
-                           manager_->Record(request_, static_cast<uint32_t>(indexer_group_), layer_, position));
   const uint64_t bytes = indexer_format_->record_bytes();
-  TESSERA_RETURN_IF_ERROR(DequantizeIndexerFp8(view.planes[0].first(bytes), key));
+  std::span<const std::byte> rec = pending_indexer_;
+  if (!pending_ || position != manager_->Tokens(request_)) {
+    TESSERA_ASSIGN_OR_RETURN(RecordView view,
+                             manager_->Record(request_, static_cast<uint32_t>(indexer_group_), layer_, position));
+    rec = view.planes[0].first(bytes);
+  }
+  TESSERA_RETURN_IF_ERROR(DequantizeIndexerFp8(rec, key));
   if (counters != nullptr) {
     counters->page_bytes += bytes;
     counters->records += 1;
