@@ -109,10 +109,13 @@ class TinyRunner {
   const TinyConfig& config() const { return config_; }
 
   // Admits `prompt` (prefix-cache and block-source hits included), computes the prompt's uncached
-  // tokens and `steps` decode tokens. The request is kept (Request()) until the next Generate or
+  // tokens and `steps` decode tokens. The request is kept (request()) until the next Generate or
   // Release. `after_prefill` (may be empty) runs once the prompt is in pages, before decoding.
+  // `force` (empty, or `steps` tokens): feed these instead of the argmax (teacher forcing, to
+  // compare two runs position by position even where their argmax would part).
   Result<Generation> Generate(std::span<const uint32_t> prompt, uint32_t steps,
-                              const std::function<Status(RequestId)>& after_prefill = {});
+                              const std::function<Status(RequestId)>& after_prefill = {},
+                              std::span<const uint32_t> force = {});
   // Releases the last request (its blocks stay cached).
   Status Release();
   std::optional<RequestId> request() const { return request_; }

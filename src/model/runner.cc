@@ -282,7 +282,12 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
 }
 
 Result<Generation> TinyRunner::Generate(std::span<const uint32_t> prompt, uint32_t steps,
-                                        const std::function<Status(RequestId)>& after_prefill) {
+                                        const std::function<Status(RequestId)>& after_prefill,
+                                        std::span<const uint32_t> force) {
+  if (!force.empty() && force.size() != steps) return InvalidArgument("force", "must hold `steps` tokens");
+  for (uint32_t t : force) {
+    if (t >= config_.vocab) return InvalidArgument("force", "token " + std::to_string(t) + " is not below vocab");
+  }
   if (prompt.empty()) return InvalidArgument("prompt-tokens", "empty prompt");
   if (steps == 0) return InvalidArgument("steps", "must be at least 1");
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -308,7 +313,9 @@ Result<Generation> TinyRunner::Generate(std::span<const uint32_t> prompt, uint32
   }
   if (after_prefill) TESSERA_RETURN_IF_ERROR(after_prefill(a.id));
   for (uint32_t i = 0; i < steps; ++i) {
-    const uint32_t next = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const uint32_t next = !force.empty() ? force[i]
+                                         : static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) -
+                                                                 logits.begin());
     g.logits.push_back(logits);
     g.tokens.push_back(next);
     if (i + 1 == steps) break;
