@@ -313,9 +313,9 @@ Result<Generation> TinyRunner::Generate(std::span<const uint32_t> prompt, uint32
   }
   if (after_prefill) TESSERA_RETURN_IF_ERROR(after_prefill(a.id));
   for (uint32_t i = 0; i < steps; ++i) {
-    const uint32_t next = !force.empty() ? force[i]
-                                         : static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) -
-                                                                 logits.begin());
+    const uint32_t next = !force.empty()
+                              ? force[i]
+                              : static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     g.logits.push_back(logits);
     g.tokens.push_back(next);
     if (i + 1 == steps) break;
