@@ -273,8 +273,8 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
   const uint32_t lg = c.latent_group;
   const int32_t ig = c.indexer_group;
   auto writer = [&c, lg, ig](uint32_t group, uint32_t layer, uint64_t, const RecordView& view) {
+    if (group != lg && static_cast<int32_t>(group) != ig) return;  // the tiny models have no other group
     const std::vector<std::byte>& src = group == lg ? c.latent_records[layer] : c.indexer_records[layer];
-    if (group != lg && static_cast<int32_t>(group) != ig) return;
     std::memcpy(view.planes[0].data(), src.data(), std::min(src.size(), view.planes[0].size()));
   };
   const uint32_t tok[1] = {token};
