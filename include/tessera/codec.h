@@ -132,6 +132,16 @@ Status QuantizeFp8DsMla(std::span<const float> latent, std::span<const float> ro
 Status DequantizeFp8DsMla(std::span<const std::byte> record, std::span<float> latent, std::span<float> rope);
 
 // ---------------------------------------------------------------------------------------------
+// indexer-fp8 record (DeepSeek-V3.2 lightning-indexer key): D e4m3 values key[i] / scale, then
+// one fp32 scale, little-endian (D + 4 bytes; 132 for D = 128). The scale follows the fp8_ds_mla
+// tile rule over the whole key: amax / 448 in float32, 1.0 for an all-zero key, FLT_MIN floor.
+
+// Spans: key D floats, record D + 4 bytes (D > 0). Errors on "key" when a value is not finite.
+Status QuantizeIndexerFp8(std::span<const float> key, std::span<std::byte> record);
+// key[i] = DecodeE4M3(byte i) * scale (one float multiply). Stored bytes are not validated.
+Status DequantizeIndexerFp8(std::span<const std::byte> record, std::span<float> key);
+
+// ---------------------------------------------------------------------------------------------
 // V4 fp8 record (DeepSeek V4, FlashMLA "MODEL1"): 584 bytes per token in two rows, which
 // region-major pages store apart (all data rows of a page, then all scale rows):
 //   data row (576 B):  [0, 448) 448 e4m3 nope values: nope[i] / scale[i / 64]

@@ -216,6 +216,26 @@ Status DequantizeFp8DsMla(std::span<const std::byte> record, std::span<float> la
   return Status::Ok();
 }
 
+// ----- indexer fp8 -----
+
+Status QuantizeIndexerFp8(std::span<const float> key, std::span<std::byte> record) {
+  if (key.empty()) return InvalidArgument("key", "empty key");
+  TESSERA_RETURN_IF_ERROR(CheckSize("record", record.size(), key.size() + 4, "bytes"));
+  TESSERA_ASSIGN_OR_RETURN(const float amax, FiniteAmax(key, 0, "key"));
+  const float scale = amax == 0.0f ? 1.0f : std::max(amax / kE4M3Max, FLT_MIN);
+  for (size_t i = 0; i < key.size(); ++i) record[i] = static_cast<std::byte>(EncodeE4M3(key[i] / scale));
+  StoreLe32(FloatBits(scale), record.data() + key.size());
+  return Status::Ok();
+}
+
+Status DequantizeIndexerFp8(std::span<const std::byte> record, std::span<float> key) {
+  if (key.empty()) return InvalidArgument("key", "empty key");
+  TESSERA_RETURN_IF_ERROR(CheckSize("record", record.size(), key.size() + 4, "bytes"));
+  const float scale = std::bit_cast<float>(LoadLe32(record.data() + key.size()));
+  for (size_t i = 0; i < key.size(); ++i) key[i] = DecodeE4M3(std::to_integer<uint8_t>(record[i])) * scale;
+  return Status::Ok();
+}
+
 // ----- V4 fp8 -----
 
 Status QuantizeV4Fp8(std::span<const float> nope, std::span<const float> rope, std::span<std::byte> data_row,

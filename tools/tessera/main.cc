@@ -10,10 +10,14 @@
 //   tessera plan --model NAME --gpu H200-141G --tp 8 --context 128k [...]   capacity per engine
 //   tessera price --model NAME --gpu H200-141G --batch 64 --context 128k      absorbed vs naive MLA
 //   tessera models | formats
+//   tessera generate --model tiny-mla --prompt-tokens 1,2,3 --steps N --weights FILE [...]
+//                                        greedy decode of a tiny model over the manager's pages
 //
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
 // written); 1 any other failure.
 #include <CLI/CLI.hpp>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -30,6 +34,7 @@
 #include "tessera/plan.h"
 #include "tessera/plan_render.h"
 #include "tessera/price.h"
+#include "tessera/model.h"
 #include "tessera/receipt.h"
 #include "tessera/reconcile.h"
 #include "tessera/render.h"
@@ -601,6 +606,162 @@ int RunFormats() {
   return 0;
 }
 
+// `tessera generate`: kept as text so that errors name the option.
+struct GenerateArgs {
+  std::string model;
+  std::string prompt_tokens;
+  std::string steps;
+  std::string kv_format = "mla-bf16";
+  std::string attention = "absorbed";
+  std::string weights;
+  bool init_weights = false;
+  std::string seed = "0";
+  std::string dump;
+  std::string flip;
+  std::string block_tokens;
+
+  void Register(CLI::App* app) {
+    app->add_option("--model", model, "tiny-mla | tiny-dsa");
+    app->add_option("--prompt-tokens", prompt_tokens, "comma-separated token ids");
+    app->add_option("--steps", steps, "tokens to generate");
+    app->add_option("--kv-format", kv_format, "mla-bf16 (default) | fp8_ds_mla");
+    app->add_option("--attention", attention, "absorbed (default) | naive");
+    app->add_option("--weights", weights, "safetensors weight file (ADR 0017)");
+    app->add_flag("--init-weights", init_weights, "generate the weights from --seed and write them to --weights");
+    app->add_option("--seed", seed, "weight seed for --init-weights (default 0)");
+    app->add_option("--dump", dump, "write tokens and logits as JSON to this file");
+    app->add_option("--flip-page-byte", flip, "LAYER,POSITION,BYTE: after prefill, XOR 0x01 into that record byte");
+    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived, 64)");
+  }
+};
+
+Result<uint64_t> ParseUint(std::string_view text, std::string_view field, uint64_t max) {
+  if (text.empty() || text.size() > 20 || text.find_first_not_of("0123456789") != std::string_view::npos) {
+    return InvalidArgument(std::string(field), "\"" + std::string(text) + "\" is not a non-negative integer");
+  }
+  uint64_t v = 0;
+  for (char c : text) {
+    if (v > (max - static_cast<uint64_t>(c - '0')) / 10) {
+      return OutOfRange(std::string(field), std::string(text) + " exceeds " + std::to_string(max));
+    }
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+Result<std::vector<uint64_t>> ParseList(std::string_view text, std::string_view field, uint64_t max) {
+  std::vector<uint64_t> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    const std::string_view item = text.substr(start, comma == std::string_view::npos ? text.npos : comma - start);
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUint(item, field, max));
+    out.push_back(v);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string FloatText(float f) {
+  if (!std::isfinite(f)) return "null";  // JSON has no NaN/inf; a corrupt page can produce them
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
+  return buf;
+}
+
+int RunGenerate(const GenerateArgs& a) {
+  if (a.model.empty()) return Fail(InvalidArgument("model", "missing: give --model tiny-mla | tiny-dsa"));
+  Result<TinyConfig> cfg = LoadTinyConfig(a.model);
+  if (!cfg.ok()) return Fail(cfg.status());
+  if (Status st = CheckTinyKvFormat(a.kv_format); !st.ok()) return Fail(st);
+  Result<AttentionForm> form = ParseAttentionForm(a.attention);
+  if (!form.ok()) return Fail(form.status());
+  if (a.prompt_tokens.empty()) return Fail(InvalidArgument("prompt-tokens", "missing: give --prompt-tokens 1,2,3"));
+  Result<std::vector<uint64_t>> prompt64 = ParseList(a.prompt_tokens, "prompt-tokens", cfg->vocab - 1);
+  if (!prompt64.ok()) return Fail(prompt64.status());
+  std::vector<uint32_t> prompt(prompt64->begin(), prompt64->end());
+  if (a.steps.empty()) return Fail(InvalidArgument("steps", "missing: give --steps N"));
+  Result<uint64_t> steps = ParseUint(a.steps, "steps", 1u << 16);
+  if (!steps.ok()) return Fail(steps.status());
+  if (*steps == 0) return Fail(InvalidArgument("steps", "must be at least 1"));
+  if (a.weights.empty()) return Fail(InvalidArgument("weights", "missing: give --weights FILE"));
+  Result<uint64_t> seed = ParseUint(a.seed, "seed", UINT64_MAX);
+  if (!seed.ok()) return Fail(seed.status());
+  RunOptions ro;
+  ro.kv_format = a.kv_format;
+  ro.form = *form;
+  if (!a.block_tokens.empty()) {
+    Result<uint64_t> bt = ParseUint(a.block_tokens, "block-tokens", 1u << 20);
+    if (!bt.ok()) return Fail(bt.status());
+    ro.block_tokens = *bt;
+  }
+  // Room for the whole run in pages: nothing is evicted mid-run.
+  const uint64_t total = prompt.size() + *steps;
+  const uint64_t bt = ro.block_tokens.value_or(64);
+  if (bt == 0) return Fail(InvalidArgument("block-tokens", "must be positive"));
+  ro.capacity_blocks = static_cast<uint32_t>(total / bt + 2);
+  std::optional<std::array<uint64_t, 3>> flip;
+  if (!a.flip.empty()) {
+    Result<std::vector<uint64_t>> f = ParseList(a.flip, "flip-page-byte", UINT32_MAX);
+    if (!f.ok()) return Fail(f.status());
+    if (f->size() != 3) return Fail(InvalidArgument("flip-page-byte", "give LAYER,POSITION,BYTE"));
+    Result<RecordFormat> rf = BuildFormat(a.kv_format, cfg->geometry);
+    if (!rf.ok()) return Fail(rf.status());
+    if ((*f)[0] >= cfg->layers || (*f)[1] >= prompt.size() || (*f)[2] >= rf->record_bytes()) {
+      return Fail(InvalidArgument("flip-page-byte", "layer < " + std::to_string(cfg->layers) + ", position < " +
+                                                        std::to_string(prompt.size()) + " (the prompt), byte < " +
+                                                        std::to_string(rf->record_bytes())));
+    }
+    flip = std::array<uint64_t, 3>{(*f)[0], (*f)[1], (*f)[2]};
+  }
+  Result<Weights> w = Weights{};
+  if (a.init_weights) {
+    w = GenerateWeights(*cfg, *seed);
+    if (Status st = WriteWeightsFile(a.weights, *cfg, *w); !st.ok()) return Fail(st);
+  } else {
+    w = ReadWeightsFile(a.weights, *cfg);
+    if (!w.ok()) return Fail(w.status());
+  }
+  Result<std::unique_ptr<TinyRunner>> runner = TinyRunner::Create(*cfg, std::move(*w), ro);
+  if (!runner.ok()) return Fail(runner.status());
+  TinyRunner& r = **runner;
+  auto after_prefill = [&](RequestId id) -> Status {
+    if (!flip) return Status::Ok();
+    const auto& groups = r.manager().pool().groups();
+    for (uint32_t gi = 0; gi < groups.size(); ++gi) {
+      if (groups[gi].format.use != FormatUse::kLatent) continue;
+      TESSERA_ASSIGN_OR_RETURN(RecordView v, r.manager().Record(id, gi, static_cast<uint32_t>((*flip)[0]), (*flip)[1]));
+      v.planes[0][(*flip)[2]] ^= std::byte{0x01};
+      return Status::Ok();
+    }
+    return InvalidArgument("flip-page-byte", "no latent pages");
+  };
+  Result<Generation> g = r.Generate(prompt, static_cast<uint32_t>(*steps), after_prefill);
+  if (!g.ok()) return Fail(g.status());
+  std::string tokens_text;
+  for (size_t i = 0; i < g->tokens.size(); ++i) tokens_text += (i ? "," : "") + std::to_string(g->tokens[i]);
+  if (!a.dump.empty()) {
+    std::string j =
+        "{\"model\": " + nlohmann::json(a.model).dump() + ", \"kv_format\": " + nlohmann::json(a.kv_format).dump() +
+        ", \"attention\": " + nlohmann::json(a.attention).dump() +
+        ", \"weights\": " + nlohmann::json(a.weights).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+        ", \"prompt_len\": " + std::to_string(g->prompt_len) + ", \"tokens\": [" + tokens_text + "], \"logits\": [";
+    for (size_t i = 0; i < g->logits.size(); ++i) {
+      j += i ? ",\n  [" : "\n  [";
+      for (size_t k = 0; k < g->logits[i].size(); ++k) j += (k ? ", " : "") + FloatText(g->logits[i][k]);
+      j += "]";
+    }
+    j += "]}\n";
+    if (Status st = WriteFilesAtomically({{a.dump, j}}); !st.ok()) return Fail(st);
+  }
+  const std::string text = "tokens " + tokens_text + "\nprompt " + std::to_string(g->prompt_len) + " generated " +
+                           std::to_string(*steps) + " page_bytes_read " + std::to_string(g->counters.page_bytes) +
+                           " flops " + std::to_string(g->counters.flops) + "\n";
+  Status st = WriteStdout(text);
+  return st.ok() ? 0 : Fail(st);
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -658,6 +819,9 @@ int Main(int argc, char** argv) {
   price_args.RegisterPrice(price);
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");
+  GenerateArgs gen_args;
+  CLI::App* generate = app.add_subcommand("generate", "greedy decode of a tiny model (ADR 0017) over Tessera's pages");
+  gen_args.Register(generate);
 
   try {
     app.parse(argc, argv);
@@ -683,6 +847,7 @@ int Main(int argc, char** argv) {
   if (price->parsed()) return RunPrice(price_args);
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
+  if (generate->parsed()) return RunGenerate(gen_args);
   return 2;
 }
 
