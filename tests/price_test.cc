@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tessera/attention.h"
 #include "tessera/ledger.h"
 #include "test_support.h"
 
@@ -12,7 +13,7 @@ namespace {
 
 using testing::Preset;
 
-constexpr MlaDims kV3{512, 64, 128, 128};
+constexpr PriceDims kV3{512, 64, 128, 128};
 
 TEST(PriceClosedForms, PerHeadByHand) {
   // q_nope [128] x W_UK [128 x 512]: 65,536 multiply-adds.
@@ -176,6 +177,36 @@ TEST(Price, InputErrorsNameTheField) {
   p = ComputePrice(Preset("deepseek-v3"), o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().field(), "kv-format");
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// Issue 12 §4: the closed forms price uses equal what the reference kernels count when they run
+// (include/tessera/attention.h: MlaDecodeFlops is asserted equal to the kernels' counters in
+// attention_test), term by term summed, for V3's and the tiny models' dims.
+TEST(Price, ClosedFormsEqualTheReferenceKernelsCounters) {
+  for (const PriceDims& d : {PriceDims{512, 64, 128, 128}, PriceDims{512, 64, 64, 64}}) {
+    for (uint32_t heads : {1u, 4u, 16u}) {
+      MlaDims k;
+      k.heads = heads;
+      k.latent = static_cast<uint32_t>(d.latent);
+      k.rope = static_cast<uint32_t>(d.rope);
+      k.nope = static_cast<uint32_t>(d.nope);
+      k.v = static_cast<uint32_t>(d.v);
+      for (uint64_t n : {uint64_t{1}, uint64_t{100}, uint64_t{4096}, uint64_t{131072}}) {
+        const uint64_t absorbed =
+            AbsorbQFlops(d) + AbsorbedScoreFlops(d, n) + AbsorbedValueFlops(d, n) + AbsorbVUpFlops(d);
+        const uint64_t naive =
+            NaiveKUpFlops(d, n) + NaiveVUpFlops(d, n) + NaiveScoreFlops(d, n) + NaiveValueFlops(d, n);
+        EXPECT_EQ(heads * absorbed, MlaDecodeFlops(k, AttentionForm::kAbsorbed, n)) << n;
+        EXPECT_EQ(heads * naive, MlaDecodeFlops(k, AttentionForm::kNaive, n)) << n;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -50,7 +50,7 @@
 
 namespace tessera {
 
-struct MlaDims {
+struct PriceDims {
   uint64_t latent = 0;  // d_c: kv_lora_rank
   uint64_t rope = 0;    // d_r: qk_rope_head_dim
   uint64_t nope = 0;    // d_n: qk_nope_head_dim
@@ -58,18 +58,18 @@ struct MlaDims {
 };
 
 // Absorbed, per layer, head and sequence, attending e entries.
-constexpr uint64_t AbsorbQFlops(const MlaDims& d) { return 2 * d.nope * d.latent; }
-constexpr uint64_t AbsorbedScoreFlops(const MlaDims& d, uint64_t e) { return 2 * e * (d.latent + d.rope); }
-constexpr uint64_t AbsorbedValueFlops(const MlaDims& d, uint64_t e) { return 2 * e * d.latent; }
-constexpr uint64_t AbsorbVUpFlops(const MlaDims& d) { return 2 * d.latent * d.v; }
+constexpr uint64_t AbsorbQFlops(const PriceDims& d) { return 2 * d.nope * d.latent; }
+constexpr uint64_t AbsorbedScoreFlops(const PriceDims& d, uint64_t e) { return 2 * e * (d.latent + d.rope); }
+constexpr uint64_t AbsorbedValueFlops(const PriceDims& d, uint64_t e) { return 2 * e * d.latent; }
+constexpr uint64_t AbsorbVUpFlops(const PriceDims& d) { return 2 * d.latent * d.v; }
 // Naive, per layer, head and sequence.
-constexpr uint64_t NaiveKUpFlops(const MlaDims& d, uint64_t e) { return 2 * e * d.latent * d.nope; }
-constexpr uint64_t NaiveVUpFlops(const MlaDims& d, uint64_t e) { return 2 * e * d.latent * d.v; }
-constexpr uint64_t NaiveScoreFlops(const MlaDims& d, uint64_t e) { return 2 * e * (d.nope + d.rope); }
-constexpr uint64_t NaiveValueFlops(const MlaDims& d, uint64_t e) { return 2 * e * d.v; }
-constexpr uint64_t NaiveMaterializedBytes(const MlaDims& d, uint64_t e) { return 2 * e * (d.nope + d.v) * 2; }
+constexpr uint64_t NaiveKUpFlops(const PriceDims& d, uint64_t e) { return 2 * e * d.latent * d.nope; }
+constexpr uint64_t NaiveVUpFlops(const PriceDims& d, uint64_t e) { return 2 * e * d.latent * d.v; }
+constexpr uint64_t NaiveScoreFlops(const PriceDims& d, uint64_t e) { return 2 * e * (d.nope + d.rope); }
+constexpr uint64_t NaiveValueFlops(const PriceDims& d, uint64_t e) { return 2 * e * d.v; }
+constexpr uint64_t NaiveMaterializedBytes(const PriceDims& d, uint64_t e) { return 2 * e * (d.nope + d.v) * 2; }
 // W_UK and W_UV of one head, bf16: read once per step, per layer.
-constexpr uint64_t UpProjectionWeightBytes(const MlaDims& d) { return (d.nope * d.latent + d.latent * d.v) * 2; }
+constexpr uint64_t UpProjectionWeightBytes(const PriceDims& d) { return (d.nope * d.latent + d.latent * d.v) * 2; }
 // The lightning indexer of one layer, one sequence, over n keys.
 constexpr uint64_t IndexerFlops(uint64_t n, uint64_t heads, uint64_t dim) {
   return 2 * n * heads * dim + 2 * n * heads;
@@ -128,7 +128,7 @@ struct Price {
   uint32_t tp = 1;
   uint32_t heads_per_rank = 0;
   std::string kv_format;
-  MlaDims dims;
+  PriceDims dims;
   bool reconstructs = true;  // false for DeepSeek-V4 (naive = absorbed)
   uint64_t read_bytes_per_token = 0;
   std::vector<LayerPrice> layers;

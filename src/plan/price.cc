@@ -79,7 +79,7 @@ Status Fill(PathPrice& p, Checked attention, Checked indexer, Checked cache, Che
   return Status::Ok();
 }
 
-Result<Evaluation> Evaluate(const Geometry& g, const PriceOptions& o, const MlaDims& d, bool reconstructs,
+Result<Evaluation> Evaluate(const Geometry& g, const PriceOptions& o, const PriceDims& d, bool reconstructs,
                             uint64_t context, uint64_t batch) {
   LedgerOptions lo;
   lo.context_tokens = context;
