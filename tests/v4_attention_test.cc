@@ -350,6 +350,86 @@ TEST(V4Attention, ACorruptedEntryByteIsSeen) {
   EXPECT_GT(CompareLayer(*f, 2, rng2).max_diff, 1e-3f);
 }
 
+// A token attended to before it is appended (its rows pending, its entries built from the live
+// compressor rows) sees exactly what it sees once the manager holds it.
+TEST(V4Attention, PendingTokenEqualsAppendedToken) {
+  constexpr uint64_t kTokens = 270;
+  std::unique_ptr<Fixture> f = MakeFixture("indexer-mxfp4", kTokens);
+  ASSERT_NE(f, nullptr);
+  const V4Dims dims = *V4Dims::Of(FromJson(kTinyV4));
+  std::mt19937 rng(4);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  uint64_t compared = 0;
+  for (uint64_t p = 0; p < kTokens; ++p) {
+    const bool check = p < 20 || (p + 1) % 128 == 0 || p % 29 == 0;
+    std::vector<std::vector<float>> before(4);
+    std::vector<std::vector<uint64_t>> selected_before(4);
+    std::vector<float> q(kH * kD), sink(kH), iq(4 * kIdx, 0.5f), iw(4, 1.0f);
+    for (float& x : iq) x = n01(rng);
+    for (float& x : q) x = n01(rng);
+    for (float& x : sink) x = n01(rng);
+    for (uint32_t layer = 0; check && layer < 4; ++layer) {
+      V4PagedLayer pages = *V4PagedLayer::Of(*f->manager, f->id, layer);
+      std::vector<std::byte> row(584), entry, ientry;
+      ASSERT_TRUE(EncodeV4WindowRow(f->raw.kv.at(layer)[p], row).ok());
+      const uint32_t ratio = RatioOf(layer);
+      if (ratio != 0 && (p + 1) % ratio == 0) {
+        for (bool indexer : {false, true}) {
+          if (indexer && ratio != 4) continue;
+          // The live rows, then the token's own.
+          const auto& own = (indexer ? f->raw.istate : f->raw.state).at(layer)[p];
+          std::vector<float> rows(pages.state_rows(indexer).begin(), pages.state_rows(indexer).end());
+          ASSERT_EQ(rows.size(), (p - pages.state_begin()) * own.size());
+          rows.insert(rows.end(), own.begin(), own.end());
+          std::vector<float> e(indexer ? kIdx : kD);
+          ASSERT_TRUE(V4CompressEntry(CompressorOf(f->raw, layer, indexer), (p + 1) / ratio - 1, rows,
+                                      static_cast<uint32_t>(own.size()), e)
+                          .ok());
+          const RecordFormat& fmt = indexer ? *f->indexer_format : *f->main_format;
+          std::vector<std::byte>& bytes = indexer ? ientry : entry;
+          bytes.resize(fmt.record_bytes());
+          RecordView v;
+          v.plane_count = fmt.plane_count();
+          v.planes[0] = std::span(bytes).first(fmt.plane_bytes(0));
+          if (v.plane_count == 2) v.planes[1] = std::span(bytes).subspan(fmt.plane_bytes(0));
+          ASSERT_TRUE(EncodeV4Entry(e, fmt, v).ok());
+        }
+      }
+      ASSERT_TRUE(pages.SetPending(V4Pending{row, entry, ientry}).ok()) << layer << " " << p;
+      if (ratio == 4) {
+        ASSERT_TRUE(V4IndexerSelect(pages, IndexerQuery{iq, iw}, dims.indexer, &selected_before[layer], nullptr).ok());
+      }
+      std::vector<uint64_t> entries;
+      for (uint64_t e = 0; ratio != 0 && e < pages.entries(); ++e) entries.push_back(e);
+      before[layer].resize(kH * kD);
+      const Status st = V4Attend(pages, entries, q, sink, dims, ThetaOf(layer), before[layer], nullptr);
+      ASSERT_TRUE(st.ok()) << st.ToString() << " " << layer << " " << p;
+    }
+    ASSERT_TRUE(AppendOne(*f, p).ok());
+    for (uint32_t layer = 0; check && layer < 4; ++layer) {
+      const V4PagedLayer pages = *V4PagedLayer::Of(*f->manager, f->id, layer);
+      std::vector<uint64_t> entries;
+      for (uint64_t e = 0; RatioOf(layer) != 0 && e < pages.entries(); ++e) entries.push_back(e);
+      std::vector<float> after(kH * kD);
+      ASSERT_TRUE(V4Attend(pages, entries, q, sink, dims, ThetaOf(layer), after, nullptr).ok());
+      EXPECT_EQ(before[layer], after) << "layer " << layer << " position " << p;
+      if (RatioOf(layer) == 4) {
+        std::vector<uint64_t> selected;
+        ASSERT_TRUE(V4IndexerSelect(pages, IndexerQuery{iq, iw}, dims.indexer, &selected, nullptr).ok());
+        EXPECT_EQ(selected_before[layer], selected) << "layer " << layer << " position " << p;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 100u);
+  // A pending entry is refused when the token completes no group, and needed when it does.
+  const V4PagedLayer hca = *V4PagedLayer::Of(*f->manager, f->id, 2);
+  std::vector<std::byte> row(584), entry(584);
+  V4PagedLayer copy = hca;
+  EXPECT_EQ(copy.SetPending(V4Pending{row, entry, {}}).field(), "entry");
+  EXPECT_EQ(copy.SetPending(V4Pending{std::span(row).first(10), {}, {}}).field(), "window_row");
+}
+
 // The compressor's pooled entry, before quantization, against the definition in double.
 TEST(V4Attention, CompressEntryMatchesDefinitionInDouble) {
   const Raw raw = MakeRaw(256, 5);

@@ -87,7 +87,18 @@ Status V4CompressEntry(const V4Compressor& c, uint64_t group, std::span<const fl
 // kInvalidArgument on "format" for any other.
 Status EncodeV4Entry(std::span<const float> entry, const RecordFormat& format, const RecordView& record);
 
-// One layer of one request: its window rows (a copy of the live state at Of()) and its entries.
+// The token being computed at position tokens(), not yet appended (a model attends to its own
+// rows before the manager holds them): its window row (584 bytes, as EncodeV4WindowRow writes it)
+// and the entries it completes (empty when it completes none): the v4-fp8 entry as data row then
+// scale row, the indexer entry as its record.
+struct V4Pending {
+  std::span<const std::byte> window_row;
+  std::span<const std::byte> entry;
+  std::span<const std::byte> indexer_entry;
+};
+
+// One layer of one request: its window rows (a copy of the live state at Of()), its compressor
+// rows, and its entries.
 class V4PagedLayer {
  public:
   // Errors: "request", "layer" (no such request, or the layer has no window); "kv-format" when
@@ -101,6 +112,17 @@ class V4PagedLayer {
   uint64_t entries() const { return ratio_ == 0 ? 0 : tokens_ / ratio_; }
   // Positions whose rows the window holds: [window_begin(), tokens()).
   uint64_t window_begin() const { return tokens_ - window_rows_; }
+
+  // Adds the pending token (once): tokens() grows by one, the window slides over its row, and
+  // its entries become readable. Errors: "window_row" / "entry" / "indexer_entry" when a span is
+  // not the record's size or an entry is given exactly when the token completes no group.
+  Status SetPending(const V4Pending& pending);
+
+  // The live compressor rows (main, or the indexer's) of positions [state_begin(), tokens()) as
+  // of Of(): the current incomplete group and, overlapping, the previous one; state_floats each.
+  uint64_t state_begin() const { return state_begin_; }
+  std::span<const float> state_rows(bool indexer) const { return indexer ? istate_ : state_; }
+  uint32_t state_floats(bool indexer) const { return indexer ? istate_floats_ : state_floats_; }
 
   // Decoded rows (head_dim floats: nope then rope); counters may be null. Errors: "position" /
   // "entry" out of range.
@@ -117,7 +139,13 @@ class V4PagedLayer {
   uint64_t window_rows_ = 0;
   uint64_t row_bytes_ = 0;
   uint32_t nope_ = 0, rope_ = 0, index_dim_ = 0;
+  uint64_t window_capacity_ = 0;
   std::vector<std::byte> window_;  // window_rows_ rows, oldest first
+  uint64_t state_begin_ = 0;
+  uint32_t state_floats_ = 0, istate_floats_ = 0;
+  std::vector<float> state_, istate_;
+  bool pending_ = false;
+  std::vector<std::byte> pending_entry_, pending_indexer_entry_;
   const RecordFormat* main_format_ = nullptr;
   const RecordFormat* indexer_format_ = nullptr;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "tessera/codec.h"
@@ -256,15 +257,70 @@ Result<V4PagedLayer> V4PagedLayer::Of(const RequestManager& manager, RequestId r
     p.index_dim_ = static_cast<uint32_t>(p.indexer_format_->regions[0].count);
   }
   // LiveState: per state layer (in order) the window rows of the last min(tokens, window)
-  // tokens, oldest first.
+  // tokens, oldest first; then per compressed layer (in order) the main and the indexer's
+  // compressor rows still needed.
   const uint64_t window = states->window();
+  p.window_capacity_ = window;
   p.window_rows_ = std::min<uint64_t>(p.tokens_, window);
   const std::vector<std::byte> live = manager.LiveState(request);
-  const uint64_t begin = pos * p.window_rows_ * p.row_bytes_, size = p.window_rows_ * p.row_bytes_;
-  if (live.size() < begin + size) return InvalidArgument("request", "no live window state");
+  const uint64_t size = p.window_rows_ * p.row_bytes_;
+  uint64_t begin = pos * size;
+  if (live.size() < layers.size() * size) return InvalidArgument("request", "no live window state");
   p.window_.assign(live.begin() + static_cast<std::ptrdiff_t>(begin),
                    live.begin() + static_cast<std::ptrdiff_t>(begin + size));
+  begin = layers.size() * size;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const StateLayer& l = layers[i];
+    if (l.ratio == 0) continue;
+    const uint64_t span = uint64_t{l.coff - 1} * l.ratio;
+    const uint64_t whole = p.tokens_ / l.ratio * l.ratio;
+    const uint64_t start = whole >= span ? whole - span : 0;
+    for (int which = 0; which < (l.istate_slots > 0 ? 2 : 1); ++which) {
+      const uint32_t floats = which == 1 ? l.istate_floats : l.state_floats;
+      const uint64_t bytes = (p.tokens_ - start) * floats * sizeof(float);
+      if (live.size() < begin + bytes) return InvalidArgument("request", "no live compressor state");
+      if (i == pos) {
+        std::vector<float>& rows = which == 1 ? p.istate_ : p.state_;
+        rows.resize((p.tokens_ - start) * floats);
+        std::memcpy(rows.data(), live.data() + begin, bytes);
+        (which == 1 ? p.istate_floats_ : p.state_floats_) = floats;
+        p.state_begin_ = start;
+      }
+      begin += bytes;
+    }
+  }
   return p;
+}
+
+Status V4PagedLayer::SetPending(const V4Pending& pending) {
+  if (pending_) return InvalidArgument("window_row", "a pending token is already set");
+  TESSERA_RETURN_IF_ERROR(CheckSpan("window_row", pending.window_row.size(), row_bytes_));
+  const bool completes = ratio_ != 0 && (tokens_ + 1) % ratio_ == 0;
+  if (completes != !pending.entry.empty() || (completes && main_format_ == nullptr)) {
+    return InvalidArgument(
+        "entry", completes ? "the token completes a group: its entry is needed" : "the token completes no group");
+  }
+  if (completes != !pending.indexer_entry.empty() && indexer_format_ != nullptr) {
+    return InvalidArgument("indexer_entry", "given exactly when the token completes a group");
+  }
+  if (completes) {
+    TESSERA_RETURN_IF_ERROR(CheckSpan("entry", pending.entry.size(), main_format_->record_bytes()));
+    pending_entry_.assign(pending.entry.begin(), pending.entry.end());
+    if (indexer_format_ != nullptr) {
+      TESSERA_RETURN_IF_ERROR(
+          CheckSpan("indexer_entry", pending.indexer_entry.size(), indexer_format_->record_bytes()));
+      pending_indexer_entry_.assign(pending.indexer_entry.begin(), pending.indexer_entry.end());
+    }
+  }
+  if (window_rows_ == window_capacity_) {
+    window_.erase(window_.begin(), window_.begin() + static_cast<std::ptrdiff_t>(row_bytes_));
+  } else {
+    ++window_rows_;
+  }
+  window_.insert(window_.end(), pending.window_row.begin(), pending.window_row.end());
+  ++tokens_;
+  pending_ = true;
+  return Status::Ok();
 }
 
 Status V4PagedLayer::ReadWindow(uint64_t position, std::span<float> row, AttentionCounters* counters) const {
@@ -286,9 +342,16 @@ Status V4PagedLayer::ReadEntry(uint64_t entry, std::span<float> row, AttentionCo
   if (main_format_ == nullptr) return InvalidArgument("entries", "layer " + std::to_string(layer_) + " has no entries");
   TESSERA_RETURN_IF_ERROR(CheckSpan("row", row.size(), nope_ + rope_));
   if (entry >= entries()) return InvalidArgument("entry", std::to_string(entry) + " is not complete");
-  TESSERA_ASSIGN_OR_RETURN(RecordView view, manager_->Entry(request_, layer_, false, entry));
-  TESSERA_RETURN_IF_ERROR(DequantizeV4Fp8(view.planes[0].first(kV4DataRowBytes), view.planes[1].first(kV4ScaleRowBytes),
-                                          row.first(nope_), row.subspan(nope_)));
+  if (!pending_entry_.empty() && entry + 1 == entries()) {
+    const std::span<const std::byte> rec(pending_entry_);
+    TESSERA_RETURN_IF_ERROR(DequantizeV4Fp8(rec.first(kV4DataRowBytes), rec.subspan(kV4DataRowBytes), row.first(nope_),
+                                            row.subspan(nope_)));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(RecordView view, manager_->Entry(request_, layer_, false, entry));
+    TESSERA_RETURN_IF_ERROR(DequantizeV4Fp8(view.planes[0].first(kV4DataRowBytes),
+                                            view.planes[1].first(kV4ScaleRowBytes), row.first(nope_),
+                                            row.subspan(nope_)));
+  }
   if (counters != nullptr) {
     counters->page_bytes += main_format_->record_bytes();
     counters->records += 1;
@@ -300,12 +363,19 @@ Status V4PagedLayer::ReadIndexerKey(uint64_t entry, std::span<float> key, Attent
   if (indexer_format_ == nullptr) return InvalidArgument("indexer-format", "the layer has no indexer");
   TESSERA_RETURN_IF_ERROR(CheckSpan("key", key.size(), index_dim_));
   if (entry >= entries()) return InvalidArgument("entry", std::to_string(entry) + " is not complete");
-  TESSERA_ASSIGN_OR_RETURN(RecordView view, manager_->Entry(request_, layer_, true, entry));
   const uint64_t bytes = indexer_format_->record_bytes();
-  if (KindOf(*indexer_format_) == IndexerKind::kMxfp4) {
-    TESSERA_RETURN_IF_ERROR(DequantizeIndexerMxfp4(view.planes[0].first(bytes), key));
+  std::span<const std::byte> rec;
+  RecordView view;
+  if (!pending_indexer_entry_.empty() && entry + 1 == entries()) {
+    rec = pending_indexer_entry_;
   } else {
-    TESSERA_RETURN_IF_ERROR(DequantizeIndexerFp8(view.planes[0].first(bytes), key));
+    TESSERA_ASSIGN_OR_RETURN(view, manager_->Entry(request_, layer_, true, entry));
+    rec = view.planes[0].first(bytes);
+  }
+  if (KindOf(*indexer_format_) == IndexerKind::kMxfp4) {
+    TESSERA_RETURN_IF_ERROR(DequantizeIndexerMxfp4(rec, key));
+  } else {
+    TESSERA_RETURN_IF_ERROR(DequantizeIndexerFp8(rec, key));
   }
   if (counters != nullptr) {
     counters->page_bytes += bytes;
