@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "tessera/codec.h"
@@ -165,6 +166,31 @@ TEST(TinyV4, ACorruptedCachedEntryChangesTheResumedLogits) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->cached_tokens, 256u);
   EXPECT_NE(again->logits, first->logits);
+}
+
+// The CLI's entry point: --init-weights writes the file it then runs from; reading it back gives
+// the same generation.
+TEST(TinyV4, RunWritesThenReadsItsWeightFile) {
+  const std::string path = ::testing::TempDir() + "tiny-v4-weights.safetensors";
+  TinyV4Run run;
+  run.weights_path = path;
+  run.init_weights = true;
+  run.seed = 9;
+  run.prompt = Prompt(20);
+  run.steps = 3;
+  Result<TinyV4Generation> a = RunTinyV4(run);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  run.init_weights = false;
+  Result<TinyV4Generation> b = RunTinyV4(run);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->logits, b->logits);
+  EXPECT_EQ(a->tokens.size(), 23u);
+  run.steps = 0;
+  EXPECT_EQ(RunTinyV4(run).status().field(), "steps");
+  run.steps = 1;
+  run.weights_path = ::testing::TempDir() + "no-such-weights.safetensors";
+  EXPECT_EQ(RunTinyV4(run).status().field(), "weights");
+  std::remove(path.c_str());
 }
 
 TEST(TinyV4, RefusesBadInput) {

@@ -121,4 +121,18 @@ class TinyV4Runner {
   std::vector<std::vector<float>> pending_state_, pending_istate_;
 };
 
+// What `tessera generate --model tiny-v4` runs (the CLI parses its options into this): the weights
+// are read from `weights_path`, or, with `init_weights`, generated from `seed` and written there
+// first; the pool holds the whole run (nothing is evicted). Errors name the field: "weights",
+// "prompt", "steps", the manager's.
+struct TinyV4Run {
+  std::string weights_path;
+  bool init_weights = false;
+  uint64_t seed = 0;
+  std::vector<uint32_t> prompt;
+  uint32_t steps = 0;
+  TinyV4Options options;
+};
+Result<TinyV4Generation> RunTinyV4(const TinyV4Run& run);
+
 }  // namespace tessera

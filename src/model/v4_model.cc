@@ -499,4 +499,23 @@ Status TinyV4Runner::Release() {
   return manager_->Free(r);
 }
 
+Result<TinyV4Generation> RunTinyV4(const TinyV4Run& run) {
+  if (run.steps == 0) return InvalidArgument("steps", "must be at least 1");
+  if (run.weights_path.empty()) return InvalidArgument("weights", "missing: give a weight file");
+  TESSERA_ASSIGN_OR_RETURN(TinyV4Config cfg, LoadTinyV4Config("tiny-v4"));
+  TinyV4Weights w;
+  if (run.init_weights) {
+    w = GenerateTinyV4Weights(cfg, run.seed);
+    TESSERA_RETURN_IF_ERROR(WriteTinyV4WeightsFile(run.weights_path, cfg, w));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(w, ReadTinyV4WeightsFile(run.weights_path, cfg));
+  }
+  TinyV4Options o = run.options;
+  // Blocks of the layout's span (256 tokens for tiny-v4), two spare.
+  const uint64_t total = run.prompt.size() + uint64_t{run.steps};
+  o.capacity_blocks = static_cast<uint32_t>(std::min<uint64_t>(total / 256 + 2, 1u << 20));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<TinyV4Runner> r, TinyV4Runner::Create(cfg, std::move(w), o));
+  return r->Generate(run.prompt, run.steps);
+}
+
 }  // namespace tessera
