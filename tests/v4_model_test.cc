@@ -7,6 +7,8 @@
 #include <numeric>
 
 #include "tessera/codec.h"
+#include "tessera/ledger.h"
+#include "test_support.h"
 
 namespace tessera {
 namespace {
@@ -121,6 +123,14 @@ TEST(TinyV4, GeneratesDeterministicallyWithCountersOfTheClosedForms) {
   EXPECT_EQ(ga->last_token.page_bytes, want.page_bytes);
   EXPECT_EQ(ga->last_token.records, want.records);
   EXPECT_EQ(ga->last_token.flops, want.flops);
+  // Ledger meets kernel: the ledger's read_bytes_per_token for tiny-v4 at the same context
+  // (147 tokens, v4-fp8 and indexer-mxfp4) is what the decode read.
+  LedgerOptions lo;
+  lo.context_tokens = 147;
+  lo.kv_format = "v4-fp8";
+  lo.indexer_format = "indexer-mxfp4";
+  EXPECT_EQ(testing::MustLedger(a->config().geometry, lo).read_bytes_per_token, ga->last_token.page_bytes);
+  EXPECT_EQ(ga->last_token.page_bytes, 52200u);  // ADR 0018's derived figure
   // Greedy: each generated token is the argmax of the logits before it.
   for (size_t i = 0; i < 8; ++i) {
     const auto& l = ga->logits[i];
