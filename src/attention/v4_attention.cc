@@ -282,7 +282,7 @@ Result<V4PagedLayer> V4PagedLayer::Of(const RequestManager& manager, RequestId r
       if (i == pos) {
         std::vector<float>& rows = which == 1 ? p.istate_ : p.state_;
         rows.resize((p.tokens_ - start) * floats);
-        std::memcpy(rows.data(), live.data() + begin, bytes);
+        if (bytes > 0) std::memcpy(rows.data(), live.data() + begin, bytes);  // null data when empty
         (which == 1 ? p.istate_floats_ : p.state_floats_) = floats;
         p.state_begin_ = start;
       }
