@@ -105,6 +105,12 @@ class V4PagedLayer {
   // window rows or entries are not v4-fp8 of the model's dims; "indexer-format" when the
   // indexer's are neither indexer-mxfp4 nor indexer-fp8.
   static Result<V4PagedLayer> Of(const RequestManager& manager, RequestId request, uint32_t layer);
+  // The layer as of `tokens` (<= the request's): entries [0, tokens/ratio) from pages, and the
+  // given window rows (oldest first, ending at position tokens-1; fewer than the window when a
+  // caller rebuilding rings has no older rows), no compressor rows. Errors: as Of, "tokens",
+  // "window_rows".
+  static Result<V4PagedLayer> AsOf(const RequestManager& manager, RequestId request, uint32_t layer, uint64_t tokens,
+                                   std::span<const std::byte> window_rows);
 
   uint64_t tokens() const { return tokens_; }
   uint32_t ratio() const { return ratio_; }
@@ -131,6 +137,7 @@ class V4PagedLayer {
   Status ReadIndexerKey(uint64_t entry, std::span<float> key, AttentionCounters* counters) const;
 
  private:
+  static Result<V4PagedLayer> Bind(const RequestManager& manager, RequestId request, uint32_t layer, size_t* layer_pos);
   const RequestManager* manager_ = nullptr;
   RequestId request_;
   uint32_t layer_ = 0;

@@ -97,10 +97,10 @@ class TinyV4Runner {
   RequestManager& manager() { return *manager_; }
   const TinyV4Config& config() const { return config_; }
 
-  // Admits `prompt` (a prefix hit resumes from the restored window state; a hit whose state was
-  // not kept — the recompute strategy — is kFailedPrecondition on "swa-strategy": this runner
-  // does not recompute), computes the uncached prompt tokens and `steps` greedy decode tokens
-  // (the last not fed). The request is kept until the next Generate or Release.
+  // Admits `prompt` (a prefix hit resumes from the restored window state, or, under recompute,
+  // rebuilds the rings from the forward over the last W + (L-1)(W-1) cached tokens: ADR 0018),
+  // computes the uncached prompt tokens and `steps` greedy decode tokens (the last not fed). The
+  // request is kept until the next Generate or Release.
   Result<TinyV4Generation> Generate(std::span<const uint32_t> prompt, uint32_t steps);
   Status Release();
   std::optional<RequestId> request() const { return request_; }
@@ -111,6 +111,12 @@ class TinyV4Runner {
 
  private:
   TinyV4Runner() = default;
+  struct Scratch;
+  // The forward of `token` at position p; with `scratch`, rebuilding rings (rows kept in it, no
+  // pending entries, no logits).
+  Status Forward(RequestId r, uint64_t p, uint32_t token, Scratch* scratch, std::span<float> logits,
+                 AttentionCounters* counters);
+  Status RebuildRings(const Admission& a, std::span<const uint32_t> prompt);
   TinyV4Config config_;
   TinyV4Weights weights_;
   TinyV4Options options_;

@@ -220,7 +220,8 @@ Status EncodeV4Entry(std::span<const float> entry, const RecordFormat& format, c
   return InvalidArgument("format", format.name + " is not a format the V4 reference writes");
 }
 
-Result<V4PagedLayer> V4PagedLayer::Of(const RequestManager& manager, RequestId request, uint32_t layer) {
+Result<V4PagedLayer> V4PagedLayer::Bind(const RequestManager& manager, RequestId request, uint32_t layer,
+                                        size_t* layer_pos) {
   const RequestStates* states = manager.states();
   if (states == nullptr) return InvalidArgument("layer", "the model has no windows");
   const std::vector<StateLayer>& layers = states->layers();
@@ -256,11 +257,36 @@ Result<V4PagedLayer> V4PagedLayer::Of(const RequestManager& manager, RequestId r
     }
     p.index_dim_ = static_cast<uint32_t>(p.indexer_format_->regions[0].count);
   }
+  p.window_capacity_ = states->window();
+  *layer_pos = pos;
+  return p;
+}
+
+Result<V4PagedLayer> V4PagedLayer::AsOf(const RequestManager& manager, RequestId request, uint32_t layer,
+                                        uint64_t tokens, std::span<const std::byte> window_rows) {
+  size_t pos = 0;
+  TESSERA_ASSIGN_OR_RETURN(V4PagedLayer p, Bind(manager, request, layer, &pos));
+  if (tokens == 0 || tokens > p.tokens_) {
+    return InvalidArgument("tokens", std::to_string(tokens) + "; the request holds " + std::to_string(p.tokens_));
+  }
+  if (window_rows.size() % p.row_bytes_ != 0 ||
+      window_rows.size() / p.row_bytes_ > std::min(tokens, p.window_capacity_)) {
+    return InvalidArgument("window_rows", "not whole rows of the last min(tokens, window) positions");
+  }
+  p.tokens_ = tokens;
+  p.window_rows_ = window_rows.size() / p.row_bytes_;
+  p.window_.assign(window_rows.begin(), window_rows.end());
+  return p;
+}
+
+Result<V4PagedLayer> V4PagedLayer::Of(const RequestManager& manager, RequestId request, uint32_t layer) {
+  size_t pos = 0;
+  TESSERA_ASSIGN_OR_RETURN(V4PagedLayer p, Bind(manager, request, layer, &pos));
+  const std::vector<StateLayer>& layers = manager.states()->layers();
   // LiveState: per state layer (in order) the window rows of the last min(tokens, window)
   // tokens, oldest first; then per compressed layer (in order) the main and the indexer's
   // compressor rows still needed.
-  const uint64_t window = states->window();
-  p.window_capacity_ = window;
+  const uint64_t window = p.window_capacity_;
   p.window_rows_ = std::min<uint64_t>(p.tokens_, window);
   const std::vector<std::byte> live = manager.LiveState(request);
   const uint64_t size = p.window_rows_ * p.row_bytes_;

@@ -316,11 +316,23 @@ Result<std::unique_ptr<TinyV4Runner>> TinyV4Runner::Create(TinyV4Config config, 
   return r;
 }
 
+// Rebuilding the rings of a prefix hit under recompute: every layer's rows of positions
+// [begin, cached), computed in order from local window rows (ADR 0018: W + (L-1)(W-1) tokens).
+struct TinyV4Runner::Scratch {
+  uint64_t begin = 0;
+  std::vector<std::map<uint64_t, std::vector<std::byte>>> rows;  // per layer, by position
+  std::vector<std::map<uint64_t, std::vector<float>>> state, istate;
+};
+
 Status TinyV4Runner::Step(RequestId rid, uint32_t token, std::span<float> logits, AttentionCounters* counters) {
+  return Forward(rid, manager_->Tokens(rid), token, nullptr, logits, counters);
+}
+
+Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch* scratch, std::span<float> logits,
+                             AttentionCounters* counters) {
   const TinyV4Config& c = config_;
   if (token >= c.vocab) return InvalidArgument("token", std::to_string(token) + " is past the vocabulary");
   if (logits.size() != c.vocab) return InvalidArgument("logits", "must hold vocab_size floats");
-  const uint64_t p = manager_->Tokens(rid);
   const V4Dims& d = c.dims;
   const size_t hidden = c.hidden, H = d.heads, D = d.head_dim, N = d.nope(), R = d.rope;
   const size_t I = d.indexer.heads, ID = d.indexer.head_dim;
@@ -349,7 +361,17 @@ Status TinyV4Runner::Step(RequestId rid, uint32_t token, std::span<float> logits
     pending_rows_[l].assign(kV4DataRowBytes + kV4ScaleRowBytes, std::byte{0});
     TESSERA_RETURN_IF_ERROR(EncodeV4WindowRow(kv, pending_rows_[l]));
 
-    TESSERA_ASSIGN_OR_RETURN(V4PagedLayer pages, V4PagedLayer::Of(*manager_, rid, l));
+    auto bind = [&]() -> Result<V4PagedLayer> {
+      if (scratch == nullptr) return V4PagedLayer::Of(*manager_, rid, l);
+      // The local rows of the window ending at p (fewer near the scratch's start).
+      scratch->rows[l][p] = pending_rows_[l];
+      std::vector<std::byte> rows;
+      const uint64_t first = std::max<uint64_t>(scratch->begin, p + 1 > d.window ? p + 1 - d.window : 0);
+      for (uint64_t t = first; t <= p; ++t)
+        rows.insert(rows.end(), scratch->rows[l][t].begin(), scratch->rows[l][t].end());
+      return V4PagedLayer::AsOf(*manager_, rid, l, p + 1, rows);
+    };
+    TESSERA_ASSIGN_OR_RETURN(V4PagedLayer pages, bind());
     std::vector<std::byte> entry, ientry;
     // The compressor rows of this token and, when it completes a group, the entry.
     auto compress = [&](bool indexer, std::vector<float>& row, std::vector<std::byte>& bytes) -> Status {
@@ -360,7 +382,8 @@ Status TinyV4Runner::Step(RequestId rid, uint32_t token, std::span<float> logits
       Linear(W(cp + "wgate.weight"), x, std::span(row).subspan(coff * dim));
       const std::span<const float> ape = W(cp + "ape").subspan((p % ratio) * coff * dim, coff * dim);
       for (size_t i = 0; i < coff * dim; ++i) row[coff * dim + i] += ape[i];
-      if ((p + 1) % ratio != 0) return Status::Ok();
+      if (scratch != nullptr) (indexer ? scratch->istate : scratch->state)[l][p] = row;
+      if (scratch != nullptr || (p + 1) % ratio != 0) return Status::Ok();
       std::vector<float> rows(pages.state_rows(indexer).begin(), pages.state_rows(indexer).end());
       rows.insert(rows.end(), row.begin(), row.end());
       V4Compressor comp{
@@ -383,7 +406,7 @@ Status TinyV4Runner::Step(RequestId rid, uint32_t token, std::span<float> logits
     };
     if (ratio > 0) TESSERA_RETURN_IF_ERROR(compress(false, pending_state_[l], entry));
     if (ratio == 4) TESSERA_RETURN_IF_ERROR(compress(true, pending_istate_[l], ientry));
-    TESSERA_RETURN_IF_ERROR(pages.SetPending(V4Pending{pending_rows_[l], entry, ientry}));
+    if (scratch == nullptr) TESSERA_RETURN_IF_ERROR(pages.SetPending(V4Pending{pending_rows_[l], entry, ientry}));
 
     std::vector<uint64_t> selected;
     if (ratio == 4) {
@@ -420,6 +443,7 @@ Status TinyV4Runner::Step(RequestId rid, uint32_t token, std::span<float> logits
     Linear(W(pre + "ffn.w2.weight"), a, out);
     for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
   }
+  if (scratch != nullptr) return Status::Ok();  // rows only
   RmsNorm(h, W("norm.weight"), c.rms_eps);
   Linear(W("head.weight"), h, logits);
 
@@ -468,10 +492,7 @@ Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt
   g.tokens.assign(prompt.begin(), prompt.end());
   g.cached_tokens = a.cached_tokens;
   g.state_restored = a.state_restored;
-  if (a.cached_tokens > 0 && !a.state_restored) {
-    return Status(StatusCode::kFailedPrecondition, "swa-strategy",
-                  "the prefix hit kept no window state; tiny-v4 does not recompute");
-  }
+  if (a.cached_tokens > 0 && !a.state_restored) TESSERA_RETURN_IF_ERROR(RebuildRings(a, prompt));
   std::vector<float> logits(config_.vocab);
   for (uint64_t pos = a.cached_tokens; pos < prompt.size(); ++pos) {
     g.last_token = AttentionCounters{};
@@ -490,6 +511,31 @@ Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt
     g.logits.push_back(logits);
   }
   return g;
+}
+
+Status TinyV4Runner::RebuildRings(const Admission& a, std::span<const uint32_t> prompt) {
+  const uint64_t c = a.cached_tokens, w = config_.dims.window, layers = config_.layers;
+  // Exact rows of every layer at [c - W, c) need the forward over the last W + (L-1)(W-1) tokens.
+  const uint64_t span = w + (layers - 1) * (w - 1);
+  Scratch scratch;
+  scratch.begin = c > span ? c - span : 0;
+  scratch.rows.resize(layers);
+  scratch.state.resize(layers);
+  scratch.istate.resize(layers);
+  std::vector<float> unused(config_.vocab);
+  for (uint64_t t = scratch.begin; t < c; ++t) {
+    TESSERA_RETURN_IF_ERROR(Forward(a.id, t, prompt[t], &scratch, unused, nullptr));
+  }
+  KvWriters wr;
+  wr.window = [&](uint32_t layer, uint64_t pos, std::span<std::byte> row) {
+    const std::vector<std::byte>& src = scratch.rows[layer][pos];
+    std::copy(src.begin(), src.end(), row.begin());
+  };
+  wr.state = [&](uint32_t layer, bool indexer, uint64_t pos, std::span<float> row) {
+    const std::vector<float>& src = (indexer ? scratch.istate : scratch.state)[layer][pos];
+    std::copy(src.begin(), src.end(), row.begin());
+  };
+  return manager_->Recompute(a.id, prompt.subspan(a.recompute_from, a.recompute_tokens), wr);
 }
 
 Status TinyV4Runner::Release() {
