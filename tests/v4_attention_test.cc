@@ -533,6 +533,16 @@ TEST(V4Attention, RefusesWhatItCannotRead) {
   std::vector<float> iq(4 * kIdx), w(4);
   EXPECT_EQ(V4IndexerSelect(hca, IndexerQuery{iq, w}, dims.indexer, &sel, nullptr).field(), "indexer-format");
   EXPECT_EQ(V4Dims::Of(testing::Preset("deepseek-v3")).status().field(), "model");
+  // AsOf: within the request's tokens, whole rows, no more than the window.
+  std::vector<std::byte> rows(584 * 2);
+  EXPECT_EQ(V4PagedLayer::AsOf(*f->manager, f->id, 2, 41, rows).status().field(), "tokens");
+  EXPECT_EQ(V4PagedLayer::AsOf(*f->manager, f->id, 2, 20, std::span(rows).first(100)).status().field(), "window_rows");
+  std::vector<std::byte> too_many(584 * 17);
+  EXPECT_EQ(V4PagedLayer::AsOf(*f->manager, f->id, 2, 20, too_many).status().field(), "window_rows");
+  Result<V4PagedLayer> as_of = V4PagedLayer::AsOf(*f->manager, f->id, 1, 20, rows);
+  ASSERT_TRUE(as_of.ok());
+  EXPECT_EQ(as_of->entries(), 5u);  // 20 tokens at ratio 4, though the request holds 40
+  EXPECT_EQ(as_of->window_begin(), 18u);
 }
 
 }  // namespace
