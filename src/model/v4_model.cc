@@ -1,0 +1,567 @@
+// tiny-v4 (ADR 0018): config, seeded weights, weight file and the runner.
+#include "tessera/v4_model.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tessera/checked.h"
+#include "tessera/codec.h"
+#include "tessera/file_io.h"
+
+namespace tessera {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kWeightsFormat = "tessera-tiny-v1";
+constexpr uint64_t kMaxWeightFileBytes = uint64_t{256} << 20;
+constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
+constexpr uint32_t kIndexHeadDim = 128;  // the Hadamard size
+
+Result<uint32_t> Count(const json& cfg, const char* field) {
+  if (!cfg.contains(field)) return InvalidArgument(field, "missing");
+  const json& v = cfg[field];
+  if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > (uint64_t{1} << 20)) {
+    return InvalidArgument(field, "must be a positive integer up to 2^20");
+  }
+  return static_cast<uint32_t>(v.get<uint64_t>());
+}
+
+Result<double> Number(const json& cfg, const char* field) {
+  if (!cfg.contains(field) || !cfg[field].is_number()) return InvalidArgument(field, "must be a number");
+  const double d = cfg[field].get<double>();
+  if (!std::isfinite(d) || d <= 0) return InvalidArgument(field, "must be a positive finite number");
+  return d;
+}
+
+uint64_t SplitMix64Next(uint64_t& state) {
+  state += 0x9e3779b97f4a7c15ULL;
+  uint64_t z = state;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+Status Bad(const std::string& what) { return InvalidArgument("weights", what); }
+
+// y = W x, W [out, in] row-major.
+void Linear(std::span<const float> w, std::span<const float> x, std::span<float> y) {
+  const size_t in = x.size();
+  for (size_t o = 0; o < y.size(); ++o) {
+    const float* row = w.data() + o * in;
+    float s = 0.0f;
+    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
+    y[o] = s;
+  }
+}
+
+// v / sqrt(mean(v^2) + eps) * w (w empty: no weight).
+void RmsNorm(std::span<float> v, std::span<const float> w, float eps) {
+  float ms = 0.0f;
+  for (float x : v) ms += x * x;
+  const float inv = 1.0f / std::sqrt(ms / static_cast<float>(v.size()) + eps);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = w.empty() ? v[i] * inv : v[i] * inv * w[i];
+}
+
+}  // namespace
+
+Result<TinyV4Config> LoadTinyV4Config(std::string_view model) {
+  if (model != "tiny-v4")
+    return NotFound("model", "unknown tiny V4 model \"" + std::string(model) + "\" (known: tiny-v4)");
+  TinyV4Config c;
+  c.name = std::string(model);
+  TESSERA_ASSIGN_OR_RETURN(c.geometry, LoadPreset(model));
+  TESSERA_ASSIGN_OR_RETURN(std::string text, PresetConfigText(model));
+  const json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!cfg.is_object()) return InvalidArgument("config", c.name + " is not a JSON object");
+  const Geometry& g = c.geometry;
+  if (g.model_type != "deepseek_v4") return InvalidArgument("model_type", g.model_type + " (tiny-v4 runs deepseek_v4)");
+  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
+    return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
+  }
+  if (g.num_mtp_layers != 0) return InvalidArgument("num_nextn_predict_layers", "tiny-v4 has no MTP layers");
+  TESSERA_ASSIGN_OR_RETURN(c.dims, V4Dims::Of(g));
+  c.layers = g.num_layers;
+  for (const LayerSpec& l : g.layers) c.ratios.push_back(l.compress_ratio);
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, Count(cfg, "hidden_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.q_lora, Count(cfg, "q_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.o_groups, Count(cfg, "o_groups"));
+  TESSERA_ASSIGN_OR_RETURN(c.o_lora, Count(cfg, "o_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.vocab, Count(cfg, "vocab_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.ffn, Count(cfg, "intermediate_size"));
+  TESSERA_ASSIGN_OR_RETURN(double eps, Number(cfg, "rms_norm_eps"));
+  c.rms_eps = static_cast<float>(eps);
+  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, Number(cfg, "rope_theta"));
+  TESSERA_ASSIGN_OR_RETURN(c.compress_rope_theta, Number(cfg, "compress_rope_theta"));
+  if (c.dims.heads % c.o_groups != 0) return InvalidArgument("o_groups", "must divide num_attention_heads");
+  if (c.dims.window == 0) return InvalidArgument("sliding_window", "must be positive");
+  for (uint32_t r : c.ratios) {
+    if (r == 4 && (c.dims.indexer.head_dim != kIndexHeadDim || c.dims.indexer.heads == 0)) {
+      return InvalidArgument("index_head_dim", "must be 128 (the Hadamard size)");
+    }
+  }
+  return c;
+}
+
+uint64_t V4TensorSpec::elements() const {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<V4TensorSpec> TinyV4WeightSpecs(const TinyV4Config& c) {
+  const uint64_t hidden = c.hidden, H = c.dims.heads, D = c.dims.head_dim, I = c.dims.indexer.heads;
+  std::vector<V4TensorSpec> s;
+  s.push_back({"embed.weight", {c.vocab, hidden}});
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    const uint64_t r = c.ratios[l], coff = r == 4 ? 2 : 1;
+    s.push_back({p + "attn_norm.weight", {hidden}});
+    s.push_back({p + "attn.attn_sink", {H}});
+    s.push_back({p + "attn.wq_a.weight", {c.q_lora, hidden}});
+    s.push_back({p + "attn.q_norm.weight", {c.q_lora}});
+    s.push_back({p + "attn.wq_b.weight", {H * D, c.q_lora}});
+    s.push_back({p + "attn.wkv.weight", {D, hidden}});
+    s.push_back({p + "attn.kv_norm.weight", {D}});
+    s.push_back({p + "attn.wo_a.weight", {uint64_t{c.o_groups} * c.o_lora, H * D / c.o_groups}});
+    s.push_back({p + "attn.wo_b.weight", {hidden, uint64_t{c.o_groups} * c.o_lora}});
+    if (r > 0) {
+      s.push_back({p + "attn.compressor.ape", {r, coff * D}});
+      s.push_back({p + "attn.compressor.wkv.weight", {coff * D, hidden}});
+      s.push_back({p + "attn.compressor.wgate.weight", {coff * D, hidden}});
+      s.push_back({p + "attn.compressor.norm.weight", {D}});
+    }
+    if (r == 4) {
+      const uint64_t ID = c.dims.indexer.head_dim;
+      s.push_back({p + "attn.indexer.wq_b.weight", {I * ID, c.q_lora}});
+      s.push_back({p + "attn.indexer.weights_proj.weight", {I, hidden}});
+      s.push_back({p + "attn.indexer.compressor.ape", {4, 2 * ID}});
+      s.push_back({p + "attn.indexer.compressor.wkv.weight", {2 * ID, hidden}});
+      s.push_back({p + "attn.indexer.compressor.wgate.weight", {2 * ID, hidden}});
+      s.push_back({p + "attn.indexer.compressor.norm.weight", {ID}});
+    }
+    s.push_back({p + "ffn_norm.weight", {hidden}});
+    s.push_back({p + "ffn.w1.weight", {c.ffn, hidden}});
+    s.push_back({p + "ffn.w3.weight", {c.ffn, hidden}});
+    s.push_back({p + "ffn.w2.weight", {hidden, c.ffn}});
+  }
+  s.push_back({"norm.weight", {hidden}});
+  s.push_back({"head.weight", {c.vocab, hidden}});
+  return s;
+}
+
+TinyV4Weights GenerateTinyV4Weights(const TinyV4Config& c, uint64_t seed) {
+  TinyV4Weights w;
+  w.seed = seed;
+  uint64_t state = seed;
+  for (const V4TensorSpec& t : TinyV4WeightSpecs(c)) {
+    std::vector<float> v(t.elements());
+    // ADR 0018: norm weights 1 + 0.1u, ape 0.1u, attn_sink u, linear weights and the embedding
+    // u / sqrt(in).
+    const bool ape = EndsWith(t.name, ".ape");
+    const bool sink = EndsWith(t.name, ".attn_sink");
+    const bool norm = !sink && t.shape.size() == 1;
+    const double gain = (t.shape.size() == 2 && !ape) ? 1.0 / std::sqrt(static_cast<double>(t.shape[1])) : 1.0;
+    for (float& x : v) {
+      const uint64_t u24 = SplitMix64Next(state) >> 40;
+      const double u = (static_cast<double>(u24) + 0.5) / 16777216.0 * 2.0 - 1.0;
+      x = static_cast<float>(norm ? 1.0 + 0.1 * u : ape ? 0.1 * u : sink ? u : u * gain);
+    }
+    w.tensors.emplace(t.name, std::move(v));
+  }
+  return w;
+}
+
+Result<std::string> SerializeTinyV4Weights(const TinyV4Config& c, const TinyV4Weights& w) {
+  json header = json::object();
+  header["__metadata__"] = {{"model", c.name}, {"seed", std::to_string(w.seed)}, {"format", kWeightsFormat}};
+  uint64_t offset = 0;
+  std::string data;
+  for (const V4TensorSpec& t : TinyV4WeightSpecs(c)) {
+    auto it = w.tensors.find(t.name);
+    if (it == w.tensors.end() || it->second.size() != t.elements()) return Bad(t.name + ": missing or mis-sized");
+    const uint64_t bytes = 4 * t.elements();
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    for (float f : it->second) {
+      const uint32_t b = std::bit_cast<uint32_t>(f);
+      const char le[4] = {static_cast<char>(b & 0xff), static_cast<char>((b >> 8) & 0xff),
+                          static_cast<char>((b >> 16) & 0xff), static_cast<char>(b >> 24)};
+      data.append(le, 4);
+    }
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::string out(8, '\0');
+  const uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += text;
+  out += data;
+  return out;
+}
+
+Result<TinyV4Weights> ParseTinyV4Weights(std::string_view bytes, const TinyV4Config& c) {
+  if (bytes.size() < 8) return Bad("file is " + std::to_string(bytes.size()) + " B, shorter than its header length");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(bytes[static_cast<size_t>(i)])} << (8 * i);
+  if (n > bytes.size() - 8) return Bad("header length " + std::to_string(n) + " runs past the end of the file");
+  if (n > kMaxHeaderBytes) return Bad("header length " + std::to_string(n) + " exceeds 1 MiB");
+  const std::string_view text = bytes.substr(8, n);
+  // Depth is bounded by the parser's input (1 MiB); the header's shape is checked below.
+  const json h = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (!h.is_object()) return Bad("header is not a JSON object");
+  if (!h.contains("__metadata__") || !h["__metadata__"].is_object()) return Bad("__metadata__ missing");
+  const json& meta = h["__metadata__"];
+  for (const char* key : {"model", "seed", "format"}) {
+    if (!meta.contains(key) || !meta[key].is_string()) return Bad(std::string("__metadata__.") + key + " missing");
+  }
+  if (meta["format"].get<std::string>() != kWeightsFormat) return Bad("__metadata__.format is not tessera-tiny-v1");
+  if (meta["model"].get<std::string>() != c.name) return Bad("__metadata__.model is not " + c.name);
+  const std::string seed = meta["seed"].get<std::string>();
+  if (seed.empty() || seed.size() > 20 ||
+      !std::all_of(seed.begin(), seed.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+    return Bad("__metadata__.seed is not a decimal integer");
+  }
+  Checked sv(0);
+  for (char ch : seed) sv = sv * 10 + static_cast<uint64_t>(ch - '0');
+  if (sv.overflowed()) return Bad("__metadata__.seed exceeds 64 bits");
+  TinyV4Weights w;
+  w.seed = sv.value();
+  const std::vector<V4TensorSpec> specs = TinyV4WeightSpecs(c);
+  if (h.size() != specs.size() + 1) {
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      const bool known =
+          it.key() == "__metadata__" ||
+          std::any_of(specs.begin(), specs.end(), [&](const V4TensorSpec& s) { return s.name == it.key(); });
+      if (!known) return Bad("unexpected tensor " + it.key());
+    }
+  }
+  const std::string_view data = bytes.substr(8 + n);
+  uint64_t expected = 0;
+  for (const V4TensorSpec& t : specs) {
+    if (!h.contains(t.name)) return Bad(t.name + ": missing");
+    const json& e = h[t.name];
+    if (!e.is_object() || !e.contains("dtype") || e["dtype"] != "F32") return Bad(t.name + ": dtype is not F32");
+    if (!e.contains("shape") || e["shape"] != json(t.shape))
+      return Bad(t.name + ": shape is not " + json(t.shape).dump());
+    const json& off = e.contains("data_offsets") ? e["data_offsets"] : json();
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      return Bad(t.name + ": data_offsets malformed");
+    }
+    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+    if (begin != expected || end < begin || end - begin != 4 * t.elements()) {
+      return Bad(t.name + ": data_offsets do not tile the data in order");
+    }
+    if (end > data.size()) return Bad(t.name + ": data runs past the end of the file");
+    std::vector<float> v(t.elements());
+    for (uint64_t i = 0; i < v.size(); ++i) {
+      uint32_t b = 0;
+      for (int k = 0; k < 4; ++k) b |= uint32_t{static_cast<uint8_t>(data[begin + 4 * i + k])} << (8 * k);
+      v[i] = std::bit_cast<float>(b);
+      if (!std::isfinite(v[i])) return Bad(t.name + ": value " + std::to_string(i) + " is not finite");
+    }
+    w.tensors.emplace(t.name, std::move(v));
+    expected = end;
+  }
+  if (expected != data.size())
+    return Bad("file holds " + std::to_string(data.size() - expected) + " B past the tensors");
+  return w;
+}
+
+Status WriteTinyV4WeightsFile(const std::string& path, const TinyV4Config& c, const TinyV4Weights& w) {
+  TESSERA_ASSIGN_OR_RETURN(std::string bytes, SerializeTinyV4Weights(c, w));
+  return WriteFilesAtomically({{path, std::move(bytes)}});
+}
+
+Result<TinyV4Weights> ReadTinyV4WeightsFile(const std::string& path, const TinyV4Config& c) {
+  TESSERA_ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(path, "weights", kMaxWeightFileBytes));
+  return ParseTinyV4Weights(bytes, c);
+}
+
+// ---- runner ---------------------------------------------------------------------------------
+
+TinyV4Runner::~TinyV4Runner() = default;
+
+Result<std::unique_ptr<TinyV4Runner>> TinyV4Runner::Create(TinyV4Config config, TinyV4Weights weights,
+                                                           const TinyV4Options& options) {
+  for (const V4TensorSpec& t : TinyV4WeightSpecs(config)) {
+    auto it = weights.tensors.find(t.name);
+    if (it == weights.tensors.end() || it->second.size() != t.elements()) return Bad(t.name + ": missing or mis-sized");
+  }
+  if (options.indexer_format != "indexer-mxfp4" && options.indexer_format != "indexer-fp8") {
+    return InvalidArgument("indexer-format", options.indexer_format + " (tiny-v4 runs indexer-mxfp4 or indexer-fp8)");
+  }
+  std::unique_ptr<TinyV4Runner> r(new TinyV4Runner());
+  ManagerOptions mo;
+  mo.kv_format = "v4-fp8";
+  mo.indexer_format = options.indexer_format;
+  mo.window_strategy = options.window_strategy;
+  mo.capacity_blocks = options.capacity_blocks;
+  mo.max_requests = 4;
+  TESSERA_ASSIGN_OR_RETURN(r->manager_, RequestManager::Create(config.geometry, mo));
+  r->config_ = std::move(config);
+  r->weights_ = std::move(weights);
+  r->options_ = options;
+  r->pending_rows_.resize(r->config_.layers);
+  r->pending_state_.resize(r->config_.layers);
+  r->pending_istate_.resize(r->config_.layers);
+  return r;
+}
+
+// Rebuilding the rings of a prefix hit under recompute: every layer's rows of positions
+// [begin, cached), computed in order from local window rows (ADR 0018: W + (L-1)(W-1) tokens).
+struct TinyV4Runner::Scratch {
+  uint64_t begin = 0;
+  std::vector<std::map<uint64_t, std::vector<std::byte>>> rows;  // per layer, by position
+  std::vector<std::map<uint64_t, std::vector<float>>> state, istate;
+};
+
+Status TinyV4Runner::Step(RequestId rid, uint32_t token, std::span<float> logits, AttentionCounters* counters) {
+  return Forward(rid, manager_->Tokens(rid), token, nullptr, logits, counters);
+}
+
+Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch* scratch, std::span<float> logits,
+                             AttentionCounters* counters) {
+  const TinyV4Config& c = config_;
+  if (token >= c.vocab) return InvalidArgument("token", std::to_string(token) + " is past the vocabulary");
+  if (logits.size() != c.vocab) return InvalidArgument("logits", "must hold vocab_size floats");
+  const V4Dims& d = c.dims;
+  const size_t hidden = c.hidden, H = d.heads, D = d.head_dim, N = d.nope(), R = d.rope;
+  const size_t I = d.indexer.heads, ID = d.indexer.head_dim;
+  const auto W = [&](const std::string& name) -> std::span<const float> { return weights_.at(name); };
+
+  std::vector<float> h(W("embed.weight").subspan(size_t{token} * hidden, hidden).begin(),
+                       W("embed.weight").subspan(size_t{token} * hidden, hidden).end());
+  std::vector<float> x(hidden), qr(c.q_lora), q(H * D), kv(D), o(H * D), y(size_t{c.o_groups} * c.o_lora), out(hidden);
+  for (uint32_t l = 0; l < c.layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    const uint32_t ratio = c.ratios[l];
+    const double theta = c.theta(l);
+    x = h;
+    RmsNorm(x, W(pre + "attn_norm.weight"), c.rms_eps);
+    Linear(W(pre + "attn.wq_a.weight"), x, qr);
+    RmsNorm(qr, W(pre + "attn.q_norm.weight"), c.rms_eps);
+    Linear(W(pre + "attn.wq_b.weight"), qr, q);
+    for (size_t hh = 0; hh < H; ++hh) {
+      std::span<float> qh(q.data() + hh * D, D);
+      RmsNorm(qh, {}, c.rms_eps);
+      RopeInterleaved(qh.subspan(N), p, theta, false);
+    }
+    Linear(W(pre + "attn.wkv.weight"), x, kv);
+    RmsNorm(kv, W(pre + "attn.kv_norm.weight"), c.rms_eps);
+    RopeInterleaved(std::span(kv).subspan(N), p, theta, false);
+    pending_rows_[l].assign(kV4DataRowBytes + kV4ScaleRowBytes, std::byte{0});
+    TESSERA_RETURN_IF_ERROR(EncodeV4WindowRow(kv, pending_rows_[l]));
+
+    auto bind = [&]() -> Result<V4PagedLayer> {
+      if (scratch == nullptr) return V4PagedLayer::Of(*manager_, rid, l);
+      // The local rows of the window ending at p (fewer near the scratch's start).
+      scratch->rows[l][p] = pending_rows_[l];
+      std::vector<std::byte> rows;
+      const uint64_t first = std::max<uint64_t>(scratch->begin, p + 1 > d.window ? p + 1 - d.window : 0);
+      for (uint64_t t = first; t <= p; ++t)
+        rows.insert(rows.end(), scratch->rows[l][t].begin(), scratch->rows[l][t].end());
+      return V4PagedLayer::AsOf(*manager_, rid, l, p + 1, rows);
+    };
+    TESSERA_ASSIGN_OR_RETURN(V4PagedLayer pages, bind());
+    std::vector<std::byte> entry, ientry;
+    // The compressor rows of this token and, when it completes a group, the entry.
+    auto compress = [&](bool indexer, std::vector<float>& row, std::vector<std::byte>& bytes) -> Status {
+      const std::string cp = pre + (indexer ? "attn.indexer.compressor." : "attn.compressor.");
+      const size_t dim = indexer ? ID : D, coff = ratio == 4 ? 2 : 1;
+      row.assign(2 * coff * dim, 0.0f);
+      Linear(W(cp + "wkv.weight"), x, std::span(row).first(coff * dim));
+      Linear(W(cp + "wgate.weight"), x, std::span(row).subspan(coff * dim));
+      const std::span<const float> ape = W(cp + "ape").subspan((p % ratio) * coff * dim, coff * dim);
+      for (size_t i = 0; i < coff * dim; ++i) row[coff * dim + i] += ape[i];
+      if (scratch != nullptr) (indexer ? scratch->istate : scratch->state)[l][p] = row;
+      if (scratch != nullptr || (p + 1) % ratio != 0) return Status::Ok();
+      std::vector<float> rows(pages.state_rows(indexer).begin(), pages.state_rows(indexer).end());
+      rows.insert(rows.end(), row.begin(), row.end());
+      V4Compressor comp{
+          ratio,  static_cast<uint32_t>(dim), static_cast<uint32_t>(R), theta, c.rms_eps, W(cp + "norm.weight"),
+          indexer};
+      std::vector<float> e(dim);
+      TESSERA_RETURN_IF_ERROR(V4CompressEntry(comp, (p + 1) / ratio - 1, rows, static_cast<uint32_t>(row.size()), e));
+      const auto& groups = manager_->pool().groups();
+      for (const StateLayer& sl : manager_->states()->layers()) {
+        if (sl.layer != l) continue;
+        const RecordFormat& f = groups[static_cast<size_t>(indexer ? sl.igroup : sl.group)].format;
+        bytes.assign(f.record_bytes(), std::byte{0});
+        RecordView v;
+        v.plane_count = f.plane_count();
+        v.planes[0] = std::span(bytes).first(f.plane_bytes(0));
+        if (v.plane_count == 2) v.planes[1] = std::span(bytes).subspan(f.plane_bytes(0));
+        TESSERA_RETURN_IF_ERROR(EncodeV4Entry(e, f, v));
+      }
+      return Status::Ok();
+    };
+    if (ratio > 0) TESSERA_RETURN_IF_ERROR(compress(false, pending_state_[l], entry));
+    if (ratio == 4) TESSERA_RETURN_IF_ERROR(compress(true, pending_istate_[l], ientry));
+    if (scratch == nullptr) TESSERA_RETURN_IF_ERROR(pages.SetPending(V4Pending{pending_rows_[l], entry, ientry}));
+
+    std::vector<uint64_t> selected;
+    if (ratio == 4) {
+      std::vector<float> iq(I * ID), iw(I);
+      Linear(W(pre + "attn.indexer.wq_b.weight"), qr, iq);
+      for (size_t j = 0; j < I; ++j) {
+        std::span<float> qj(iq.data() + j * ID, ID);
+        RopeInterleaved(qj.subspan(ID - R), p, theta, false);
+        TESSERA_RETURN_IF_ERROR(HadamardTransform(qj));
+        TESSERA_RETURN_IF_ERROR(RoundFp4Blocks(qj));
+      }
+      Linear(W(pre + "attn.indexer.weights_proj.weight"), x, iw);
+      const float ws = 1.0f / std::sqrt(static_cast<float>(ID)) / std::sqrt(static_cast<float>(I));
+      for (float& v : iw) v *= ws;
+      TESSERA_RETURN_IF_ERROR(V4IndexerSelect(pages, IndexerQuery{iq, iw}, d.indexer, &selected, counters));
+    } else if (ratio > 0) {
+      for (uint64_t e = 0; e < pages.entries(); ++e) selected.push_back(e);
+    }
+    TESSERA_RETURN_IF_ERROR(V4Attend(pages, selected, q, W(pre + "attn.attn_sink"), d, theta, o, counters));
+    // Grouped output projection: group g's heads through wo_a's rows g*o_lora.., then wo_b.
+    const size_t gin = H * D / c.o_groups;
+    for (size_t g = 0; g < c.o_groups; ++g) {
+      Linear(W(pre + "attn.wo_a.weight").subspan(g * c.o_lora * gin, size_t{c.o_lora} * gin),
+             std::span<const float>(o).subspan(g * gin, gin), std::span(y).subspan(g * c.o_lora, c.o_lora));
+    }
+    Linear(W(pre + "attn.wo_b.weight"), y, out);
+    for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
+    // Dense SwiGLU.
+    std::vector<float> yn = h, a(c.ffn), b(c.ffn);
+    RmsNorm(yn, W(pre + "ffn_norm.weight"), c.rms_eps);
+    Linear(W(pre + "ffn.w1.weight"), yn, a);
+    Linear(W(pre + "ffn.w3.weight"), yn, b);
+    for (size_t i = 0; i < c.ffn; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+    Linear(W(pre + "ffn.w2.weight"), a, out);
+    for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
+  }
+  if (scratch != nullptr) return Status::Ok();  // rows only
+  RmsNorm(h, W("norm.weight"), c.rms_eps);
+  Linear(W("head.weight"), h, logits);
+
+  // Append: the writers copy the rows just attended to; entries are rebuilt from the manager's
+  // rows (the same rows, so the same bytes as the pending ones).
+  KvWriters w;
+  w.window = [this](uint32_t layer, uint64_t, std::span<std::byte> row) {
+    std::copy(pending_rows_[layer].begin(), pending_rows_[layer].end(), row.begin());
+  };
+  w.state = [this](uint32_t layer, bool indexer, uint64_t, std::span<float> row) {
+    const std::vector<float>& src = indexer ? pending_istate_[layer] : pending_state_[layer];
+    std::copy(src.begin(), src.end(), row.begin());
+  };
+  Status compress_status = Status::Ok();
+  w.compress = [&](uint32_t layer, bool indexer, uint64_t group, std::span<const float> rows, uint32_t row_floats,
+                   const RecordView& rec) {
+    const std::string cp =
+        "layers." + std::to_string(layer) + "." + (indexer ? "attn.indexer.compressor." : "attn.compressor.");
+    V4Compressor comp{c.ratios[layer], indexer ? d.indexer.head_dim : d.head_dim, d.rope, c.theta(layer),
+                      c.rms_eps,       weights_.at(cp + "norm.weight"),           indexer};
+    std::vector<float> e(comp.dim);
+    Status st = V4CompressEntry(comp, group, rows, row_floats, e);
+    for (const StateLayer& sl : manager_->states()->layers()) {
+      if (st.ok() && sl.layer == layer) {
+        st = EncodeV4Entry(e, manager_->pool().groups()[static_cast<size_t>(indexer ? sl.igroup : sl.group)].format,
+                           rec);
+      }
+    }
+    if (!st.ok() && compress_status.ok()) compress_status = st;
+  };
+  const uint32_t tok[1] = {token};
+  TESSERA_RETURN_IF_ERROR(manager_->Append(rid, tok, w));
+  return compress_status;
+}
+
+Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt, uint32_t steps) {
+  if (prompt.empty()) return InvalidArgument("prompt", "needs at least one token");
+  for (uint32_t t : prompt) {
+    if (t >= config_.vocab) return InvalidArgument("prompt", "token " + std::to_string(t) + " is past the vocabulary");
+  }
+  TESSERA_RETURN_IF_ERROR(Release());
+  TESSERA_ASSIGN_OR_RETURN(Admission a, manager_->Admit(prompt, RequestSpec{}));
+  request_ = a.id;
+  TinyV4Generation g;
+  g.prompt_len = prompt.size();
+  g.tokens.assign(prompt.begin(), prompt.end());
+  g.cached_tokens = a.cached_tokens;
+  g.state_restored = a.state_restored;
+  if (a.cached_tokens > 0 && !a.state_restored) TESSERA_RETURN_IF_ERROR(RebuildRings(a, prompt));
+  std::vector<float> logits(config_.vocab);
+  for (uint64_t pos = a.cached_tokens; pos < prompt.size(); ++pos) {
+    g.last_token = AttentionCounters{};
+    TESSERA_RETURN_IF_ERROR(Step(a.id, prompt[pos], logits, &g.last_token));
+    g.counters += g.last_token;
+  }
+  g.logits.push_back(logits);
+  for (uint32_t s = 0; s < steps; ++s) {
+    const uint32_t next = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    g.tokens.push_back(next);
+    if (s + 1 == steps) break;
+    TESSERA_RETURN_IF_ERROR(manager_->AllocateSlots(a.id, 1));
+    g.last_token = AttentionCounters{};
+    TESSERA_RETURN_IF_ERROR(Step(a.id, next, logits, &g.last_token));
+    g.counters += g.last_token;
+    g.logits.push_back(logits);
+  }
+  return g;
+}
+
+Status TinyV4Runner::RebuildRings(const Admission& a, std::span<const uint32_t> prompt) {
+  const uint64_t c = a.cached_tokens, w = config_.dims.window, layers = config_.layers;
+  // Exact rows of every layer at [c - W, c) need the forward over the last W + (L-1)(W-1) tokens.
+  const uint64_t span = w + (layers - 1) * (w - 1);
+  Scratch scratch;
+  scratch.begin = c > span ? c - span : 0;
+  scratch.rows.resize(layers);
+  scratch.state.resize(layers);
+  scratch.istate.resize(layers);
+  std::vector<float> unused(config_.vocab);
+  for (uint64_t t = scratch.begin; t < c; ++t) {
+    TESSERA_RETURN_IF_ERROR(Forward(a.id, t, prompt[t], &scratch, unused, nullptr));
+  }
+  KvWriters wr;
+  wr.window = [&](uint32_t layer, uint64_t pos, std::span<std::byte> row) {
+    const std::vector<std::byte>& src = scratch.rows[layer][pos];
+    std::copy(src.begin(), src.end(), row.begin());
+  };
+  wr.state = [&](uint32_t layer, bool indexer, uint64_t pos, std::span<float> row) {
+    const std::vector<float>& src = (indexer ? scratch.istate : scratch.state)[layer][pos];
+    std::copy(src.begin(), src.end(), row.begin());
+  };
+  return manager_->Recompute(a.id, prompt.subspan(a.recompute_from, a.recompute_tokens), wr);
+}
+
+Status TinyV4Runner::Release() {
+  if (!request_.has_value()) return Status::Ok();
+  const RequestId r = *request_;
+  request_.reset();
+  return manager_->Free(r);
+}
+
+Result<TinyV4Generation> RunTinyV4(const TinyV4Run& run) {
+  if (run.steps == 0) return InvalidArgument("steps", "must be at least 1");
+  if (run.weights_path.empty()) return InvalidArgument("weights", "missing: give a weight file");
+  TESSERA_ASSIGN_OR_RETURN(TinyV4Config cfg, LoadTinyV4Config("tiny-v4"));
+  TinyV4Weights w;
+  if (run.init_weights) {
+    w = GenerateTinyV4Weights(cfg, run.seed);
+    TESSERA_RETURN_IF_ERROR(WriteTinyV4WeightsFile(run.weights_path, cfg, w));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(w, ReadTinyV4WeightsFile(run.weights_path, cfg));
+  }
+  TinyV4Options o = run.options;
+  // Blocks of the layout's span (256 tokens for tiny-v4), two spare.
+  const uint64_t total = run.prompt.size() + uint64_t{run.steps};
+  o.capacity_blocks = static_cast<uint32_t>(std::min<uint64_t>(total / 256 + 2, 1u << 20));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<TinyV4Runner> r, TinyV4Runner::Create(cfg, std::move(w), o));
+  return r->Generate(run.prompt, run.steps);
+}
+
+}  // namespace tessera
