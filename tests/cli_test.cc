@@ -721,13 +721,51 @@ TEST(CliGenerate, EndToEndWithDumpAndFlippedPageByte) {
   EXPECT_EQ(naive.exit_code, 0) << naive.err;
 }
 
+// tiny-v4 (ADR 0018) through the same command: v4-fp8 pages, the dump, a flipped byte of a
+// compressed entry changing the decode, and what it refuses.
+TEST(CliGenerate, TinyV4) {
+  TempDir dir;
+  const std::string w = dir.path() + "/v4.safetensors", d1 = dir.path() + "/a.json", d2 = dir.path() + "/b.json";
+  const std::string prompt = "--prompt-tokens 5,17,200,3,3,90,1,8,9,10 --steps 4";
+  CommandResult init =
+      RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --init-weights --seed 3 --dump " + d1);
+  ASSERT_EQ(init.exit_code, 0) << init.err;
+  std::ifstream f1(d1);
+  const nlohmann::json j = nlohmann::json::parse(f1);
+  EXPECT_EQ(j["model"], "tiny-v4");
+  EXPECT_EQ(j["kv_format"], "v4-fp8");
+  EXPECT_EQ(j["prompt_len"], 10);
+  ASSERT_EQ(j["tokens"].size(), 14u);
+  ASSERT_EQ(j["logits"].size(), 4u);
+  // Layer 1 is a CSA layer (ratio 4): 10 prompt tokens make entries 0 and 1; flip entry 1's byte 3.
+  CommandResult flipped = RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --dump " + d2 +
+                                     " --flip-page-byte 1,1,3");
+  ASSERT_EQ(flipped.exit_code, 0) << flipped.err;
+  std::ifstream f2(d2);
+  const nlohmann::json k = nlohmann::json::parse(f2);
+  EXPECT_EQ(k["logits"][0], j["logits"][0]);  // computed before the flip
+  EXPECT_NE(k["logits"][1], j["logits"][1]);
+  ExpectInputError(RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --kv-format fp8_ds_mla"),
+                   "kv-format");
+  ExpectInputError(RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --attention naive"),
+                   "attention");
+  ExpectInputError(RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --swa-strategy sideways"),
+                   "swa-strategy");
+  // Layer 0 is sliding-window only: it has no compressed entries.
+  ExpectInputError(RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --flip-page-byte 0,0,0"),
+                   "flip-page-byte");
+  ExpectInputError(RunTessera("generate --model tiny-v4 " + prompt + " --weights " + w + " --flip-page-byte 1,1,584"),
+                   "flip-page-byte");
+}
+
 TEST(CliGenerate, BadInputExitsTwoNamingTheField) {
   TempDir dir;
   const std::string w = dir.path() + "/w.safetensors", dump = dir.path() + "/d.json";
   ASSERT_EQ(RunTessera("generate --model tiny-mla --prompt-tokens 1 --steps 1 --init-weights --weights " + w).exit_code,
             0);
   const std::string ok = " --prompt-tokens 1,2 --steps 2 --weights " + w + " --dump " + dump;
-  ExpectInputError(RunTessera("generate --model tiny-v4" + ok), "model");
+  ExpectInputError(RunTessera("generate --model tiny-v4" + ok), "weights");  // tiny-mla's file
+  ExpectInputError(RunTessera("generate --model tiny-mla --swa-strategy retain" + ok), "swa-strategy");
   ExpectInputError(RunTessera("generate --model deepseek-v3" + ok), "model");
   ExpectInputError(RunTessera("generate --model tiny-mla --kv-format mha-bf16" + ok), "kv-format");
   ExpectInputError(RunTessera("generate --model tiny-mla --kv-format v4-fp8" + ok), "kv-format");

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -101,7 +102,9 @@ class TinyV4Runner {
   // rebuilds the rings from the forward over the last W + (L-1)(W-1) cached tokens: ADR 0018),
   // computes the uncached prompt tokens and `steps` greedy decode tokens (the last not fed). The
   // request is kept until the next Generate or Release.
-  Result<TinyV4Generation> Generate(std::span<const uint32_t> prompt, uint32_t steps);
+  // `after_prefill` (may be empty) runs once the prompt is in pages and rings, before decoding.
+  Result<TinyV4Generation> Generate(std::span<const uint32_t> prompt, uint32_t steps,
+                                    const std::function<Status(RequestId)>& after_prefill = {});
   Status Release();
   std::optional<RequestId> request() const { return request_; }
 
@@ -138,6 +141,8 @@ struct TinyV4Run {
   std::vector<uint32_t> prompt;
   uint32_t steps = 0;
   TinyV4Options options;
+  // Runs once the prompt is in pages and rings, before decoding (e.g. to perturb a page byte).
+  std::function<Status(TinyV4Runner&, RequestId)> after_prefill;
 };
 Result<TinyV4Generation> RunTinyV4(const TinyV4Run& run);
 

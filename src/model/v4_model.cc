@@ -479,7 +479,8 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
   return compress_status;
 }
 
-Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt, uint32_t steps) {
+Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt, uint32_t steps,
+                                                const std::function<Status(RequestId)>& after_prefill) {
   if (prompt.empty()) return InvalidArgument("prompt", "needs at least one token");
   for (uint32_t t : prompt) {
     if (t >= config_.vocab) return InvalidArgument("prompt", "token " + std::to_string(t) + " is past the vocabulary");
@@ -499,6 +500,7 @@ Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt
     TESSERA_RETURN_IF_ERROR(Step(a.id, prompt[pos], logits, &g.last_token));
     g.counters += g.last_token;
   }
+  if (after_prefill) TESSERA_RETURN_IF_ERROR(after_prefill(a.id));
   g.logits.push_back(logits);
   for (uint32_t s = 0; s < steps; ++s) {
     const uint32_t next = static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -561,7 +563,9 @@ Result<TinyV4Generation> RunTinyV4(const TinyV4Run& run) {
   const uint64_t total = run.prompt.size() + uint64_t{run.steps};
   o.capacity_blocks = static_cast<uint32_t>(std::min<uint64_t>(total / 256 + 2, 1u << 20));
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<TinyV4Runner> r, TinyV4Runner::Create(cfg, std::move(w), o));
-  return r->Generate(run.prompt, run.steps);
+  std::function<Status(RequestId)> hook;
+  if (run.after_prefill) hook = [&run, &r](RequestId id) { return run.after_prefill(*r, id); };
+  return r->Generate(run.prompt, run.steps, hook);
 }
 
 }  // namespace tessera

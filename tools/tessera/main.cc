@@ -31,16 +31,17 @@
 #include "tessera/gpu.h"
 #include "tessera/layout.h"
 #include "tessera/ledger.h"
+#include "tessera/model.h"
 #include "tessera/plan.h"
 #include "tessera/plan_render.h"
 #include "tessera/price.h"
-#include "tessera/model.h"
 #include "tessera/receipt.h"
 #include "tessera/reconcile.h"
 #include "tessera/render.h"
 #include "tessera/report.h"
 #include "tessera/simulate.h"
 #include "tessera/units.h"
+#include "tessera/v4_model.h"
 #include "tessera/weights.h"
 
 namespace {
@@ -619,9 +620,11 @@ struct GenerateArgs {
   std::string dump;
   std::string flip;
   std::string block_tokens;
+  std::string window_strategy;  // tiny-v4
+  std::string indexer_format;   // tiny-v4
 
   void Register(CLI::App* app) {
-    app->add_option("--model", model, "tiny-mla | tiny-dsa");
+    app->add_option("--model", model, "tiny-mla | tiny-dsa | tiny-v4");
     app->add_option("--prompt-tokens", prompt_tokens, "comma-separated token ids");
     app->add_option("--steps", steps, "tokens to generate");
     app->add_option("--kv-format", kv_format, "mla-bf16 (default) | fp8_ds_mla");
@@ -632,6 +635,8 @@ struct GenerateArgs {
     app->add_option("--dump", dump, "write tokens and logits as JSON to this file");
     app->add_option("--flip-page-byte", flip, "LAYER,POSITION,BYTE: after prefill, XOR 0x01 into that record byte");
     app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived, 64)");
+    app->add_option("--swa-strategy", window_strategy, "tiny-v4: recompute | snapshot (default) | retain");
+    app->add_option("--indexer-format", indexer_format, "tiny-v4: indexer-mxfp4 (default) | indexer-fp8");
   }
 };
 
@@ -670,8 +675,102 @@ std::string FloatText(float f) {
   return buf;
 }
 
+// The dump the oracle reads (python/oracle/compare.py) and the one-line summary, for any tiny model.
+int WriteGeneration(const GenerateArgs& a, const std::string& kv_format, std::span<const uint32_t> tokens,
+                    uint64_t prompt_len, const std::vector<std::vector<float>>& logits, uint64_t steps,
+                    const AttentionCounters& counters) {
+  std::string tokens_text;
+  for (size_t i = 0; i < tokens.size(); ++i) tokens_text += (i ? "," : "") + std::to_string(tokens[i]);
+  if (!a.dump.empty()) {
+    std::string j =
+        "{\"model\": " + nlohmann::json(a.model).dump() + ", \"kv_format\": " + nlohmann::json(kv_format).dump() +
+        ", \"attention\": " + nlohmann::json(a.attention).dump() +
+        ", \"weights\": " + nlohmann::json(a.weights).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+        ", \"prompt_len\": " + std::to_string(prompt_len) + ", \"tokens\": [" + tokens_text + "], \"logits\": [";
+    for (size_t i = 0; i < logits.size(); ++i) {
+      j += i ? ",\n  [" : "\n  [";
+      for (size_t k = 0; k < logits[i].size(); ++k) j += (k ? ", " : "") + FloatText(logits[i][k]);
+      j += "]";
+    }
+    j += "]}\n";
+    if (Status st = WriteFilesAtomically({{a.dump, j}}); !st.ok()) return Fail(st);
+  }
+  const std::string text = "tokens " + tokens_text + "\nprompt " + std::to_string(prompt_len) + " generated " +
+                           std::to_string(steps) + " page_bytes_read " + std::to_string(counters.page_bytes) +
+                           " flops " + std::to_string(counters.flops) + "\n";
+  Status st = WriteStdout(text);
+  return st.ok() ? 0 : Fail(st);
+}
+
+// tiny-v4 (ADR 0018): v4-fp8 pages, the V4 decode (no absorbed/naive choice: its key is its value).
+int RunGenerateV4(const GenerateArgs& a) {
+  std::string kv_format = a.kv_format == "mla-bf16" ? "v4-fp8" : a.kv_format;  // mla-bf16: the option's default
+  if (kv_format != "v4-fp8") {
+    return Fail(InvalidArgument("kv-format", "tiny-v4 runs on v4-fp8 pages, not " + a.kv_format));
+  }
+  if (a.attention != "absorbed") {
+    return Fail(InvalidArgument("attention", "tiny-v4 has one form (its latent is both key and value)"));
+  }
+  if (!a.block_tokens.empty()) return Fail(InvalidArgument("block-tokens", "tiny-v4's blocks follow its layout"));
+  Result<TinyV4Config> cfg = LoadTinyV4Config("tiny-v4");
+  if (!cfg.ok()) return Fail(cfg.status());
+  TinyV4Run run;
+  if (a.prompt_tokens.empty()) return Fail(InvalidArgument("prompt-tokens", "missing: give --prompt-tokens 1,2,3"));
+  Result<std::vector<uint64_t>> prompt64 = ParseList(a.prompt_tokens, "prompt-tokens", cfg->vocab - 1);
+  if (!prompt64.ok()) return Fail(prompt64.status());
+  run.prompt.assign(prompt64->begin(), prompt64->end());
+  if (a.steps.empty()) return Fail(InvalidArgument("steps", "missing: give --steps N"));
+  Result<uint64_t> steps = ParseUint(a.steps, "steps", 1u << 16);
+  if (!steps.ok()) return Fail(steps.status());
+  if (*steps == 0) return Fail(InvalidArgument("steps", "must be at least 1"));
+  run.steps = static_cast<uint32_t>(*steps);
+  if (a.weights.empty()) return Fail(InvalidArgument("weights", "missing: give --weights FILE"));
+  run.weights_path = a.weights;
+  run.init_weights = a.init_weights;
+  Result<uint64_t> seed = ParseUint(a.seed, "seed", UINT64_MAX);
+  if (!seed.ok()) return Fail(seed.status());
+  run.seed = *seed;
+  if (!a.window_strategy.empty()) {
+    Result<SwaStrategy> ws = ParseSwaStrategy(a.window_strategy);
+    if (!ws.ok()) return Fail(ws.status());
+    run.options.window_strategy = *ws;
+  }
+  if (!a.indexer_format.empty()) run.options.indexer_format = a.indexer_format;
+  if (!a.flip.empty()) {
+    // LAYER,ENTRY,BYTE: a byte of compressed entry ENTRY (main cache) of model layer LAYER; bytes
+    // 0..575 are the data row, 576..583 the scale row.
+    Result<std::vector<uint64_t>> f = ParseList(a.flip, "flip-page-byte", UINT32_MAX);
+    if (!f.ok()) return Fail(f.status());
+    if (f->size() != 3) return Fail(InvalidArgument("flip-page-byte", "give LAYER,ENTRY,BYTE"));
+    const std::array<uint64_t, 3> at{(*f)[0], (*f)[1], (*f)[2]};
+    run.after_prefill = [at](TinyV4Runner& r, RequestId id) -> Status {
+      if (at[0] >= r.config().layers) return InvalidArgument("flip-page-byte", "no such layer");
+      Result<RecordView> v = r.manager().Entry(id, static_cast<uint32_t>(at[0]), false, at[1]);
+      if (!v.ok()) {
+        return InvalidArgument("flip-page-byte", "layer " + std::to_string(at[0]) + " has no compressed entry " +
+                                                     std::to_string(at[1]) + " after the prompt");
+      }
+      uint64_t byte = at[2];
+      for (uint32_t p = 0; p < v->plane_count; ++p) {
+        if (byte < v->planes[p].size()) {
+          v->planes[p][byte] ^= std::byte{0x01};
+          return Status::Ok();
+        }
+        byte -= v->planes[p].size();
+      }
+      return InvalidArgument("flip-page-byte", "byte past the entry's record");
+    };
+  }
+  Result<TinyV4Generation> g = RunTinyV4(run);
+  if (!g.ok()) return Fail(g.status());
+  return WriteGeneration(a, kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters);
+}
+
 int RunGenerate(const GenerateArgs& a) {
-  if (a.model.empty()) return Fail(InvalidArgument("model", "missing: give --model tiny-mla | tiny-dsa"));
+  if (a.model == "tiny-v4") return RunGenerateV4(a);
+  if (!a.window_strategy.empty()) return Fail(InvalidArgument("swa-strategy", "only tiny-v4 has windows"));
+  if (!a.indexer_format.empty()) return Fail(InvalidArgument("indexer-format", "only tiny-v4 takes one"));
+  if (a.model.empty()) return Fail(InvalidArgument("model", "missing: give --model tiny-mla | tiny-dsa | tiny-v4"));
   Result<TinyConfig> cfg = LoadTinyConfig(a.model);
   if (!cfg.ok()) return Fail(cfg.status());
   if (Status st = CheckTinyKvFormat(a.kv_format); !st.ok()) return Fail(st);
@@ -739,27 +838,7 @@ int RunGenerate(const GenerateArgs& a) {
   };
   Result<Generation> g = r.Generate(prompt, static_cast<uint32_t>(*steps), after_prefill);
   if (!g.ok()) return Fail(g.status());
-  std::string tokens_text;
-  for (size_t i = 0; i < g->tokens.size(); ++i) tokens_text += (i ? "," : "") + std::to_string(g->tokens[i]);
-  if (!a.dump.empty()) {
-    std::string j =
-        "{\"model\": " + nlohmann::json(a.model).dump() + ", \"kv_format\": " + nlohmann::json(a.kv_format).dump() +
-        ", \"attention\": " + nlohmann::json(a.attention).dump() +
-        ", \"weights\": " + nlohmann::json(a.weights).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-        ", \"prompt_len\": " + std::to_string(g->prompt_len) + ", \"tokens\": [" + tokens_text + "], \"logits\": [";
-    for (size_t i = 0; i < g->logits.size(); ++i) {
-      j += i ? ",\n  [" : "\n  [";
-      for (size_t k = 0; k < g->logits[i].size(); ++k) j += (k ? ", " : "") + FloatText(g->logits[i][k]);
-      j += "]";
-    }
-    j += "]}\n";
-    if (Status st = WriteFilesAtomically({{a.dump, j}}); !st.ok()) return Fail(st);
-  }
-  const std::string text = "tokens " + tokens_text + "\nprompt " + std::to_string(g->prompt_len) + " generated " +
-                           std::to_string(*steps) + " page_bytes_read " + std::to_string(g->counters.page_bytes) +
-                           " flops " + std::to_string(g->counters.flops) + "\n";
-  Status st = WriteStdout(text);
-  return st.ok() ? 0 : Fail(st);
+  return WriteGeneration(a, a.kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters);
 }
 
 }  // namespace
