@@ -12,6 +12,9 @@
 
 #include "tessera/disk_tier.h"
 #include "tessera/ledger.h"
+#if TESSERA_HAVE_REDIS
+#include "tessera/redis_tier.h"
+#endif
 #include "tessera/tier_adapters.h"
 #include "tessera/tiered_store.h"
 #include "test_support.h"
@@ -342,6 +345,49 @@ TEST(Resumption, AfterEvictionToHostAndDiskIsBitIdentical) {
     r->manager().SetBlockSource(nullptr);
   }
 }
+
+#if TESSERA_HAVE_REDIS
+// The same through Redis: the host tier holds nothing (capacity 0 passes every record down), so
+// A's blocks go to a real redis-server (started here on 127.0.0.1) and come back from it; A's
+// logits are bit-identical to its uninterrupted run.
+TEST(Resumption, AfterEvictionToRedisIsBitIdentical) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  testing::RedisServer server;
+  ASSERT_TRUE(server.Start());
+  for (const char* format : {"mla-bf16", "fp8_ds_mla"}) {
+    auto r = Runner("tiny-mla", format, AttentionForm::kAbsorbed, 4);
+    ASSERT_NE(r, nullptr);
+    std::vector<std::unique_ptr<Tier>> tiers;
+    RedisTierOptions ro;
+    ro.port = server.port();
+    ro.secret = std::vector<std::byte>(32, std::byte{0x5a});
+    ro.key_namespace = RedisNamespace("tiny-mla", format, 0);
+    auto redis = MakeRedisTier(ro);
+    ASSERT_TRUE(redis.ok()) << redis.status().ToString();
+    tiers.push_back(std::move(*redis));
+    TieredStoreOptions so;
+    so.asynchronous = false;
+    auto store = TieredStore::Create(r->manager().pool(), so, std::move(tiers));
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    r->manager().SetBlockSource(store->get());
+    const std::vector<uint32_t> a_prompt = Prompt(130, 2), x_prompt = Prompt(200, 5);
+    const Generation a = Gen(*r, a_prompt, 32);
+    const Generation x = Gen(*r, x_prompt, 32);
+    EXPECT_EQ(x.cached_tokens, 0u);
+    const Generation again = Gen(*r, a_prompt, 32);
+    EXPECT_EQ(again.cached_tokens, 128u) << format;
+    EXPECT_EQ(again.tier_blocks, 2u) << format;
+    const TieredStoreStats st = (*store)->stats();
+    ASSERT_EQ(st.hits_per_tier.size(), 1u);
+    EXPECT_EQ(st.hits_per_tier[0], 2u) << format;
+    EXPECT_EQ(st.verify_failures, 0u);
+    EXPECT_TRUE(BitIdentical(a.logits, again.logits)) << format;
+    EXPECT_EQ(a.tokens, again.tokens);
+    ASSERT_TRUE(r->Release().ok());
+    r->manager().SetBlockSource(nullptr);
+  }
+}
+#endif
 
 // ---- Ledger meets kernel, from the model's own run -------------------------------------------
 
