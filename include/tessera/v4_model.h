@@ -86,6 +86,10 @@ struct TinyV4Generation {
   bool state_restored = false;
   AttentionCounters counters;    // every attention call
   AttentionCounters last_token;  // the last computed token's
+  // The compressed entries each computed position attended, per layer: selected[p][l] for fed
+  // positions p (prompt positions served from the cache are empty); empty for SWA layers, every
+  // complete entry for HCA, the indexer's top-k (ascending) for CSA.
+  std::vector<std::vector<std::vector<uint64_t>>> selected;
 };
 
 class TinyV4Runner {
@@ -128,6 +132,8 @@ class TinyV4Runner {
   // The token being appended: per layer its window row and compressor rows.
   std::vector<std::vector<std::byte>> pending_rows_;
   std::vector<std::vector<float>> pending_state_, pending_istate_;
+  // Per layer, the entries the last Step attended (what Generate reports as `selected`).
+  std::vector<std::vector<uint64_t>> last_selected_;
 };
 
 // What `tessera generate --model tiny-v4` runs (the CLI parses its options into this): the weights

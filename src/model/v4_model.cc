@@ -426,6 +426,10 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
       for (uint64_t e = 0; e < pages.entries(); ++e) selected.push_back(e);
     }
     TESSERA_RETURN_IF_ERROR(V4Attend(pages, selected, q, W(pre + "attn.attn_sink"), d, theta, o, counters));
+    if (scratch == nullptr) {
+      last_selected_.resize(c.layers);
+      last_selected_[l] = selected;
+    }
     // Grouped output projection: group g's heads through wo_a's rows g*o_lora.., then wo_b.
     const size_t gin = H * D / c.o_groups;
     for (size_t g = 0; g < c.o_groups; ++g) {
@@ -495,10 +499,12 @@ Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt
   g.state_restored = a.state_restored;
   if (a.cached_tokens > 0 && !a.state_restored) TESSERA_RETURN_IF_ERROR(RebuildRings(a, prompt));
   std::vector<float> logits(config_.vocab);
+  g.selected.resize(a.cached_tokens);
   for (uint64_t pos = a.cached_tokens; pos < prompt.size(); ++pos) {
     g.last_token = AttentionCounters{};
     TESSERA_RETURN_IF_ERROR(Step(a.id, prompt[pos], logits, &g.last_token));
     g.counters += g.last_token;
+    g.selected.push_back(last_selected_);
   }
   if (after_prefill) TESSERA_RETURN_IF_ERROR(after_prefill(a.id));
   g.logits.push_back(logits);
@@ -510,6 +516,7 @@ Result<TinyV4Generation> TinyV4Runner::Generate(std::span<const uint32_t> prompt
     g.last_token = AttentionCounters{};
     TESSERA_RETURN_IF_ERROR(Step(a.id, next, logits, &g.last_token));
     g.counters += g.last_token;
+    g.selected.push_back(last_selected_);
     g.logits.push_back(logits);
   }
   return g;

@@ -676,9 +676,10 @@ std::string FloatText(float f) {
 }
 
 // The dump the oracle reads (python/oracle/compare.py) and the one-line summary, for any tiny model.
+// `extra`: more fields for the dump, as JSON text starting with ", " (tiny-v4's).
 int WriteGeneration(const GenerateArgs& a, const std::string& kv_format, std::span<const uint32_t> tokens,
                     uint64_t prompt_len, const std::vector<std::vector<float>>& logits, uint64_t steps,
-                    const AttentionCounters& counters) {
+                    const AttentionCounters& counters, const std::string& extra = "") {
   std::string tokens_text;
   for (size_t i = 0; i < tokens.size(); ++i) tokens_text += (i ? "," : "") + std::to_string(tokens[i]);
   if (!a.dump.empty()) {
@@ -686,7 +687,8 @@ int WriteGeneration(const GenerateArgs& a, const std::string& kv_format, std::sp
         "{\"model\": " + nlohmann::json(a.model).dump() + ", \"kv_format\": " + nlohmann::json(kv_format).dump() +
         ", \"attention\": " + nlohmann::json(a.attention).dump() +
         ", \"weights\": " + nlohmann::json(a.weights).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-        ", \"prompt_len\": " + std::to_string(prompt_len) + ", \"tokens\": [" + tokens_text + "], \"logits\": [";
+        ", \"prompt_len\": " + std::to_string(prompt_len) + extra + ", \"tokens\": [" + tokens_text +
+        "], \"logits\": [";
     for (size_t i = 0; i < logits.size(); ++i) {
       j += i ? ",\n  [" : "\n  [";
       for (size_t k = 0; k < logits[i].size(); ++k) j += (k ? ", " : "") + FloatText(logits[i][k]);
@@ -763,7 +765,22 @@ int RunGenerateV4(const GenerateArgs& a) {
   }
   Result<TinyV4Generation> g = RunTinyV4(run);
   if (!g.ok()) return Fail(g.status());
-  return WriteGeneration(a, kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters);
+  // What each computed position attended (docs/ORACLE.md: the oracle attends the same entries and
+  // checks each is admissible, so that an fp4 top-k tie does not fail a correct run).
+  nlohmann::json selected = nlohmann::json::array();
+  for (const auto& per_layer : g->selected) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (uint32_t l = 0; l < cfg->layers; ++l) {
+      const bool csa = l < per_layer.size() && cfg->ratios[l] == 4;
+      layers.push_back(csa ? nlohmann::json(per_layer[l]) : nlohmann::json(nullptr));
+    }
+    selected.push_back(std::move(layers));
+  }
+  const std::string extra =
+      ", \"indexer_format\": " + nlohmann::json(run.options.indexer_format).dump() +
+      ", \"window_strategy\": " + nlohmann::json(std::string(SwaStrategyName(run.options.window_strategy))).dump() +
+      ", \"selected\": " + selected.dump();
+  return WriteGeneration(a, kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters, extra);
 }
 
 int RunGenerate(const GenerateArgs& a) {
