@@ -1,0 +1,174 @@
+"""oracle.compare on dumps the oracle wrote itself: passes, fails on a perturbed page byte or logit,
+refuses bad input with exit 2 and one line naming the field."""
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from oracle import compare
+from oracle import model as om
+from oracle import safetensors_io
+from oracle.tests import weightgen
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write_weights(d, model, seed=7):
+    path = os.path.join(d, f"{model}.safetensors")
+    if not os.path.exists(path):
+        t, m = weightgen.generate(model, seed)
+        with open(path, "wb") as f:
+            f.write(safetensors_io.serialize(t, m))
+    return path
+
+
+def write_dump(d, name, model, fmt, steps, flip=None, weights=None, **override):
+    """Greedy run of the oracle itself (flip: a page byte XORed after prefill), as a dump file."""
+    wpath = weights or write_weights(d, model)
+    t, m = safetensors_io.load(wpath)
+    o = om.Oracle(model, fmt, t, m)
+    prompt = [1, 2, 3]
+    tokens, logits = om.greedy(o, prompt, steps, flip=flip)
+    dump = {"model": model, "kv_format": fmt, "attention": "naive", "weights": wpath,
+            "prompt_len": len(prompt), "tokens": tokens, "logits": [l.tolist() for l in logits]}
+    dump.update(override)
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        json.dump(dump, f)
+    return path
+
+
+def run(*argv):
+    """(exit status, stdout, stderr) of oracle.compare.main in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = compare.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+class CompareTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.d = cls.tmp.name
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_own_dump_passes(self):
+        for model, fmt, steps in (("tiny-mla", "mla-bf16", 6), ("tiny-mla", "fp8_ds_mla", 6),
+                                  ("tiny-dsa", "fp8_ds_mla", 66)):
+            p = write_dump(self.d, f"own-{model}-{fmt}.json", model, fmt, steps)
+            rc, out, err = run("--dump", p)
+            self.assertEqual(rc, 0, out + err)
+            self.assertIn(f"max over {steps} steps", out)
+            self.assertIn("PASS", out)
+            self.assertIn(f"argmax agrees {steps}/{steps}", out)
+
+    def test_flipped_page_byte_fails(self):
+        # What `tessera generate --flip-page-byte L,P,B` does, done here to the oracle's own pages:
+        # the byte chosen for each format must make the comparison fail (test_end_to_end uses them).
+        for fmt in om.KV_FORMATS:
+            layer, pos, byte = FLIP[fmt]
+            p = write_dump(self.d, f"flip-{fmt}.json", "tiny-mla", fmt, 16, flip=(layer, pos, byte))
+            rc, out, err = run("--dump", p)
+            self.assertEqual(rc, 1, out + err)
+            self.assertIn("FAIL", out)
+            # the prefill's logits (position 2) were computed before the flip
+            self.assertRegex(out, r"step    0 position      2 .* ok")
+
+    def test_perturbed_logit_fails(self):
+        p = write_dump(self.d, "good.json", "tiny-mla", "mla-bf16", 4)
+        with open(p) as f:
+            dump = json.load(f)
+        bound = 1e-4 * max(1.0, max(abs(v) for v in dump["logits"][2]))
+        dump["logits"][2][17] += 2 * bound
+        bad = os.path.join(self.d, "bad-logit.json")
+        with open(bad, "w") as f:
+            json.dump(dump, f)
+        rc, out, _ = run("--dump", bad)
+        self.assertEqual(rc, 1)
+        self.assertRegex(out, r"step    2 .* FAIL")
+        dump["logits"][2][17] -= 1.5 * bound  # 0.5 x bound: within
+        with open(bad, "w") as f:
+            json.dump(dump, f)
+        self.assertEqual(run("--dump", bad)[0], 0)
+
+    def test_bad_input(self):
+        good = write_dump(self.d, "good2.json", "tiny-mla", "mla-bf16", 3)
+        with open(good) as f:
+            base = json.load(f)
+        wrong_dtype = os.path.join(self.d, "f16.safetensors")
+        with open(write_weights(self.d, "tiny-mla"), "rb") as f:
+            blob = bytearray(f.read())
+        blob = blob.replace(b'"dtype":"F32"', b'"dtype":"F16"', 1)
+        with open(wrong_dtype, "wb") as f:
+            f.write(blob)
+        cases = [
+            ({"model": "tiny-v4"}, "model"),
+            ({"kv_format": "mla-fp16"}, "kv_format"),
+            ({"attention": "flash"}, "attention"),
+            ({"weights": 3}, "weights"),
+            ({"weights": os.path.join(self.d, "missing")}, "weights"),
+            ({"weights": wrong_dtype}, "dtype"),
+            ({"weights": write_weights(self.d, "tiny-dsa")}, "__metadata__.model"),
+            ({"tokens": [1, 2, 256, 4, 5]}, "tokens[2]"),
+            ({"tokens": [1, 2, True, 4, 5]}, "tokens[2]"),
+            ({"prompt_len": 0}, "prompt_len"),
+            ({"prompt_len": 99}, "prompt_len"),
+            ({"logits": []}, "logits"),
+            ({"logits": [[0.0] * 255]}, "logits[0]"),
+            ({"logits": base["logits"] + [base["logits"][0]] * 3}, "logits"),
+            ({"logits": [base["logits"][0][:-1] + ["x"]]}, "logits[0][255]"),
+        ]
+        for i, (change, field) in enumerate(cases):
+            dump = dict(base, **change)
+            p = os.path.join(self.d, f"bad{i}.json")
+            with open(p, "w") as f:
+                json.dump(dump, f)
+            rc, out, err = run("--dump", p)
+            self.assertEqual(rc, 2, f"{change}: {out} {err}")
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(field, err)
+        with open(os.path.join(self.d, "nan.json"), "w") as f:
+            f.write(json.dumps(base).replace(str(base["logits"][0][0]), "NaN", 1))
+        rc, _, err = run("--dump", os.path.join(self.d, "nan.json"))
+        self.assertEqual(rc, 2)
+        self.assertIn("logits[0][0]", err)
+        for blob in (b"[1, 2]", b"{", b"\xff"):
+            with open(os.path.join(self.d, "junk.json"), "wb") as f:
+                f.write(blob)
+            self.assertEqual(run("--dump", os.path.join(self.d, "junk.json"))[0], 2)
+        self.assertEqual(run("--dump", self.d)[0], 2)  # a directory
+        with contextlib.redirect_stderr(io.StringIO()):
+            self.assertEqual(run()[0], 2)  # --dump missing
+
+    def test_command_line(self):
+        p = write_dump(self.d, "cli.json", "tiny-mla", "mla-bf16", 2)
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONDONTWRITEBYTECODE="1")
+        r = subprocess.run([sys.executable, "-m", "oracle.compare", "--dump", p, "--quiet"],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"^max_rel \S+ over 2 steps: PASS\n$")
+        r = subprocess.run([sys.executable, "-m", "oracle.compare", "--dump", p + ".missing"],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--dump", r.stderr)
+
+
+# The page byte each format's perturbation test flips (layer, position, byte):
+#   mla-bf16: byte 1 is the high byte of c[0] (little-endian bf16), its bit 0 the exponent's bit 1
+#             (c[0] multiplied or divided by 4);
+#   fp8_ds_mla: byte 515 is the high byte of tile 0's fp32 scale, its bit 0 the exponent's bit 1
+#             (128 latent values multiplied or divided by 4).
+FLIP = {"mla-bf16": (0, 1, 1), "fp8_ds_mla": (0, 1, 515)}
+
+
+if __name__ == "__main__":
+    unittest.main()
