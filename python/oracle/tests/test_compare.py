@@ -13,6 +13,7 @@ import unittest
 from oracle import compare
 from oracle import model as om
 from oracle import safetensors_io
+from oracle.tests import selfdump
 from oracle.tests import weightgen
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -148,6 +149,25 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(run("--dump", self.d)[0], 2)  # a directory
         with contextlib.redirect_stderr(io.StringIO()):
             self.assertEqual(run()[0], 2)  # --dump missing
+
+    def test_other_pages(self):
+        # A bf16 dump recomputed on fp8 pages: fp8's own error is far beyond the bound.
+        p = write_dump(self.d, "pages.json", "tiny-mla", "mla-bf16", 4)
+        rc, out, _ = run("--dump", p, "--kv-format", "fp8_ds_mla")
+        self.assertEqual(rc, 1)
+        self.assertIn("kv_format mla-bf16 (oracle: fp8_ds_mla)", out)
+        rc, _, err = run("--dump", p, "--kv-format", "fp4")
+        self.assertEqual(rc, 2)
+        self.assertIn("--kv-format", err)
+
+    def test_selfdump_tool(self):
+        out = os.path.join(self.d, "selfdump")
+        self.assertEqual(selfdump.main(["--model", "tiny-mla", "--kv-format", "fp8_ds_mla", "--steps", "3",
+                                        "--out", out]), 0)
+        self.assertEqual(run("--dump", os.path.join(out, "dump.json"))[0], 0)
+        self.assertEqual(selfdump.main(["--model", "tiny-mla", "--kv-format", "fp8_ds_mla", "--steps", "3",
+                                        "--out", out, "--flip-page-byte", "0,1,515"]), 0)
+        self.assertEqual(run("--dump", os.path.join(out, "dump.json"))[0], 1)
 
     def test_command_line(self):
         p = write_dump(self.d, "cli.json", "tiny-mla", "mla-bf16", 2)
