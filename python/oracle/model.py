@@ -164,11 +164,13 @@ def topk_positions(score, k):
 class Oracle:
     """One request's forward, one token at a time (positions 0, 1, ...)."""
 
-    def __init__(self, model, kv_format, tensors, metadata):
+    def __init__(self, model, kv_format, tensors, metadata, dtype=torch.float32):
+        """dtype: the activations' type; float32 as the ADR specifies (float64 only to measure how
+        far another correct evaluation order drifts, see precision_probe)."""
         check_weights(model, tensors, metadata)
         self.model = model
         self.cfg = cfg = CONFIGS[model]
-        self.w = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in tensors.items()}
+        self.w = {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(dtype) for k, v in tensors.items()}
         self.cache = LatentCache(kv_format, cfg["layers"], cfg["kv_lora"], cfg["rope"])
         self.icache = IndexerCache(cfg["layers"]) if cfg["indexer"] else None
         self.pos = 0
@@ -187,7 +189,7 @@ class Oracle:
         iq = nm.hadamard_transform(iq)
         ik = nm.hadamard_transform(ik)
         self.icache.append(l, ik)
-        keys = self.icache.read(l)  # [T, dim], the current token's key included, from the cache
+        keys = self.icache.read(l).to(iq.dtype)  # [T, dim], the current token's key included, from the cache
         if keys.shape[0] <= ix["topk"]:
             return list(range(keys.shape[0]))
         wj = (w[p + "weights_proj.weight"] @ x) * (ix["heads"] ** -0.5) * (ix["dim"] ** -0.5)
@@ -200,7 +202,7 @@ class Oracle:
         cfg = self.cfg
         H, nope, rope, vd, L = cfg["heads"], cfg["nope"], cfg["rope"], cfg["v"], cfg["kv_lora"]
         scale = (nope + rope) ** -0.5
-        C, KPE = self.cache.read(l, positions)
+        C, KPE = (t.to(q.dtype) for t in self.cache.read(l, positions))
         wkv_b = self.w[f"layers.{l}.attn.wkv_b.weight"].view(H, nope + vd, L)
         outs = []
         for hd in range(H):
@@ -242,17 +244,11 @@ class Oracle:
         return w["head.weight"] @ nm.rms_norm(h, w["norm.weight"], eps)
 
 
-def teacher_forced(oracle, tokens, prompt_len, count, flip=None):
-    """Feeds tokens[0 : prompt_len - 1 + count]; returns the logits at positions prompt_len-1 onwards.
-
-    flip = (layer, position, byte) XORs 0x01 into that record byte once the prompt is cached
-    (after prefill), as `tessera generate --flip-page-byte` does.
-    """
+def teacher_forced(oracle, tokens, prompt_len, count):
+    """Feeds tokens[0 : prompt_len - 1 + count]; returns the logits at positions prompt_len-1 onwards."""
     out = []
     last = prompt_len - 1 + count
     for i in range(last):
-        if flip is not None and i == prompt_len:
-            oracle.cache.flip(*flip)
         logits = oracle.step(tokens[i])
         if i >= prompt_len - 1:
             out.append(logits)
@@ -260,7 +256,11 @@ def teacher_forced(oracle, tokens, prompt_len, count, flip=None):
 
 
 def greedy(oracle, prompt, steps, flip=None):
-    """Greedy decoding (argmax, lowest id on a tie): returns (tokens, logits that chose each new token)."""
+    """Greedy decoding (argmax, lowest id on a tie): returns (tokens, logits that chose each new token).
+
+    flip = (layer, position, byte) XORs 0x01 into that record byte once the prompt is cached
+    (after prefill), as `tessera generate --flip-page-byte` does.
+    """
     tokens = list(prompt)
     logits_out = []
     for i in range(len(prompt) + steps - 1):

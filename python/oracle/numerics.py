@@ -169,4 +169,4 @@ def hadamard(n: int) -> torch.Tensor:
 def hadamard_transform(v: torch.Tensor) -> torch.Tensor:
     """H_n v * n^-0.5 along the last dimension."""
     n = v.shape[-1]
-    return (v @ hadamard(n).T) * (n ** -0.5)
+    return (v @ hadamard(n).to(v.dtype).T) * (n ** -0.5)

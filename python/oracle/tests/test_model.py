@@ -163,6 +163,19 @@ class AttentionTest(unittest.TestCase):
         want = torch.cat([w[h, 64:] @ C[0] for h in range(4)])
         torch.testing.assert_close(o.attend(2, q, [0]), want, rtol=1e-5, atol=1e-6)
 
+    def test_causal_and_own_token_included(self):
+        o = oracle()
+        for tok in (4, 5, 6, 7):
+            o.step(tok)
+        for p in range(4):
+            self.assertEqual(o.selected[p], [list(range(p + 1))] * 4)
+
+    def test_float64_evaluation(self):
+        a, b = oracle(), om.Oracle("tiny-mla", "mla-bf16", *weights("tiny-mla"), dtype=torch.float64)
+        la, lb = a.step(9), b.step(9)
+        self.assertEqual(lb.dtype, torch.float64)
+        self.assertLess((la.double() - lb).abs().max().item(), 1e-3)
+
     def test_attention_reads_the_cached_bytes(self):
         o = oracle("tiny-mla", "mla-bf16")
         for tok in (1, 2, 3):
