@@ -13,6 +13,8 @@ import json
 import os
 import sys
 
+import torch
+
 from oracle import model as om
 from oracle import safetensors_io
 from oracle.tests import weightgen
@@ -37,6 +39,7 @@ def main(argv=None):
                 raise ValueError
         except ValueError:
             ap.error("--flip-page-byte: expected LAYER,POSITION,BYTE")
+    torch.set_num_threads(1)  # the same summation order on every run
     os.makedirs(a.out, exist_ok=True)
     wpath = os.path.join(a.out, f"{a.model}.safetensors")
     tensors, meta = weightgen.generate(a.model, a.seed)
