@@ -5,7 +5,8 @@ Usage: /usr/bin/python3 -m oracle.compare --dump DUMP.json [--weights FILE] [--k
 Teacher-forced: the dumped tokens are fed in order, and the oracle's logits at each dumped
 position (prompt_len - 1 onwards) are compared with the dumped ones. Per step it prints the max
 absolute error and the max error relative to the logits' scale, max|a - b| / max(1, max|b|) with b
-the oracle's logits; ADR 0017 bounds the latter by 1e-4.
+the oracle's logits; ADR 0017 bounds the latter by 5e-3 for every page format (3x the largest
+drift measured between two correct evaluations, oracle.precision_probe).
 --kv-format recomputes with other pages than the dump's (e.g. a bf16 dump against fp8_ds_mla pages:
 fp8's own error, which the ADR reports but does not bound).
 Exit status: 0 every step within the bound, 1 some step beyond it, 2 bad input (one line on
@@ -25,7 +26,7 @@ import torch
 from . import model as om
 from . import safetensors_io
 
-TOLERANCE = 1e-4
+TOLERANCE = 5e-3  # ADR 0017 "Tolerances": 3x precision_probe's worst (1.6e-3, tiny-dsa bf16)
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 ATTENTIONS = ("absorbed", "naive")
 

@@ -4,7 +4,7 @@
 
 Runs the oracle greedily in float32 on weights from the ADR generator (tests/weightgen), then
 teacher-forced in float64 on the same tokens, and prints the per-run max of ADR 0017's relative
-logit error, the number of steps beyond its 1e-4 bound, how many cached records differ in at
+logit error, the number of steps beyond its bound (compare.TOLERANCE), how many cached records differ in at
 least one byte, and (tiny-dsa) how many (step, layer) top-k selections differ. The two runs differ
 only in rounding order (float64 is the more accurate), so whatever exceeds the bound here can
 exceed it between any two correct implementations: a last-bit difference in a latent moves its
