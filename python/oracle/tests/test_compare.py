@@ -2,6 +2,7 @@
 refuses bad input with exit 2 and one line naming the field."""
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -10,8 +11,11 @@ import sys
 import tempfile
 import unittest
 
+import numpy as np
+
 from oracle import compare
 from oracle import model as om
+from oracle import v4
 from oracle import safetensors_io
 from oracle.tests import selfdump
 from oracle.tests import weightgen
@@ -121,8 +125,10 @@ class CompareTest(unittest.TestCase):
         with open(wrong_dtype, "wb") as f:
             f.write(blob)
         cases = [
-            ({"model": "tiny-v4"}, "model"),
+            ({"model": "tiny-v5"}, "model"),
             ({"kv_format": "mla-fp16"}, "kv_format"),
+            ({"kv_format": "v4-fp8"}, "kv_format"),
+            ({"selected": []}, "selected"),
             ({"attention": "flash"}, "attention"),
             ({"weights": 3}, "weights"),
             ({"weights": os.path.join(self.d, "missing")}, "weights"),
@@ -190,6 +196,106 @@ class CompareTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--dump", r.stderr)
 
+
+class CompareV4Test(unittest.TestCase):
+    """tiny-v4 dumps made by the oracle itself (oracle.tests.selfdump's v4_dump)."""
+
+    STEPS = 130  # positions 2..131: the HCA layer's first entry (position 127) is read from 127 on
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.d = cls.tmp.name
+        cls.weights = write_weights(cls.d, v4.MODEL)
+        t, m = safetensors_io.load(cls.weights)
+        cls.dump = selfdump.v4_dump(cls.weights, t, m, "v4-fp8", "indexer-mxfp4", [1, 2, 3], cls.STEPS, True, None)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def write(self, name, **change):
+        path = os.path.join(self.d, name)
+        with open(path, "w") as f:
+            json.dump(dict(self.dump, **change), f)
+        return path
+
+    def test_own_dump_passes_with_and_without_selected(self):
+        without = {k: v for k, v in self.dump.items() if k != "selected"}
+        path = os.path.join(self.d, "plain.json")
+        with open(path, "w") as f:
+            json.dump(without, f)
+        for p, note in ((self.write("sel.json"), "worst gap below the oracle's k-th score 0.000e+00"),
+                        (path, "not in the dump")):
+            rc, out, err = run("--dump", p)
+            self.assertEqual(rc, 0, out + err)
+            self.assertIn(note, out)
+            self.assertIn(f"argmax agrees {self.STEPS}/{self.STEPS}", out)
+
+    def test_flipped_entry_byte_fails(self):
+        # The oracle corrupts its own record; the (clean) dump must then disagree. An indexer key
+        # only moves the selection, which a dump's "selected" overrides (within the margin): that
+        # flip is checked against the dump without it (docs/ORACLE.md).
+        p = self.write("flip.json")
+        plain = os.path.join(self.d, "flip-plain.json")
+        with open(plain, "w") as f:
+            json.dump({k: v for k, v in self.dump.items() if k != "selected"}, f)
+        for path, opt, target in ((p, "--flip-entry-byte", V4_FLIP), (plain, "--flip-entry-byte", V4_FLIP),
+                                  (plain, "--flip-indexer-byte", "1,0,64")):
+            rc, out, err = run("--dump", path, opt, target)
+            self.assertEqual(rc, 1, f"{opt} {target}: {out} {err}")
+            self.assertRegex(out, r"step    0 position      2 .* ok")  # before any entry exists
+        for bad in ("0,0,1", "2,0,584", "2,0", "x,0,1"):
+            rc, _, err = run("--dump", p, "--flip-entry-byte", bad)
+            self.assertEqual(rc, 2, bad)
+            self.assertIn("--flip-entry-byte", err)
+        rc, _, err = run("--dump", p, "--flip-indexer-byte", "2,0,1")  # HCA has no indexer
+        self.assertEqual(rc, 2)
+
+    def test_inadmissible_selection_fails(self):
+        # Position 100, layer 1: swap the dumped selection for the 8 lowest-scoring entries.
+        t, m = safetensors_io.load(self.weights)
+        o = v4.V4Oracle(t, m)
+        for tok in self.dump["tokens"][:101]:
+            o.step(tok)
+        score = next(s for l, pos, s in o.scores if l == 1 and pos == 100)
+        worst = sorted(int(e) for e in np.argsort(score.numpy(), kind="stable")[:8])
+        sel = copy.deepcopy(self.dump["selected"])
+        self.assertNotEqual(sel[100][1], worst)
+        sel[100][1] = worst
+        rc, out, err = run("--dump", self.write("inadmissible.json", selected=sel))
+        self.assertEqual(rc, 1, out + err)
+        self.assertIn("(position 100, layer 1)", out)
+
+    def test_bad_v4_input(self):
+        sel = self.dump["selected"]
+        cases = [
+            ({"kv_format": "fp8_ds_mla"}, "kv_format"),
+            ({"indexer_format": "indexer-fp4"}, "indexer_format"),
+            ({"attention": 1}, "attention"),
+            ({"selected": sel[:-1]}, "selected"),
+            ({"selected": [sel[0]] + sel[1:9] + [[None, [0], None, [0]]] + sel[10:]}, "selected[9][1]"),
+            ({"selected": sel[:20] + [[None, [0, 0, 1, 2], None, sel[20][3]]] + sel[21:]}, "selected[20][1]"),
+            ({"selected": sel[:20] + [[None, sel[20][1], [0], sel[20][3]]] + sel[21:]}, "selected[20][2]"),
+            ({"selected": sel[:20] + [[None, [0, 1, 2, 5], None, sel[20][3]]] + sel[21:]}, "selected[20][1]"),
+            ({"selected": sel[:20] + [[None, [0, 1, 2, True], None, sel[20][3]]] + sel[21:]}, "selected[20][1]"),
+            ({"tokens": [1, 2, 300] + self.dump["tokens"][3:]}, "tokens[2]"),
+            ({"weights": write_weights(self.d, "tiny-mla")}, "__metadata__.model"),
+        ]
+        for i, (change, field) in enumerate(cases):
+            rc, out, err = run("--dump", self.write(f"bad-v4-{i}.json", **change))
+            self.assertEqual(rc, 2, f"{field}: {out} {err}")
+            self.assertEqual(err.count("\n"), 1, err)
+            self.assertIn(field, err)
+        p = write_dump(self.d, "mla.json", "tiny-mla", "mla-bf16", 2)
+        rc, _, err = run("--dump", p, "--flip-entry-byte", "2,0,576")
+        self.assertEqual(rc, 2)
+        self.assertIn("only for tiny-v4", err)
+
+
+# tiny-v4's perturbation: layer 2 (HCA), entry 0 (written at position 127, read by every later
+# token), byte 576 = the scale row's first ue8m0 code, bit 0 its exponent's LSB (64 values x2 or /2).
+V4_FLIP = "2,0,576"
 
 # The page byte each format's perturbation test flips (layer, position, byte):
 #   mla-bf16: byte 1 is the high byte of c[0] (little-endian bf16), its bit 0 the exponent's bit 1

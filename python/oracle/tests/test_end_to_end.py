@@ -11,6 +11,13 @@ and fp8_ds_mla pages, absorbed and naive attention, 64 decode steps; tiny-dsa th
 steps (the top-64 selection bites from position 64 on); each dump compared with the oracle
 (exit 0 expected); then a page byte flipped after prefill (--flip-page-byte) in each format, which
 the comparison must reject (exit 1).
+
+tiny-v4 (ADR 0018), when the binary's generate runs `--model tiny-v4` (skipped otherwise, with the
+reason): its weight file against weightgen; --kv-format v4-fp8 --indexer-format indexer-mxfp4 over
+400 decode steps from prompt 1,2,3 (positions 2..401: the HCA layer's groups complete at 127, 255
+and 383; 100 ratio-4 groups) and indexer-fp8 over 140; each dump compared (exit 0 expected), then
+the mxfp4 dump compared with the oracle's own HCA entry 0 corrupted (--flip-entry-byte 2,0,576),
+which must fail (exit 1).
 """
 
 import contextlib
@@ -26,7 +33,8 @@ import numpy as np
 from oracle import compare
 from oracle import safetensors_io
 from oracle.tests import weightgen
-from oracle.tests.test_compare import FLIP
+from oracle import v4
+from oracle.tests.test_compare import FLIP, V4_FLIP
 
 SEED = 7
 PROMPT = "1,2,3"
@@ -52,6 +60,27 @@ def binary_status():
 
 
 BINARY, SKIP_REASON = binary_status()
+V4_STEPS = {"indexer-mxfp4": 400, "indexer-fp8": 140}
+
+
+def v4_status():
+    """None when `generate --model tiny-v4` runs; the reason to skip when the binary refuses the
+    model (its error names "model"). Any other failure is left to the tests to report."""
+    if BINARY is None:
+        return SKIP_REASON
+    with tempfile.TemporaryDirectory(prefix="tessera-oracle-v4-") as d:
+        argv = [BINARY, "generate", "--model", v4.MODEL, "--prompt-tokens", "1", "--steps", "1", "--kv-format",
+                "v4-fp8", "--weights", os.path.join(d, "w.safetensors"), "--init-weights", "--seed", str(SEED)]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    if r.returncode != 0 and "model" in r.stderr:
+        return f"{BINARY} generate has no tiny-v4 yet: {r.stderr.strip().splitlines()[-1][:200]}"
+    return None
+
+
+V4_SKIP_REASON = v4_status()
 
 
 def compare_dump(dump):
@@ -128,6 +157,59 @@ class EndToEndTest(unittest.TestCase):
                 print(f"\ntiny-mla {fmt} flipped byte {layer},{pos},{byte}: {out.splitlines()[-1]}",
                       file=sys.stderr)
                 self.assertEqual(rc, 1, out)
+
+
+@unittest.skipIf(V4_SKIP_REASON is not None, V4_SKIP_REASON or "")
+class EndToEndV4Test(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="tessera-oracle-v4-")
+        cls.d = cls.tmp.name
+        cls.weights = os.path.join(cls.d, "tiny-v4.safetensors")
+        cls.dumps = {}
+        for i, (ifmt, steps) in enumerate(V4_STEPS.items()):
+            dump = os.path.join(cls.d, f"tiny-v4-{ifmt}.json")
+            argv = [BINARY, "generate", "--model", v4.MODEL, "--prompt-tokens", PROMPT, "--steps", str(steps),
+                    "--kv-format", "v4-fp8", "--indexer-format", ifmt, "--weights", cls.weights, "--dump", dump]
+            if i == 0:
+                argv += ["--init-weights", "--seed", str(SEED)]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise AssertionError(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.strip()}")
+            cls.dumps[ifmt] = dump
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_weight_file_follows_the_adr_generator(self):
+        theirs, meta = safetensors_io.load(self.weights)
+        ours, our_meta = weightgen.generate(v4.MODEL, SEED)
+        self.assertEqual(meta, our_meta)
+        self.assertEqual(sorted(theirs), sorted(ours))
+        for name, want in ours.items():
+            ulp = np.spacing(np.abs(want).astype(np.float32))
+            self.assertTrue((np.abs(theirs[name] - want) <= 4 * ulp).all(), name)
+
+    def test_dumps_match_the_oracle(self):
+        for ifmt, dump in self.dumps.items():
+            with self.subTest(indexer_format=ifmt):
+                rc, out = compare_dump(dump)
+                print(f"\ntiny-v4 v4-fp8 {ifmt}: {out.splitlines()[-1]}", file=sys.stderr)
+                with open(dump) as f:
+                    has_selected = '"selected"' in f.read()
+                hint = "" if has_selected else (
+                    " (the dump has no \"selected\": a top-k flip between two correct evaluations can exceed "
+                    "the bound, docs/ORACLE.md \"tiny-v4\")")
+                self.assertEqual(rc, 0, out + hint)
+
+    def test_corrupted_entry_is_caught(self):
+        dump = self.dumps["indexer-mxfp4"]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = compare.main(["--dump", dump, "--flip-entry-byte", V4_FLIP])
+        print(f"\ntiny-v4 oracle entry {V4_FLIP} flipped: {out.getvalue().splitlines()[-1]}", file=sys.stderr)
+        self.assertEqual(rc, 1, out.getvalue() + err.getvalue())
 
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@ Reading of the ADR used here (where its text leaves room, the choice is stated):
   - value = (u + 0.5) / 2^24 * 2 - 1, times 1/sqrt(in) for 2-D tensors (in = columns, the hidden
     size for the embedding); 1 + 0.1 value for norm weights, 0.1 value for the k_norm bias;
     computed in double, rounded once to float32.
+tiny-v4 (ADR 0018): its own list order (layer by layer, compressor and indexer tensors inside the
+layer, then norm, head); ape 0.1 u, attn_sink u, the rest as above.
 """
 
 import numpy as np
 
 from oracle import model as om
+from oracle import v4
 
 GAMMA = np.uint64(0x9E3779B97F4A7C15)
 M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -33,6 +36,8 @@ def draws(seed: int, start: int, n: int) -> np.ndarray:
 
 
 def tensor_order(model: str):
+    if model == v4.MODEL:
+        return v4.weight_specs()  # ADR 0018: indexer and compressor tensors inside each layer
     shapes = om.expected_shapes(om.CONFIGS[model])
     names = [n for n in shapes if ".indexer." not in n]
     names += [n for n in shapes if ".indexer." in n]  # after head.weight, layer by layer
@@ -48,7 +53,11 @@ def generate(model: str, seed: int):
         u = (draws(seed, cursor, n) >> np.uint64(40)).astype(np.float64)
         cursor += n
         val = (u + 0.5) / 2.0**24 * 2.0 - 1.0
-        if len(shape) == 2:
+        if name.endswith(".ape"):  # ADR 0018: 0.1 u (2-D but not a linear weight)
+            val = 0.1 * val
+        elif name.endswith(".attn_sink"):  # ADR 0018: u
+            pass
+        elif len(shape) == 2:
             val = val * (1.0 / np.sqrt(float(shape[1])))
         elif name.endswith("k_norm.bias"):
             val = 0.1 * val
