@@ -26,17 +26,17 @@ from . import v4
 from .compare import TOLERANCE
 
 
-def probe_v4(kv_format, steps, seed=7, indexer_format="indexer-mxfp4", forced=False):
+def probe_v4(kv_format, steps, seed=7, indexer_format="indexer-mxfp4", forced=False, prompt=(1, 2, 3)):
     from .compare import selection_gaps
     from .tests import weightgen
 
     t, m = weightgen.generate(v4.MODEL, seed)
     a = v4.V4Oracle(t, m, kv_format, indexer_format)
-    tokens, la = v4.greedy(a, [1, 2, 3], steps)
+    tokens, la = v4.greedy(a, list(prompt), steps)
     b = v4.V4Oracle(t, m, kv_format, indexer_format, dtype=torch.float64)
     if forced:
         b.forced = a.selected
-    lb = om.teacher_forced(b, tokens, 3, steps)
+    lb = om.teacher_forced(b, tokens, len(prompt), steps)
     rels = [((x.double() - y).abs().max() / max(1.0, y.abs().max().item())).item() for x, y in zip(la, lb)]
     recs = [(ra, rb) for la_, lb_ in zip(a.layers, b.layers)
             for ra, rb in zip(la_.window + la_.entries + la_.ientries, lb_.window + lb_.entries + lb_.ientries)]
@@ -70,6 +70,7 @@ def main(argv=None):
     ap.add_argument("--kv-format", required=True, choices=om.KV_FORMATS + v4.KV_FORMATS)
     ap.add_argument("--indexer-format", default=v4.INDEXER_FORMATS[0], choices=v4.INDEXER_FORMATS)
     ap.add_argument("--forced", action="store_true", help="tiny-v4: float64 attends float32's selections")
+    ap.add_argument("--prompt", default="1,2,3", help="tiny-v4: comma-separated prompt token ids")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--seed", type=int, default=7)
     a = ap.parse_args(argv)
@@ -79,8 +80,15 @@ def main(argv=None):
         ap.error(f"--kv-format: {a.kv_format} is not a {a.model} format")
     torch.set_num_threads(1)
     if a.model == v4.MODEL:
-        r = probe_v4(a.kv_format, a.steps, a.seed, a.indexer_format, a.forced)
-        print(f"{a.model} {a.kv_format} {a.indexer_format} seed {a.seed}{' forced selections' if a.forced else ''}: "
+        try:
+            prompt = [int(v) for v in a.prompt.split(",")]
+        except ValueError:
+            ap.error("--prompt: expected comma-separated token ids")
+        if not prompt or not all(0 <= v < v4.CONFIG["vocab"] for v in prompt):
+            ap.error(f"--prompt: token ids below {v4.CONFIG['vocab']}")
+        r = probe_v4(a.kv_format, a.steps, a.seed, a.indexer_format, a.forced, prompt)
+        print(f"{a.model} {a.kv_format} {a.indexer_format} seed {a.seed} prompt {len(prompt)} tokens"
+              f"{' forced selections' if a.forced else ''}: "
               f"float32 vs float64 over {r['steps']} steps: max_rel {r['max_rel']:.3e}, {r['over']} steps beyond "
               f"{TOLERANCE:g}; records differing {r['records_differ']}/{r['records']}; CSA selections differing "
               f"{r['selections_differ']}/{r['selections']}; worst selection gap {r['worst_gap']:.3e}")

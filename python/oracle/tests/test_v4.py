@@ -242,6 +242,48 @@ class V4MathTest(unittest.TestCase):
             c.layers[0].window[row][576] ^= 0x01  # tile 0's scale exponent: 64 values x2 or /2
             self.assertEqual(not torch.equal(c.step(5), base), changes, f"window row {row}")
 
+    def test_attention_layer_against_direct_float64(self):
+        # Steps 1, 5, 6, 7 for each layer kind at position 44 (CSA: 11 entries, top 8 attended),
+        # recomputed in float64 over the rows the oracle cached (their bytes are tested above).
+        o = v4.V4Oracle(self.tensors, self.meta)
+        for p in range(44):
+            o.step((5 * p + 3) % 256)
+        x = torch.randn(256, generator=torch.Generator().manual_seed(8))
+        X = x.double().numpy()
+        for l, r in enumerate(v4.CONFIG["ratios"]):
+            c = copy.deepcopy(o)
+            got, chosen = c._attention(l, x, 44)
+            W = {k[len(f"layers.{l}.attn."):]: v.astype(np.float64) for k, v in self.tensors.items()
+                 if k.startswith(f"layers.{l}.attn.")}
+            theta = 1e4 if r == 0 else 160000.0
+
+            def rms(v, w=None):
+                out = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + 1e-6)
+                return out if w is None else out * w
+
+            qr = rms(W["wq_a.weight"] @ X, W["q_norm.weight"])
+            q = rms((W["wq_b.weight"] @ qr).reshape(4, 512))
+            q = np.concatenate([q[:, :448], rope64(q[:, 448:], 44, theta)], axis=1)
+            L = c.layers[l]
+            ids = [] if r == 0 else (chosen if r == 4 else list(range(len(L.entries))))
+            if r == 4:
+                self.assertEqual(len(ids), 8)
+            rows = np.stack([nm.decode_v4fp8(rec).double().numpy() for rec in L.window[29:45]]
+                            + [nm.decode_v4fp8(L.entries[i]).double().numpy() for i in ids])
+            o_heads = []
+            for h in range(4):
+                sc = rows @ q[h] / math.sqrt(512)
+                m = sc.max()
+                a = np.exp(sc - m) / (np.exp(sc - m).sum() + math.exp(W["attn_sink"][h] - m))
+                oh = a @ rows
+                o_heads.append(np.concatenate([oh[:448], rope64(oh[448:], 44, theta, inverse=True)]))
+            y = []
+            for g in range(2):  # heads 2g, 2g+1 through wo_a rows 64g .. 64g + 63
+                y.append(W["wo_a.weight"][64 * g : 64 * g + 64] @ np.concatenate(o_heads[2 * g : 2 * g + 2]))
+            want = W["wo_b.weight"] @ np.concatenate(y)
+            err = np.abs(got.double().numpy() - want).max() / np.abs(want).max()
+            self.assertLess(err, 1e-4, f"layer {l}")
+
     def test_every_layer_kind_reads_its_records(self):
         # Flipped scale bytes of the entries of the HCA layer (2) or of a CSA layer (1, 3) change
         # later logits; flipped indexer key scales too (every record of the layer: the CSA layers
