@@ -293,6 +293,34 @@ class CompareV4Test(unittest.TestCase):
         self.assertIn("only for tiny-v4", err)
 
 
+class EndToEndHarnessTest(unittest.TestCase):
+    """test_end_to_end's tiny-v4 tests run against oracle.tests.standin (the oracle in float64, a
+    second correct implementation) in place of tessera: they pass when its dump carries "selected"
+    and fail without it (top-k flips, docs/ORACLE.md "tiny-v4"). Checks the harness before the C++
+    side exists, and the reason the dump needs the field."""
+
+    def run_e2e(self, d, **env):
+        binary = os.path.join(d, "tessera")
+        with open(binary, "w") as f:
+            f.write(f"#!/bin/sh\nexec {sys.executable} -m oracle.tests.standin \"$@\"\n")
+        os.chmod(binary, 0o755)
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, PYTHONDONTWRITEBYTECODE="1", TESSERA_BINARY=binary,
+                   STANDIN_FLOAT64="1", **env)
+        return subprocess.run([sys.executable, "-m", "unittest", "oracle.tests.test_end_to_end.EndToEndV4Test"],
+                              capture_output=True, text=True, env=env, cwd=PYTHON_DIR, timeout=900)
+
+    def test_second_implementation_passes_only_with_selected(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_e2e(d, STANDIN_SELECTED="1")
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertIn("Ran 3 tests", r.stderr)
+            self.assertNotIn("skipped", r.stderr)
+            r = self.run_e2e(d)
+            self.assertNotEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertIn('the dump has no \"selected\"', r.stderr)
+            self.assertIn("failures=2", r.stderr)  # both dumps (subtests); weights and the corrupted entry pass
+
+
 # tiny-v4's perturbation: layer 2 (HCA), entry 0 (written at position 127, read by every later
 # token), byte 576 = the scale row's first ue8m0 code, bit 0 its exponent's LSB (64 values x2 or /2).
 V4_FLIP = "2,0,576"
