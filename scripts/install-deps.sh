@@ -9,6 +9,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libssl-dev libxxhash-dev
   libhiredis-dev redis-server liburing-dev
   clang libclang-rt-14-dev clang-format clang-tidy
+  python3-torch python3-numpy
 )
 
 missing=()
