@@ -97,6 +97,9 @@ struct Generation {
   uint32_t tier_blocks = 0;
   AttentionCounters counters;    // every attention call of the run
   AttentionCounters last_token;  // the last token's attention calls (all layers)
+  // Models with an indexer: the positions each computed position attended, per layer
+  // (selected[p][l], ascending); prompt positions served from the cache are empty.
+  std::vector<std::vector<std::vector<uint64_t>>> selected;
 };
 
 // A model bound to a request manager it owns.
@@ -134,6 +137,7 @@ class TinyRunner {
   std::optional<RequestId> request_;
   struct Cache;  // per-layer weight pointers
   std::unique_ptr<Cache> cache_;
+  std::vector<std::vector<uint64_t>> last_selected_;  // per layer, what the last Step attended
 };
 
 }  // namespace tessera

@@ -126,9 +126,12 @@ def validate_dump(d):
                 raise InputError(f"logits[{i}][{j}]: {v!r} is not a finite number")
         rows.append(np.array(row, dtype=np.float64))
     if "selected" in d:
-        if model != v4.MODEL:
-            raise InputError(f"selected: only tiny-v4 dumps carry it, not {model}")
-        validate_selected(d["selected"], prompt_len - 1 + len(rows))
+        if model == v4.MODEL:
+            validate_selected(d["selected"], prompt_len - 1 + len(rows))
+        elif om.CONFIGS[model]["indexer"]:
+            validate_selected_dsa(d["selected"], prompt_len - 1 + len(rows), om.CONFIGS[model])
+        else:
+            raise InputError(f"selected: only models with an indexer carry it, not {model}")
     return model, kv_format, prompt_len, tokens, rows
 
 
@@ -159,13 +162,35 @@ def validate_selected(sel, fed):
                 raise InputError(f"{where}: ids not strictly ascending")
 
 
+def validate_selected_dsa(sel, fed, cfg):
+    """tiny-dsa: one item per fed position p in 0..fed-1, each a list of one item per layer: the
+    min(index_topk, p + 1) distinct ascending positions <= p the layer attended."""
+    if not isinstance(sel, list) or len(sel) != fed:
+        raise InputError(f"selected: not a list of {fed} items (one per fed position)")
+    topk = cfg["indexer"]["topk"]
+    for p, per_layer in enumerate(sel):
+        if not isinstance(per_layer, list) or len(per_layer) != cfg["layers"]:
+            raise InputError(f"selected[{p}]: not a list of {cfg['layers']} items (one per layer)")
+        for l, ids in enumerate(per_layer):
+            where = f"selected[{p}][{l}]"
+            want = min(topk, p + 1)
+            if not isinstance(ids, list) or len(ids) != want:
+                raise InputError(f"{where}: not a list of {want} positions")
+            for e in ids:
+                if not _is_int(e) or not 0 <= e <= p:
+                    raise InputError(f"{where}: {e!r} is not a position <= {p}")
+            if any(a >= b for a, b in zip(ids, ids[1:])):
+                raise InputError(f"{where}: positions not strictly ascending")
+
+
 def selection_gaps(oracle):
     """Per CSA selection: the worst (k-th score - score of a dumped entry) / max|score|, 0 when all
     dumped entries score at least the oracle's k-th. Returns [(position, layer, gap)]."""
     out = []
     for l, pos, score in oracle.scores:
         ids = oracle.selected[pos][l]
-        k = min(oracle.cfg["topk"], len(score))
+        topk = oracle.cfg["topk"] if "topk" in oracle.cfg else oracle.cfg["indexer"]["topk"]
+        k = min(topk, len(score))
         kth = float(torch.sort(score.double(), descending=True).values[k - 1])
         scale = max(float(score.abs().max()), 1e-30)
         gap = max(0.0, max((kth - float(score[e])) / scale for e in ids))
@@ -206,19 +231,19 @@ def compare(dump_path, weights=None, out=sys.stdout, kv_format=None, flip=None):
             oracle.set_flip(*flip)
         except ValueError as e:
             raise InputError(f"--flip-{flip[0]}-byte: {e}") from None
-    if model == v4.MODEL and "selected" in d:
+    if "selected" in d:
         oracle.forced = d["selected"]
     ours = om.teacher_forced(oracle, tokens, prompt_len, len(rows))
     steps = []
     ok = True
     agree = 0
-    if model == v4.MODEL:
+    if model == v4.MODEL or om.CONFIGS[model]["indexer"]:
         gaps = selection_gaps(oracle)
         worst = max(gaps, key=lambda g: g[2], default=(0, 0, 0.0))
         if "selected" in d:
             admissible = worst[2] <= SELECTION_MARGIN
             ok = ok and admissible
-            print(f"selected: {len(gaps)} dumped CSA selections attended; worst gap below the oracle's k-th score "
+            print(f"selected: {len(gaps)} dumped top-k selections attended; worst gap below the oracle's k-th score "
                   f"{worst[2]:.3e} of max|score| (position {worst[0]}, layer {worst[1]}), margin {SELECTION_MARGIN:g}: "
                   f"{'ok' if admissible else 'FAIL'}", file=out)
         else:

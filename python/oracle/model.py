@@ -176,6 +176,8 @@ class Oracle:
         self.pos = 0
         self.tokens = []  # fed so far
         self.selected = []  # per step, per layer: the positions attended (tiny-dsa)
+        self.forced = None  # per position, per layer: the positions to attend (a dump's "selected")
+        self.scores = []  # (layer, position, indexer scores) of each top-k selection made
 
     def _select(self, l, x, qr, pos):
         cfg, ix = self.cfg, self.cfg["indexer"]
@@ -194,7 +196,15 @@ class Oracle:
             return list(range(keys.shape[0]))
         wj = (w[p + "weights_proj.weight"] @ x) * (ix["heads"] ** -0.5) * (ix["dim"] ** -0.5)
         score = (torch.relu(keys @ iq.T) * wj).sum(dim=1)  # [T]
-        return topk_positions(score, ix["topk"])
+        mine = topk_positions(score, ix["topk"])
+        self.scores.append((l, pos, score))
+        if self.forced is None:
+            return mine
+        # A dump's selection: attended as given; compare.selection_gaps checks each is admissible.
+        theirs = self.forced[pos][l]
+        if sorted(set(theirs)) != list(theirs) or len(theirs) != len(mine) or not all(0 <= t <= pos for t in theirs):
+            raise ValueError(f"selected[{pos}][{l}]: {theirs!r} is not {len(mine)} distinct ascending positions <= {pos}")
+        return list(theirs)
 
     def attend(self, l, q, positions):
         """Naive MLA attention of layer l for queries q [H, nope + rope] over the cached `positions`:

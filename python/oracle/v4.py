@@ -202,7 +202,10 @@ class V4Oracle:
     def _encode_ikey(self, ik):
         if self.indexer_format == "indexer-mxfp4":
             return bytearray(nm.encode_mxfp4(ik.float()))
-        scale = nm.fp8_scale(ik.abs().max().item())  # ADR 0017's indexer-fp8: 128 e4m3, fp32 amax/448
+        # The key is the reference's fp4-rounded key (ADR 0018 step 4) whatever stores it; indexer-fp8
+        # then stores that in ADR 0017's record: 128 e4m3, fp32 amax/448.
+        ik = nm.fp4_round_blocks(ik.float())
+        scale = nm.fp8_scale(ik.abs().max().item())
         codes = nm.e4m3_encode(ik.float() / torch.tensor(scale, dtype=torch.float32))
         return bytearray(codes.numpy().tobytes() + np.array([scale], dtype="<f4").tobytes())
 

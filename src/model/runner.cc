@@ -251,6 +251,8 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
       pages.SetPending(rec, c.indexer_records[l]);
       TESSERA_ASSIGN_OR_RETURN(const IndexerDims idims, IndexerDims::Of(cf.geometry));
       TESSERA_RETURN_IF_ERROR(IndexerSelect(pages, p + 1, IndexerQuery{iq, iw}, idims, &positions, counters));
+      last_selected_.resize(cf.layers);
+      last_selected_[l] = positions;
     } else {
       pages.SetPending(rec, {});
       positions.resize(p + 1);
@@ -306,10 +308,12 @@ Result<Generation> TinyRunner::Generate(std::span<const uint32_t> prompt, uint32
   g.cached_tokens = a.cached_tokens;
   g.tier_blocks = a.tier_blocks;
   std::vector<float> logits(config_.vocab);
+  if (config_.has_indexer()) g.selected.resize(a.cached_tokens);
   for (uint64_t pos = a.cached_tokens; pos < prompt.size(); ++pos) {
     g.last_token = {};
     TESSERA_RETURN_IF_ERROR(Step(a.id, prompt[pos], logits, &g.last_token));
     g.counters += g.last_token;
+    if (config_.has_indexer()) g.selected.push_back(last_selected_);
   }
   if (after_prefill) TESSERA_RETURN_IF_ERROR(after_prefill(a.id));
   for (uint32_t i = 0; i < steps; ++i) {
@@ -323,6 +327,7 @@ Result<Generation> TinyRunner::Generate(std::span<const uint32_t> prompt, uint32
     g.last_token = {};
     TESSERA_RETURN_IF_ERROR(Step(a.id, next, logits, &g.last_token));
     g.counters += g.last_token;
+    if (config_.has_indexer()) g.selected.push_back(last_selected_);
   }
   return g;
 }

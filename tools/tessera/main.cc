@@ -855,7 +855,11 @@ int RunGenerate(const GenerateArgs& a) {
   };
   Result<Generation> g = r.Generate(prompt, static_cast<uint32_t>(*steps), after_prefill);
   if (!g.ok()) return Fail(g.status());
-  return WriteGeneration(a, a.kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters);
+  // tiny-dsa: what each position's top-k attended (the oracle attends the same after checking each
+  // is admissible: a top-k tie must not fail a correct run; docs/ORACLE.md).
+  std::string extra;
+  if (cfg->has_indexer()) extra = ", \"selected\": " + nlohmann::json(g->selected).dump();
+  return WriteGeneration(a, a.kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters, extra);
 }
 
 }  // namespace

@@ -35,7 +35,9 @@ class GeneratorTest(unittest.TestCase):
         t, m = weights("tiny-dsa")
         self.assertEqual(m, {"model": "tiny-dsa", "seed": "7", "format": "tessera-tiny-v1"})
         self.assertEqual(list(t)[:2], ["embed.weight", "layers.0.attn_norm.weight"])
-        self.assertEqual(list(t)[-1], "layers.3.attn.indexer.weights_proj.weight")
+        # ADR 0017's order: each layer's indexer tensors right after its ffn.w2; norm and head last.
+        self.assertEqual(list(t)[-1], "head.weight")
+        self.assertEqual(list(t).index("layers.0.attn.indexer.wq_b.weight"), list(t).index("layers.0.ffn.w2.weight") + 1)
         w = t["layers.1.attn.wkv_b.weight"]
         self.assertLess(np.abs(w).max(), 1 / math.sqrt(512))
         self.assertGreater(np.abs(w).max(), 0.99 / math.sqrt(512))

@@ -7,7 +7,7 @@ Reading of the ADR used here (where its text leaves room, the choice is stated):
   - one SplitMix64 stream for the whole file, state = seed; each draw adds 0x9E3779B97F4A7C15 to
     the state and returns the usual mix of it; u = draw >> 40 (24 bits);
   - tensors are drawn "in the order above": embed, then every layer's twelve tensors (layer by
-    layer), then norm, head, and for tiny-dsa the five indexer tensors of each layer after head;
+    layer, each followed for tiny-dsa by that layer's five indexer tensors), then norm, head;
   - value = (u + 0.5) / 2^24 * 2 - 1, times 1/sqrt(in) for 2-D tensors (in = columns, the hidden
     size for the embedding); 1 + 0.1 value for norm weights, 0.1 value for the k_norm bias;
     computed in double, rounded once to float32.
@@ -39,9 +39,9 @@ def tensor_order(model: str):
     if model == v4.MODEL:
         return v4.weight_specs()  # ADR 0018: indexer and compressor tensors inside each layer
     shapes = om.expected_shapes(om.CONFIGS[model])
-    names = [n for n in shapes if ".indexer." not in n]
-    names += [n for n in shapes if ".indexer." in n]  # after head.weight, layer by layer
-    return [(n, shapes[n]) for n in names]
+    # ADR 0017: embed; each layer's twelve tensors, then (tiny-dsa) its five indexer tensors;
+    # norm; head. expected_shapes lists them in that order.
+    return [(n, shapes[n]) for n in shapes]
 
 
 def generate(model: str, seed: int):
