@@ -98,6 +98,58 @@ TEST(Cli, ReceiptWritesBothFiles) {
   EXPECT_TRUE(std::filesystem::exists(prefix + ".json"));
 }
 
+TEST(Cli, ReceiptHtmlWritesOneSelfContainedFile) {
+  TempDir dir;
+  std::string prefix = dir.path() + "/v32";
+  CommandResult r = RunTessera(
+      "receipt --model deepseek-v3.2 --context 128k --tp 8 --format html --gpu H200-141G "
+      "--out " +
+      prefix);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("wrote " + prefix + ".html"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".md"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".json"));
+  std::ifstream in(prefix + ".html");
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string page = s.str();
+  EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_NE(page.find("<table class=\"plan\">"), std::string::npos);
+  EXPECT_EQ(page.find("<script"), std::string::npos);
+  EXPECT_EQ(page.find("http:"), std::string::npos);  // nothing fetched: no URL, no src, no href
+  EXPECT_EQ(page.find("https:"), std::string::npos);
+  EXPECT_EQ(page.find("src="), std::string::npos);
+  EXPECT_EQ(page.find("href="), std::string::npos);
+}
+
+TEST(Cli, ReceiptHtmlGateFailureExitsOneAndListsTheRejected) {
+  TempDir dir;
+  std::string prefix = dir.path() + "/gated";
+  CommandResult r = RunTessera(
+      "receipt --model deepseek-v3.2 --context 128k --tp 8 --format html --gpu H200-141G "
+      "--min-concurrency 100000 --out " +
+      prefix);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  std::ifstream in(prefix + ".html");
+  std::stringstream s;
+  s << in.rdbuf();
+  EXPECT_NE(s.str().find("<li class=\"fail\">vllm: sustained concurrency"), std::string::npos);
+  EXPECT_NE(s.str().find("min concurrency</th><td>100,000</td>"), std::string::npos);
+}
+
+TEST(Cli, VersionPrintsTheBuildsVersion) {
+  CommandResult r = RunTessera("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.out.rfind("tessera ", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.back(), '\n');
+  // The receipts record the same version.
+  TempDir dir;
+  ASSERT_EQ(RunTessera("receipt --model deepseek-v3 --context 8k --out " + dir.path() + "/r").exit_code, 0);
+  std::ifstream in(dir.path() + "/r.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["tool"].get<std::string>() + "\n", r.out);
+}
+
 TEST(Cli, LedgerOutFile) {
   TempDir dir;
   std::string out = dir.path() + "/ledger.json";
@@ -132,32 +184,46 @@ TEST_P(CliBadInput, ExitTwoOneLineNamingTheFieldNothingWritten) {
   EXPECT_FALSE(std::filesystem::exists(out));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".md"));
   EXPECT_FALSE(std::filesystem::exists(prefix + ".json"));
+  EXPECT_FALSE(std::filesystem::exists(prefix + ".html"));
 }
 
 const std::string kFixtureDir = TESSERA_TEST_DATA;
 
 INSTANTIATE_TEST_SUITE_P(
     All, CliBadInput,
-    ::testing::Values(BadCall{"unknown_preset", "ledger --model deepseek-v9 --context 8k", "model"},
-                      BadCall{"unknown_format", "ledger --model deepseek-v3 --context 8k --kv-format fp3", "kv-format"},
-                      BadCall{"missing_config", "ledger --config @DIR/nope.json --context 8k", "config"},
-                      BadCall{"unreadable_config", "ledger --config @DIR --context 8k", "config"},
-                      BadCall{"zero_context", "ledger --model deepseek-v3 --context 0", "context"},
-                      BadCall{"negative_context", "ledger --model deepseek-v3 --context -5", "context"},
-                      BadCall{"non_numeric_context", "ledger --model deepseek-v3 --context lots", "context"},
-                      BadCall{"missing_context", "ledger --model deepseek-v3", "context"},
-                      BadCall{"zero_batch", "ledger --model deepseek-v3 --context 8k --batch 0", "batch"},
-                      BadCall{"non_numeric_batch", "ledger --model deepseek-v3 --context 8k --batch many", "batch"},
-                      BadCall{"overflow", "ledger --model deepseek-v3 --context 1m --batch 1000000000000", "batch"},
-                      BadCall{"v4_block_100", "ledger --model deepseek-v4-pro --context 8k --block-tokens 100",
-                              "block-tokens"},
-                      BadCall{"dcp_not_dividing", "ledger --model deepseek-v3 --context 8k --tp 4 --dcp 3", "dcp"},
-                      BadCall{"unknown_engine", "ledger --model deepseek-v3 --context 8k --engine trt", "engine"},
-                      BadCall{"bad_observed", "ledger --model deepseek-v3 --context 8k --observed 12GB", "observed"},
-                      BadCall{"model_and_config", "ledger --model deepseek-v3 --config x.json --context 8k", "model"},
-                      BadCall{"unknown_option", "ledger --model deepseek-v3 --context 8k --frobnicate", "usage"},
-                      BadCall{"receipt_bad_tp", "receipt --model deepseek-v3 --context 8k --tp zero", "tp"},
-                      BadCall{"receipt_unknown_preset", "receipt --model nope --context 8k", "model"}),
+    ::testing::Values(
+        BadCall{"unknown_preset", "ledger --model deepseek-v9 --context 8k", "model"},
+        BadCall{"unknown_format", "ledger --model deepseek-v3 --context 8k --kv-format fp3", "kv-format"},
+        BadCall{"missing_config", "ledger --config @DIR/nope.json --context 8k", "config"},
+        BadCall{"unreadable_config", "ledger --config @DIR --context 8k", "config"},
+        BadCall{"zero_context", "ledger --model deepseek-v3 --context 0", "context"},
+        BadCall{"negative_context", "ledger --model deepseek-v3 --context -5", "context"},
+        BadCall{"non_numeric_context", "ledger --model deepseek-v3 --context lots", "context"},
+        BadCall{"missing_context", "ledger --model deepseek-v3", "context"},
+        BadCall{"zero_batch", "ledger --model deepseek-v3 --context 8k --batch 0", "batch"},
+        BadCall{"non_numeric_batch", "ledger --model deepseek-v3 --context 8k --batch many", "batch"},
+        BadCall{"overflow", "ledger --model deepseek-v3 --context 1m --batch 1000000000000", "batch"},
+        BadCall{"v4_block_100", "ledger --model deepseek-v4-pro --context 8k --block-tokens 100", "block-tokens"},
+        BadCall{"dcp_not_dividing", "ledger --model deepseek-v3 --context 8k --tp 4 --dcp 3", "dcp"},
+        BadCall{"unknown_engine", "ledger --model deepseek-v3 --context 8k --engine trt", "engine"},
+        BadCall{"bad_observed", "ledger --model deepseek-v3 --context 8k --observed 12GB", "observed"},
+        BadCall{"model_and_config", "ledger --model deepseek-v3 --config x.json --context 8k", "model"},
+        BadCall{"unknown_option", "ledger --model deepseek-v3 --context 8k --frobnicate", "usage"},
+        BadCall{"receipt_bad_tp", "receipt --model deepseek-v3 --context 8k --tp zero", "tp"},
+        BadCall{"receipt_unknown_preset", "receipt --model nope --context 8k", "model"},
+        BadCall{"receipt_bad_format", "receipt --model deepseek-v3 --context 8k --format pdf", "format"},
+        BadCall{"receipt_gpu_without_html", "receipt --model deepseek-v3 --context 8k --gpu B200", "gpu"},
+        BadCall{"html_unknown_gpu", "receipt --model deepseek-v3 --context 8k --format html --gpu A100", "gpu"},
+        BadCall{"html_plan_option_without_gpu",
+                "receipt --model deepseek-v3 --context 8k --format html --min-concurrency 4", "gpu"},
+        BadCall{"html_utilization_above_one",
+                "receipt --model deepseek-v3 --context 8k --format html --gpu B200 "
+                "--gpu-memory-utilization 1.5",
+                "gpu-memory-utilization"},
+        BadCall{"html_bad_weights_dtype",
+                "receipt --model deepseek-v3 --context 8k --format html --gpu B200 --weights-dtype int3",
+                "weights-dtype"},
+        BadCall{"html_bad_context", "receipt --model deepseek-v3 --context lots --format html", "context"}),
     [](const ::testing::TestParamInfo<BadCall>& param_info) { return std::string(param_info.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(

@@ -8,6 +8,7 @@
 #include "tessera/reconcile.h"
 #include "tessera/render.h"
 #include "tessera/units.h"
+#include "tessera/version.h"
 
 namespace tessera {
 
@@ -130,7 +131,7 @@ Result<Receipt> BuildReceipt(const Geometry& g, const ReceiptRequest& req) {
 
   ordered_json j;
   j["receipt_version"] = 1;
-  j["tool"] = "tessera 0.1.0";
+  j["tool"] = "tessera " + std::string(TesseraVersion());
   ordered_json in;
   in["model_source"] = req.model_source;
   in["config_sha256"] = g.config_sha256;
@@ -168,8 +169,8 @@ Result<Receipt> BuildReceipt(const Geometry& g, const ReceiptRequest& req) {
 
   std::ostringstream md;
   md << "# Cache receipt: " << ledger.model << "\n\n";
-  md << "- tool: tessera 0.1.0\n- model source: " << req.model_source << "\n- config sha256: `" << g.config_sha256
-     << "`\n";
+  md << "- tool: tessera " << TesseraVersion() << "\n- model source: " << req.model_source << "\n- config sha256: `"
+     << g.config_sha256 << "`\n";
   md << "- geometry: " << g.num_layers << " layers (+" << g.num_mtp_layers << " MTP), " << g.num_attention_heads
      << " heads, " << g.num_kv_heads << " KV heads, latent " << g.latent_dim << " + rope " << g.qk_rope_head_dim
      << "\n\n";

@@ -2,7 +2,8 @@
 //
 //   tessera report                      the main job: ledgers for DeepSeek-V3 and V4-Pro and the claim check
 //   tessera ledger --model NAME --context 128k [...]
-//   tessera receipt --model NAME --context 128k --out PREFIX
+//   tessera receipt --model NAME --context 128k --out PREFIX [--format html [--gpu H200-141G ...]]
+//   tessera --version
 //   tessera layout --model NAME          block span and page bytes per cache group
 //   tessera simulate | stats [...]       the agents workload through the request manager (stats:
 //                                        its counters as Prometheus text); --disk DIR adds tiers
@@ -29,6 +30,7 @@
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
 #include "tessera/gpu.h"
+#include "tessera/html.h"
 #include "tessera/layout.h"
 #include "tessera/ledger.h"
 #include "tessera/model.h"
@@ -42,6 +44,7 @@
 #include "tessera/simulate.h"
 #include "tessera/units.h"
 #include "tessera/v4_model.h"
+#include "tessera/version.h"
 #include "tessera/weights.h"
 
 namespace {
@@ -208,7 +211,10 @@ int RunLedger(const ModelArgs& args, const std::string& format_name, bool check_
 }
 
 int RunReceipt(const ModelArgs& args, const std::string& out) {
-  if (out.empty()) return Fail(InvalidArgument("out", "missing: give --out PREFIX (writes PREFIX.md and PREFIX.json)"));
+  if (out.empty()) {
+    return Fail(
+        InvalidArgument("out", "missing: give --out PREFIX (writes PREFIX.md and PREFIX.json, or PREFIX.html)"));
+  }
   Result<Geometry> g = args.LoadGeometry();
   if (!g.ok()) return Fail(g.status());
   Result<LedgerOptions> o = args.Options();
@@ -590,6 +596,68 @@ int RunPrice(const PlanArgs& args) {
   return st.ok() ? 0 : Fail(st);
 }
 
+// The plan inputs `receipt --format html` takes: a GPU configuration whose capacity table the
+// receipt shows. Context, tp and the ledger options are the receipt's own.
+struct ReceiptPlanArgs {
+  PlanArgs plan;
+  void Register(CLI::App* app) {
+    app->add_option("--gpu", plan.gpu,
+                    "with --format html: the capacity plan on this GPU (H100-80G | H200-141G | ...)");
+    app->add_option("--gpu-spec", plan.gpu_spec, "with --format html: a GPU spec JSON file");
+    app->add_option("--gpu-memory-utilization", plan.utilization, "plan: fraction of device memory (default 0.9)");
+    app->add_option("--weights-dtype", plan.weights_dtype, "plan: bf16 | fp8 | fp4 (default: the checkpoint's)");
+    app->add_option("--reserve-bytes", plan.reserve, "plan: per rank, kept out of the KV budget (default 0)");
+    app->add_option("--concurrency", plan.concurrency, "plan: also find the longest context at this many requests");
+    app->add_option("--max-committed-bytes", plan.max_committed, "plan gate: reject a configuration committing more");
+    app->add_option("--min-concurrency", plan.min_concurrency, "plan gate: reject a configuration sustaining fewer");
+  }
+  bool given() const {
+    return !plan.gpu.empty() || !plan.gpu_spec.empty() || plan.utilization != "0.9" || !plan.weights_dtype.empty() ||
+           plan.reserve != "0" || !plan.concurrency.empty() || !plan.max_committed.empty() ||
+           !plan.min_concurrency.empty();
+  }
+};
+
+// Writes PREFIX.html; exit 1 (after writing it) when the plan rejects a configuration.
+int RunHtmlReceipt(const ModelArgs& args, ReceiptPlanArgs plan_args, const std::string& out) {
+  Result<Geometry> g = args.LoadGeometry();
+  if (!g.ok()) return Fail(g.status());
+  Result<LedgerOptions> o = args.Options();
+  if (!o.ok()) return Fail(o.status());
+  Result<std::optional<AllocationTrace>> observed = args.Observed();
+  if (!observed.ok()) return Fail(observed.status());
+  std::optional<uint64_t> observed_bytes;
+  if (observed->has_value()) observed_bytes = (*observed)->total;
+  HtmlReceiptRequest req;
+  req.receipt = ReceiptRequest{args.Source(), *o, observed_bytes, args.observed_scope == "all"};
+  if (plan_args.given()) {
+    if (plan_args.plan.gpu.empty() && plan_args.plan.gpu_spec.empty()) {
+      return Fail(InvalidArgument("gpu", "missing: the plan options need --gpu NAME or --gpu-spec FILE"));
+    }
+    PlanArgs& p = plan_args.plan;
+    p.model = args.model;
+    p.config = args.config;
+    p.context = args.context;
+    p.tp = args.tp;
+    Result<WeightShapes> shapes = p.LoadShapes(*g);
+    if (!shapes.ok()) return Fail(shapes.status());
+    Result<PlanOptions> po = p.Plan();
+    if (!po.ok()) return Fail(po.status());
+    req.plan = *po;
+    req.shapes = *shapes;
+  }
+  Result<HtmlReceipt> r = BuildHtmlReceipt(*g, req);
+  if (!r.ok()) return Fail(r.status());
+  Status st = WriteFilesAtomically({{out + ".html", r->html}});
+  if (!st.ok()) return Fail(st);
+  int passed = 0;
+  for (const ReceiptCheck& c : r->receipt.checks) passed += c.passed ? 1 : 0;
+  bool rejected = r->plan && r->plan->any_rejected();
+  std::printf("wrote %s.html (%d of %zu checks passed%s)\n", out.c_str(), passed, r->receipt.checks.size(),
+              rejected ? "; the plan rejected a configuration" : "");
+  return rejected ? 1 : 0;
+}
+
 int RunModels() {
   for (const std::string& name : PresetNames()) {
     Result<Geometry> g = LoadPreset(name);
@@ -867,6 +935,7 @@ int RunGenerate(const GenerateArgs& a) {
 int Main(int argc, char** argv) {
   CLI::App app{"tessera: KV-cache ledger for MLA models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "tessera " + std::string(TesseraVersion()));
 
   std::string format = "table";
   std::string out;
@@ -881,7 +950,12 @@ int Main(int argc, char** argv) {
   ModelArgs receipt_args;
   CLI::App* receipt = app.add_subcommand("receipt", "write a qualification record (Markdown and JSON)");
   receipt_args.Register(receipt);
-  receipt->add_option("--out", out, "output prefix: writes PREFIX.md and PREFIX.json");
+  receipt->add_option("--out", out, "output prefix: writes PREFIX.md and PREFIX.json, or PREFIX.html");
+  std::string receipt_format = "markdown+json";
+  receipt->add_option("--format", receipt_format,
+                      "markdown+json (default) | html (one self-contained page with charts)");
+  ReceiptPlanArgs receipt_plan;
+  receipt_plan.Register(receipt);
 
   CLI::App* report = app.add_subcommand("report", "the main job: DeepSeek-V3 and V4-Pro ledgers and the claim check");
   report->add_option("--format", format, "table | json | markdown");
@@ -927,6 +1001,8 @@ int Main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
     for (char& c : msg) {
@@ -936,7 +1012,20 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (ledger->parsed()) return RunLedger(ledger_args, format, check_claims, out);
-  if (receipt->parsed()) return RunReceipt(receipt_args, out);
+  if (receipt->parsed()) {
+    if (receipt_format == "html") {
+      if (out.empty()) return Fail(InvalidArgument("out", "missing: give --out PREFIX (writes PREFIX.html)"));
+      return RunHtmlReceipt(receipt_args, receipt_plan, out);
+    }
+    if (receipt_format != "markdown+json") {
+      return Fail(
+          InvalidArgument("format", "unknown receipt format \"" + receipt_format + "\" (markdown+json | html)"));
+    }
+    if (receipt_plan.given()) {
+      return Fail(InvalidArgument("gpu", "the plan options (--gpu, ...) need --format html"));
+    }
+    return RunReceipt(receipt_args, out);
+  }
   if (report->parsed()) return RunReport(format);
   if (simulate->parsed()) return RunSimulate(sim_args, format, false);
   if (stats->parsed()) return RunSimulate(stats_args, format, true);
