@@ -467,12 +467,16 @@ TEST(BlockPoolCreate, PackedSlicesLargerThanThePageAreRejected) {
   RecordFormat v4 = *BuildFormat("v4-fp8", Preset("deepseek-v4-pro"));
   PoolGroup bad{"compressed/128", v4, 31, *ComputePageLayout(v4, 128, 256, 0, 31)};
   bad.page.page_bytes = 1728;
-  BlockPoolOptions o;
-  o.groups = {bad};
-  o.capacity_blocks = 1;
-  Result<std::unique_ptr<BlockPool>> p = BlockPool::Create(std::move(o));
-  ASSERT_FALSE(p.ok());
-  EXPECT_EQ(p.status().field(), "groups");
+  PoolGroup overlapping{"compressed/128", v4, 31, *ComputePageLayout(v4, 128, 256, 0, 31)};
+  overlapping.page.layer_stride = 584;  // slices of 1,168 B would overlap
+  for (const PoolGroup& g : {bad, overlapping}) {
+    BlockPoolOptions o;
+    o.groups = {g};
+    o.capacity_blocks = 1;
+    Result<std::unique_ptr<BlockPool>> p = BlockPool::Create(std::move(o));
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().field(), "groups");
+  }
 }
 
 // --- Property test --------------------------------------------------------------------------

@@ -189,8 +189,9 @@ struct CacheLayout : CacheMap {
 
 // Tessera's block span (ChooseBlockTokens over the paged lines' ratios) and its groups with their
 // page layouts (ComputePageLayout, each format's own alignment). A paged group whose one-layer
-// page would be padded holds all its layers in one page per block (options.pack_layers). Errors: "block-tokens" (see
-// ChooseBlockTokens), "compress_ratios", "sliding_window" when a group's ring bytes overflow.
+// page would be padded holds all its layers in one page per block (options.pack_layers).
+// Errors: "block-tokens" (see ChooseBlockTokens), "compress_ratios", "sliding_window" when a
+// group's ring bytes overflow.
 Result<CacheLayout> LayoutCaches(const Geometry& g, CacheMap caches, const CacheLayoutOptions& options);
 // MapCaches, then LayoutCaches: what the pools hold, and what the ledger prices for engine tessera.
 Result<CacheLayout> ComputeCacheLayout(const Geometry& g, const CacheLayoutOptions& options);

@@ -41,7 +41,10 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(BlockPoolOptions options) {
                                            " tokens per block, the pool " + std::to_string(pool->block_tokens_));
     }
     if (g.layers == 0 || g.page.page_bytes == 0) return InvalidArgument("groups", "group " + g.name + " is empty");
-    if (g.page.layers_per_page == 0 || g.page.layer_stride * g.page.layers_per_page > g.page.page_bytes) {
+    if (g.page.layers_per_page == 0 ||
+        (g.page.packed() && (g.page.layer_stride < g.page.data_bytes ||
+                             (Checked(g.page.layer_stride) * g.page.layers_per_page).overflowed() ||
+                             g.page.layer_stride * g.page.layers_per_page > g.page.page_bytes))) {
       return InvalidArgument("groups", "group " + g.name + "'s layer slices do not fit its page");
     }
     Checked group_block = GroupBlockBytes(g.page, g.layers);
