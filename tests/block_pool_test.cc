@@ -407,6 +407,78 @@ TEST(BlockPool, PageAndBlockHandlesAreBlockMajor) {
   }
 }
 
+// ADR 0020: the HCA group of DeepSeek-V4-Pro packed, 31 layers' slices of 2 v4-fp8 entries in
+// one 36,288-B page per block. A kernel addresses entry e of layer l of block b in place:
+// rows at b x 36,288 + l x 1,168 + e x 576, scales after the slice's rows at + 2 x 576 + e x 8.
+// Record (what RequestManager::Entry returns) keeps its meaning: entry index -> those bytes.
+TEST(BlockPool, PackedPagesPlaceEveryLayersSliceAtItsStride) {
+  Geometry g = Preset("deepseek-v4-pro");
+  RecordFormat v4 = *BuildFormat("v4-fp8", g);
+  PoolGroup hca{"compressed/128", v4, 31, *ComputePageLayout(v4, 128, 256, 0, 31)};
+  BlockPoolOptions o;
+  o.groups = {hca};
+  o.capacity_blocks = 3;
+  std::unique_ptr<BlockPool> pool = MustPool(std::move(o));
+  ASSERT_NE(pool, nullptr);
+  EXPECT_EQ(pool->block_bytes(), 36288u);
+  std::vector<BlockId> blocks;
+  ASSERT_TRUE(Peer::Allocate(*pool, 3, &blocks).ok());
+  std::byte* base = pool->Bytes(pool->BlockHandleOf(BlockId{0}, 0)).data();
+  // Every entry's planes sit where the stride arithmetic says, and are written without
+  // touching any other entry.
+  for (BlockId b : blocks) {
+    EXPECT_EQ(pool->BlockHandleOf(b, 0).len, 36288u);
+    for (uint32_t l = 0; l < 31; ++l) {
+      BlockHandle page = pool->PageHandle(b, 0, l);
+      EXPECT_EQ(page.offset, b.value * 36288ULL + l * 1168ULL);
+      EXPECT_EQ(page.len, 1168u);
+      for (uint64_t e = 0; e < 2; ++e) {
+        RecordView r = pool->Record(b, 0, l, e);
+        ASSERT_EQ(r.plane_count, 2u);
+        const uint64_t slice = b.value * 36288ULL + l * 1168ULL;
+        EXPECT_EQ(r.planes[0].data() - base, static_cast<std::ptrdiff_t>(slice + e * 576));
+        EXPECT_EQ(r.planes[0].size(), 576u);
+        EXPECT_EQ(r.planes[1].data() - base, static_cast<std::ptrdiff_t>(slice + 2 * 576 + e * 8));
+        EXPECT_EQ(r.planes[1].size(), 8u);
+        const auto mark = static_cast<std::byte>(1 + (b.value * 62 + l * 2 + e) % 251);
+        std::fill(r.planes[0].begin(), r.planes[0].end(), mark);
+        std::fill(r.planes[1].begin(), r.planes[1].end(), mark);
+      }
+    }
+  }
+  // Every byte of every slice was written once, with its entry's mark; the pages' 80 B of
+  // padding were not.
+  for (BlockId b : blocks) {
+    std::span<std::byte> bytes = pool->Bytes(pool->BlockHandleOf(b, 0));
+    for (uint32_t l = 0; l < 31; ++l) {
+      for (uint64_t e = 0; e < 2; ++e) {
+        const auto mark = static_cast<std::byte>(1 + (b.value * 62 + l * 2 + e) % 251);
+        const uint64_t slice = l * 1168ULL;
+        EXPECT_EQ(bytes[slice + e * 576 + 575], mark);
+        EXPECT_EQ(bytes[slice + 2 * 576 + e * 8], mark);
+      }
+    }
+    for (uint64_t i = 31 * 1168; i < 36288; ++i) ASSERT_EQ(bytes[i], std::byte{0}) << i;
+  }
+}
+
+// A packed page that cannot hold its slices is refused.
+TEST(BlockPoolCreate, PackedSlicesLargerThanThePageAreRejected) {
+  RecordFormat v4 = *BuildFormat("v4-fp8", Preset("deepseek-v4-pro"));
+  PoolGroup bad{"compressed/128", v4, 31, *ComputePageLayout(v4, 128, 256, 0, 31)};
+  bad.page.page_bytes = 1728;
+  PoolGroup overlapping{"compressed/128", v4, 31, *ComputePageLayout(v4, 128, 256, 0, 31)};
+  overlapping.page.layer_stride = 584;  // slices of 1,168 B would overlap
+  for (const PoolGroup& g : {bad, overlapping}) {
+    BlockPoolOptions o;
+    o.groups = {g};
+    o.capacity_blocks = 1;
+    Result<std::unique_ptr<BlockPool>> p = BlockPool::Create(std::move(o));
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().field(), "groups");
+  }
+}
+
 // --- Property test --------------------------------------------------------------------------
 
 // The deepseek-v3.2 groups (fp8_ds_mla latent and indexer-fp8 keys), 3 layers each.

@@ -571,12 +571,18 @@ TEST(Cli, LayoutDeepSeekV4Pro) {
     if (g["group"] == "compressed/4") {
       c4 = true;
       EXPECT_EQ(g["entries_per_block"], 64);
-      EXPECT_EQ(g["page_bytes"], 37440);
+      // ADR 0020: the 30 layers' slices of 37,376 B share one page, padded once.
+      EXPECT_EQ(g["layers_per_page"], 30);
+      EXPECT_EQ(g["layer_stride"], 37376);
+      EXPECT_EQ(g["page_bytes"], 1121472);
+      EXPECT_EQ(g["block_bytes"], 1121472);
     }
     if (g["group"] == "compressed/128") {
       c128 = true;
       EXPECT_EQ(g["entries_per_block"], 2);
-      EXPECT_EQ(g["page_bytes"], 1728);
+      EXPECT_EQ(g["layers_per_page"], 31);
+      EXPECT_EQ(g["page_bytes"], 36288);
+      EXPECT_EQ(g["padding_bytes"], 80);
     }
   }
   EXPECT_TRUE(c4 && c128);

@@ -78,6 +78,37 @@ TEST(Layout, V4PagesPadTo576) {
   EXPECT_EQ(ComputePageLayout(idx, 4, 256, 576)->page_bytes, 8640u);  // vLLM pads V4 pages to 576
 }
 
+// ADR 0020: the slices of several layers in one page, padded once. 31 HCA slices of 2 entries
+// (1,168 B) take 36,208 B, padded to 36,288 = 63 x 576 B (80 B) instead of 31 x 560 B.
+TEST(Layout, PackedPagePadsOnce) {
+  RecordFormat v4 = *BuildFormat("v4-fp8", Preset("deepseek-v4-pro"));
+  PageLayout one = *ComputePageLayout(v4, 128, 256);
+  EXPECT_FALSE(one.packed());
+  EXPECT_EQ(one.layer_stride, one.page_bytes);
+  EXPECT_EQ(GroupBlockBytes(one, 31).value(), 31u * 1728);
+  EXPECT_EQ(PackedPaddingPerBlock(one, 31), 0u);  // an unpacked slice carries its own padding
+  PageLayout hca = *ComputePageLayout(v4, 128, 256, 0, 31);
+  EXPECT_TRUE(hca.packed());
+  EXPECT_EQ(hca.data_bytes, 1168u);
+  EXPECT_EQ(hca.layer_stride, 1168u);
+  EXPECT_EQ(hca.page_bytes, 36288u);
+  EXPECT_EQ(hca.page_bytes % 576, 0u);  // the block stride a kernel sees stays a multiple of 576 B
+  EXPECT_EQ(hca.padding_bytes, 80u);
+  EXPECT_EQ(GroupBlockBytes(hca, 31).value(), 36288u);
+  EXPECT_EQ(PackedPaddingPerBlock(hca, 31), 80u);
+  PageLayout csa = *ComputePageLayout(v4, 4, 256, 0, 30);
+  EXPECT_EQ(csa.layer_stride, 37376u);
+  EXPECT_EQ(csa.page_bytes, 1121472u);  // 1,947 x 576
+  EXPECT_EQ(csa.padding_bytes, 192u);
+  // One entry per slice (584 B) would start every other slice 8-B aligned: slices start 16-B aligned.
+  PageLayout odd = *ComputePageLayout(v4, 128, 128, 0, 3);
+  EXPECT_EQ(odd.data_bytes, 584u);
+  EXPECT_EQ(odd.layer_stride, 592u);
+  EXPECT_EQ(odd.page_bytes, 2304u);  // 3 x 592 = 1,776, rounded up to 4 x 576
+  EXPECT_EQ(odd.padding_bytes, 2304u - 3 * 584);
+  EXPECT_EQ(ComputePageLayout(v4, 128, 256, 0, 0).status().field(), "layers");
+}
+
 TEST(Layout, PageRejectsBlockInsideAGroup) {
   RecordFormat v4 = *BuildFormat("v4-fp8", Preset("deepseek-v4-pro"));
   Result<PageLayout> p = ComputePageLayout(v4, 128, 100);
@@ -168,8 +199,8 @@ TEST(CacheLayout, DeepSeekV4ProGroupsAndTheirLayers) {
     uint64_t page_or_ring;
   };
   const Expect expect[] = {
-      {"window", false, Range(0, 61), 61ULL * 128 * 584},           {"compressed/128", true, hca, 1728},
-      {"compressor_state/128", false, hca, 31ULL * 128 * 4096},     {"compressed/4", true, csa, 37440},
+      {"window", false, Range(0, 61), 61ULL * 128 * 584},           {"compressed/128", true, hca, 36288},
+      {"compressor_state/128", false, hca, 31ULL * 128 * 4096},     {"compressed/4", true, csa, 1121472},
       {"compressor_state/8", false, csa, 30ULL * 8 * 8192},         {"indexer/4", true, csa, 8448},
       {"indexer_compressor_state/8", false, csa, 30ULL * 8 * 2048},
   };
@@ -191,6 +222,39 @@ TEST(CacheLayout, DeepSeekV4ProGroupsAndTheirLayers) {
     EXPECT_EQ(g.role, l.lines[i].role) << l.lines[i].name;
     EXPECT_EQ(g.format, l.lines[i].format) << l.lines[i].name;
   }
+}
+
+// ADR 0020: a group whose one-layer page would be padded holds all its layers in one page per
+// block; a group without padding (the indexer, every unaligned format) keeps a page per layer,
+// and pack_layers = false gives back the layout before ADR 0020.
+TEST(CacheLayout, PaddedGroupsPackTheirLayers) {
+  for (const char* model : {"deepseek-v4-pro", "deepseek-v4-flash"}) {
+    CacheLayout packed = MustLayout(Preset(model));
+    CacheLayoutOptions o;
+    o.pack_layers = false;
+    CacheLayout unpacked = MustLayout(Preset(model), o);
+    ASSERT_EQ(packed.groups.size(), unpacked.groups.size());
+    for (size_t i = 0; i < packed.groups.size(); ++i) {
+      const CacheGroup& p = packed.groups[i];
+      const CacheGroup& u = unpacked.groups[i];
+      if (!p.in_pages) continue;
+      EXPECT_FALSE(u.page.packed()) << model << " " << u.name;
+      EXPECT_EQ(p.page.packed(), u.page.padding_bytes > 0) << model << " " << p.name;
+      if (!p.page.packed()) {
+        EXPECT_EQ(p.page.page_bytes, u.page.page_bytes) << model << " " << p.name;
+        continue;
+      }
+      EXPECT_EQ(p.page.layers_per_page, p.layers) << model << " " << p.name;
+      EXPECT_EQ(p.page.data_bytes, u.page.data_bytes) << model << " " << p.name;
+      EXPECT_EQ(p.page.page_bytes % 576, 0u) << model << " " << p.name;
+      EXPECT_LT(p.page.padding_bytes, 576u) << model << " " << p.name;
+      EXPECT_LT(GroupBlockBytes(p.page, p.layers).value(), GroupBlockBytes(u.page, u.layers).value());
+    }
+  }
+  // V3's latent pages have no padding: nothing changes.
+  CacheLayout v3 = MustLayout(Preset("deepseek-v3"));
+  EXPECT_FALSE(v3.groups[0].page.packed());
+  EXPECT_EQ(v3.groups[0].page.page_bytes, 64u * 1152);
 }
 
 TEST(CacheLayout, MhaHeadsShardOverTensorParallelRanks) {

@@ -249,25 +249,30 @@ TEST(LedgerFormats, MlaFp8HalvesTheDenseLatentEverywhere) {
 
 TEST(LedgerTerms, CompressedPagesRoundByCompleteEntries) {
   // 300 tokens of V4-Pro: 75 complete C4 entries need 2 pages of 64, so 2 block ids; a block id
-  // has a page in every group of its span, so the 2 C128 entries also sit in 2 pages of 2.
+  // has a page in every group of its span, so the 2 C128 entries also sit in 2 pages of 2. The
+  // groups' layers share packed pages (ADR 0020): a line commits its slices (64 x 584 and 2 x
+  // 584 B per layer and block), the pages' padding is a term of the request.
   Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(300));
   const CacheLine* c4 = l.FindLine("csa.compressed");
   ASSERT_NE(c4, nullptr);
-  EXPECT_EQ(c4->committed_bytes, 30ULL * 2 * 37440);
+  EXPECT_EQ(c4->committed_bytes, 30ULL * 2 * 37376);
   const CacheLine* c128 = l.FindLine("hca.compressed");
-  EXPECT_EQ(c128->committed_bytes, 31ULL * 2 * 1728);
+  EXPECT_EQ(c128->committed_bytes, 31ULL * 2 * 1168);
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kAlignmentPadding), 2ULL * (192 + 80));
   EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 2 * BlockMetadataBytes(256));
   // 259 tokens: 64 complete C4 entries fill block 0; the second span has none yet.
   Ledger at259 = MustLedger(Preset("deepseek-v4-pro"), Context(259));
-  EXPECT_EQ(at259.FindLine("csa.compressed")->committed_bytes, 30ULL * 1 * 37440);
+  EXPECT_EQ(at259.FindLine("csa.compressed")->committed_bytes, 30ULL * 1 * 37376);
   Ledger at260 = MustLedger(Preset("deepseek-v4-pro"), Context(260));
-  EXPECT_EQ(at260.FindLine("csa.compressed")->committed_bytes, 30ULL * 2 * 37440);
+  EXPECT_EQ(at260.FindLine("csa.compressed")->committed_bytes, 30ULL * 2 * 37376);
 }
 
 TEST(LedgerTerms, AlignmentPaddingIsNamed) {
   Ledger l = MustLedger(Preset("deepseek-v4-pro"), Context(1048576));
-  // 4096 blocks: C4 pages pad 64 B each, C128 pages 560 B each; the indexer is not padded.
-  EXPECT_EQ(l.TermBytes(LedgerTerm::kAlignmentPadding), 4096ULL * (30 * 64 + 31 * 560));
+  // 4096 blocks: one packed C4 page pads 192 B (30 x 37,376 -> 1,947 x 576), one packed C128
+  // page 80 B (31 x 1,168 -> 63 x 576); the indexer is not padded (ADR 0020). Unpacked, every
+  // layer's page is padded: C4 64 B, C128 560 B.
+  EXPECT_EQ(l.TermBytes(LedgerTerm::kAlignmentPadding), 4096ULL * (192 + 80));
 }
 
 TEST(LedgerTerms, TensorParallelReplicatesTheLatent) {

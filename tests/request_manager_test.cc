@@ -153,7 +153,13 @@ TEST(RequestManagerCreate, PoolGroupsAreTheCacheLayoutsPagedGroups) {
       EXPECT_EQ(pg.layers, paged[i]->layers) << name;
       EXPECT_EQ(pg.page.page_bytes, paged[i]->page.page_bytes) << name;
       EXPECT_EQ(pg.page.entries_per_block, paged[i]->page.entries_per_block) << name;
+      EXPECT_EQ(pg.page.layers_per_page, paged[i]->page.layers_per_page) << name;
+      EXPECT_EQ(pg.page.layer_stride, paged[i]->page.layer_stride) << name;
     }
+    // A block id holds every paged group's pages: one packed page (ADR 0020) or a page per layer.
+    uint64_t block = 0;
+    for (const CacheGroup* group : paged) block += GroupBlockBytes(group->page, group->layers).value();
+    EXPECT_EQ(m->pool().block_bytes(), block) << name;
   }
 }
 

@@ -72,9 +72,59 @@ TEST(EngineTessera, PagesAndGroupsAreTheCacheLayouts) {
       EXPECT_EQ(l.lines[i].in_pages, group.in_pages) << l.lines[i].name;
       if (group.in_pages) {
         EXPECT_EQ(l.lines[i].page.page_bytes, group.page.page_bytes) << l.lines[i].name;
+        EXPECT_EQ(l.lines[i].page.layers_per_page, group.page.layers_per_page) << l.lines[i].name;
       }
     }
   }
+}
+
+// ADR 0020 (issue 12 section 6): with the padded groups' layers packed into one page per block,
+// DeepSeek-V4 commits within 0.5% of its structural bytes at prefill peak and decode. Before
+// the packing: V4-Pro +1.399% (128K) and +1.438% (1M), V4-Flash +1.342% and +1.378%.
+TEST(EngineTessera, V4CommitsWithinHalfAPercentOfStructural) {
+  struct Case {
+    const char* model;
+    uint64_t tokens;
+    uint64_t padding_per_block;  // the packed pages' padding: compressed/128 + compressed/4
+    uint64_t committed;
+  };
+  // Pro: 80 B (31 x 1,168 -> 63 x 576) + 192 B (30 x 37,376 -> 1,947 x 576); Flash: 256 B
+  // (20 x 1,168 -> 41 x 576) + 192 B (21 x 37,376 -> 1,363 x 576).
+  const Case cases[] = {{"deepseek-v4-pro", 131072, 80 + 192, 746361856},
+                        {"deepseek-v4-pro", 1048576, 80 + 192, 5808002048},
+                        {"deepseek-v4-flash", 131072, 256 + 192, 520866816},
+                        {"deepseek-v4-flash", 1048576, 256 + 192, 4058991616}};
+  for (const Case& c : cases) {
+    Ledger l = MustLedger(Preset(c.model), Context(c.tokens));
+    const uint64_t blocks = c.tokens / 256;
+    EXPECT_EQ(l.TermBytes(LedgerTerm::kAlignmentPadding), blocks * c.padding_per_block) << c.model << " " << c.tokens;
+    EXPECT_EQ(l.TermBytes(LedgerTerm::kPageRounding), 0u) << c.model;
+    EXPECT_EQ(l.committed_bytes, l.requested_bytes + blocks * c.padding_per_block + blocks * BlockMetadataBytes(256));
+    EXPECT_EQ(l.committed_bytes, c.committed) << c.model << " " << c.tokens;
+    ASSERT_EQ(l.phases.size(), 3u);
+    for (size_t p : {1, 2}) {  // prefill peak, decode: (committed - structural) / structural <= 1/200
+      EXPECT_LE((l.phases[p].bytes - l.requested_bytes) * 200, l.requested_bytes) << c.model << " " << c.tokens;
+    }
+  }
+}
+
+// A fresh 1M-token request is admitted with its first chunk's pages (and their blocks' host
+// metadata) plus the arena, computed here from the layout alone.
+TEST(EngineTessera, V4AdmissionIsTheFirstChunksPagesPlusTheArena) {
+  for (const char* model : {"deepseek-v4-pro", "deepseek-v4-flash"}) {
+    const Geometry g = Preset(model);
+    CacheLayout layout = *ComputeCacheLayout(g, CacheLayoutOptions{});
+    uint64_t block = 0, arena = 0;
+    for (const CacheGroup& group : layout.groups) {
+      if (group.in_pages) block += GroupBlockBytes(group.page, group.layers).value();
+      if (!group.in_pages) arena += group.bytes_per_request;
+    }
+    const uint64_t chunk_blocks = 8192 / 256;
+    Ledger l = MustLedger(g, Context(1048576));
+    EXPECT_EQ(l.phases[0].bytes, chunk_blocks * (block + BlockMetadataBytes(256)) + arena) << model;
+  }
+  // V4-Pro: 32 x (36,288 + 1,121,472 + 30 x 8,448 + 1,088) + 23,270,400.
+  EXPECT_EQ(MustLedger(Preset("deepseek-v4-pro"), Context(1048576)).phases[0].bytes, 68463616u);
 }
 
 // Decode context parallelism: the ranks holding one token more are the busiest; the others hold

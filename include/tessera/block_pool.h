@@ -2,7 +2,9 @@
 //
 // A block id names the same token span in every layer of every group of the pool: block b
 // owns, in each group g, one page per layer, laid out block-major in g's region
-// ([block][layer][page]) so that a block's bytes in one group are one contiguous range.
+// ([block][layer][page]) so that a block's bytes in one group are one contiguous range. A packed
+// group (PageLayout::packed, ADR 0020) holds its layers' slices back to back in one page per
+// block ([block][layer][slice] + the page's padding); a layer's "page" is then its slice.
 // Each group has its own region and its own page size (no padding to a common size).
 //
 // Block states and their invariants (held in parallel arrays indexed by block id):
@@ -103,7 +105,8 @@ class BlockPool {
   uint32_t generation(BlockId b) const { return generation_[b.value]; }
   uint8_t priority(BlockId b) const { return priority_[b.value]; }
 
-  // The page of one layer of one group, and the whole block of one group (all its layers).
+  // The page of one layer of one group (its slice of a packed page), and the whole block of one
+  // group (all its layers, with the padding).
   BlockHandle PageHandle(BlockId b, uint32_t group, uint32_t layer) const;
   BlockHandle BlockHandleOf(BlockId b, uint32_t group) const;
   // Entry `slot` of the page of (b, group, layer), one span per plane of the group's format

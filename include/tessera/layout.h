@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/checked.h"
 #include "tessera/format.h"
 #include "tessera/geometry.h"
 #include "tessera/status.h"
@@ -59,22 +60,43 @@ struct BlockTokensChoice {
 Result<BlockTokensChoice> ChooseBlockTokens(const std::vector<uint32_t>& ratios, bool mla, Kernel kernel,
                                             std::optional<uint64_t> requested);
 
+// A page holds one block of `layers_per_page` layers: each layer's slice (its entries of the
+// block, laid out by the format's packing) at `layer_stride` from the previous one, the whole
+// padded up to `alignment`. Unpacked (layers_per_page 1) a slice is the page. Packed, the
+// slices are back to back (layer_stride = data_bytes rounded up to kPackedSliceAlignment, so
+// every slice starts 16-B aligned for a kernel's vector loads; v4-fp8's slices of 2 or 64
+// entries are already multiples of 16 B) and only the page is padded, so the
+// padding is paid once per page instead of once per layer (ADR 0020). A kernel addresses entry
+// e of layer l of block b in place: base + b x block stride + l x layer_stride + the format's
+// offset of e inside a slice; its block stride (page_bytes x pages per block) stays a multiple
+// of `alignment`.
+constexpr uint64_t kPackedSliceAlignment = 16;
 struct PageLayout {
   uint32_t block_tokens = 0;
   uint32_t compress_ratio = 1;
   uint32_t entries_per_block = 0;
   uint64_t record_bytes = 0;
-  uint64_t data_bytes = 0;     // entries_per_block x record_bytes
-  uint64_t page_bytes = 0;     // data_bytes rounded up to `alignment`
-  uint64_t padding_bytes = 0;  // page_bytes - data_bytes
+  uint64_t data_bytes = 0;       // one layer's slice: entries_per_block x record_bytes
+  uint32_t layers_per_page = 1;  // layers whose slices share one page
+  uint64_t layer_stride = 0;     // bytes from one layer's slice to the next: page_bytes unpacked, ~data_bytes packed
+  uint64_t page_bytes = 0;       // layers_per_page x layer stride rounded up to `alignment`
+  uint64_t padding_bytes = 0;    // page_bytes - layers_per_page x data_bytes
   uint64_t alignment = 1;
+  bool packed() const { return layers_per_page > 1; }
 };
 
 // One page of `format` holding a block of `block_tokens` tokens at `compress_ratio` tokens
-// per entry. `alignment` 0 means the format's own page alignment.
-// Errors: kInvalidArgument on "block-tokens" when block_tokens is not a multiple of the ratio.
+// per entry, for `layers_per_page` layers. `alignment` 0 means the format's own page alignment.
+// Errors: kInvalidArgument on "block-tokens" when block_tokens is not a multiple of the ratio,
+// on "layers" when layers_per_page is 0.
 Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compress_ratio, uint32_t block_tokens,
-                                     uint64_t alignment = 0);
+                                     uint64_t alignment = 0, uint32_t layers_per_page = 1);
+
+// Page bytes of one block of a group of `layers` layers: its pages, ceil(layers /
+// layers_per_page) of them. Overflow is reported through Checked.
+Checked GroupBlockBytes(const PageLayout& page, uint32_t layers);
+// Padding of a packed group's pages per block (0 unpacked: each layer's slice carries its own).
+uint64_t PackedPaddingPerBlock(const PageLayout& page, uint32_t layers);
 
 // Host bytes Tessera's pool keeps per block id, as the ledger counts them: a model of a fixed
 // header (state, refcount, generation, LRU links, prefix key, content key) plus the block's token
@@ -102,6 +124,9 @@ struct CacheLayoutOptions {
   Kernel kernel = Kernel::kFlashMla;
   bool include_mtp = false;  // whether MTP layers hold cache
   uint32_t tp = 1;           // tensor-parallel ranks: MHA/GQA heads shard, so a rank's record is smaller
+  // Pack the layers of a paged group into one page per block when a page of one layer would be
+  // padded (ADR 0020); false keeps one padded page per layer (the layout before ADR 0020).
+  bool pack_layers = true;
 };
 
 // One cache kind over the layers that hold it, e.g. "csa.compressed" over the 30 CSA layers: the
@@ -163,8 +188,10 @@ struct CacheLayout : CacheMap {
 };
 
 // Tessera's block span (ChooseBlockTokens over the paged lines' ratios) and its groups with their
-// page layouts (ComputePageLayout, each format's own alignment). Errors: "block-tokens" (see
-// ChooseBlockTokens), "compress_ratios", "sliding_window" when a group's ring bytes overflow.
+// page layouts (ComputePageLayout, each format's own alignment). A paged group whose one-layer
+// page would be padded holds all its layers in one page per block (options.pack_layers).
+// Errors: "block-tokens" (see ChooseBlockTokens), "compress_ratios", "sliding_window" when a
+// group's ring bytes overflow.
 Result<CacheLayout> LayoutCaches(const Geometry& g, CacheMap caches, const CacheLayoutOptions& options);
 // MapCaches, then LayoutCaches: what the pools hold, and what the ledger prices for engine tessera.
 Result<CacheLayout> ComputeCacheLayout(const Geometry& g, const CacheLayoutOptions& options);

@@ -33,6 +33,8 @@ Hash128 CacheIdentityKey(std::string_view config_sha256, std::string_view weight
     add_u64(g.page.page_bytes);
     add_u64(g.page.record_bytes);
     add_u64(g.page.entries_per_block);
+    // Packed pages place slices differently (ADR 0020); unpacked identities stay as they were.
+    if (g.page.packed()) add_u64(g.page.layers_per_page);
   }
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

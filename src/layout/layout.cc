@@ -127,7 +127,8 @@ Result<BlockTokensChoice> ChooseBlockTokens(const std::vector<uint32_t>& ratios,
 }
 
 Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compress_ratio, uint32_t block_tokens,
-                                     uint64_t alignment) {
+                                     uint64_t alignment, uint32_t layers_per_page) {
+  if (layers_per_page == 0) return InvalidArgument("layers", "a page holds at least one layer");
   if (compress_ratio == 0) return InvalidArgument("compress_ratios", "a paged cache needs a positive compress ratio");
   if (block_tokens == 0 || block_tokens % compress_ratio != 0) {
     return InvalidArgument("block-tokens", std::to_string(block_tokens) + " is not a multiple of compress ratio " +
@@ -139,13 +140,30 @@ Result<PageLayout> ComputePageLayout(const RecordFormat& format, uint32_t compre
   p.entries_per_block = block_tokens / compress_ratio;
   p.record_bytes = format.record_bytes();
   p.alignment = alignment == 0 ? std::max<uint64_t>(format.page_alignment, 1) : alignment;
+  p.layers_per_page = layers_per_page;
   Checked data = Checked(p.entries_per_block) * p.record_bytes;
-  Checked page = RoundUp(data.value(), p.alignment);
-  if (data.overflowed() || page.overflowed()) return OutOfRange("block-tokens", "page bytes overflow 64 bits");
+  if (data.overflowed()) return OutOfRange("block-tokens", "page bytes overflow 64 bits");
+  // Packed slices start on kPackedSliceAlignment so a kernel's vector loads stay aligned.
+  Checked stride = layers_per_page > 1 ? RoundUp(data.value(), kPackedSliceAlignment) : data;
+  Checked slices = stride * layers_per_page;
+  if (slices.overflowed()) return OutOfRange("block-tokens", "page bytes overflow 64 bits");
+  Checked page = RoundUp(slices.value(), p.alignment);
+  if (page.overflowed()) return OutOfRange("block-tokens", "page bytes overflow 64 bits");
   p.data_bytes = data.value();
   p.page_bytes = page.value();
-  p.padding_bytes = p.page_bytes - p.data_bytes;
+  p.padding_bytes = p.page_bytes - p.data_bytes * layers_per_page;
+  p.layer_stride = p.packed() ? stride.value() : p.page_bytes;
   return p;
+}
+
+Checked GroupBlockBytes(const PageLayout& page, uint32_t layers) {
+  const uint32_t per_page = std::max<uint32_t>(page.layers_per_page, 1);
+  return Checked(CeilDiv(layers, per_page)) * page.page_bytes;
+}
+
+uint64_t PackedPaddingPerBlock(const PageLayout& page, uint32_t layers) {
+  if (!page.packed()) return 0;
+  return CeilDiv(layers, page.layers_per_page) * page.padding_bytes;
 }
 
 std::string_view SwaStrategyName(SwaStrategy s) {
@@ -377,7 +395,15 @@ Result<CacheLayout> LayoutCaches(const Geometry& g, CacheMap caches, const Cache
   for (CacheGroup& group : layout.groups) {
     // Layer indices ascend in model order (main layers, then MTP layers).
     std::sort(group.model_layers.begin(), group.model_layers.end());
-    if (group.in_pages) continue;
+    if (group.in_pages) {
+      // A padded one-layer page (v4-fp8's 576-B alignment: 2 HCA entries of 584 B in 1,728 B)
+      // pays its padding once per layer; all the group's layers in one page pay it once.
+      if (options.pack_layers && group.page.padding_bytes > 0 && group.layers > 1) {
+        TESSERA_ASSIGN_OR_RETURN(group.page, ComputePageLayout(group.format, group.compress_ratio,
+                                                               group.page.block_tokens, 0, group.layers));
+      }
+      continue;
+    }
     Checked ring = Checked(group.layers) * group.slots * group.format.record_bytes();
     if (ring.overflowed()) return OutOfRange("sliding_window", "the " + group.name + " rings overflow 64 bits");
     group.bytes_per_request = ring.value();

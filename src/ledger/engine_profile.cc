@@ -42,12 +42,15 @@ LineCost PagedCost(const CacheLine& line, const Policy& p, uint64_t n, uint64_t 
   const Checked layers(line.layers);
   const PageLayout& page = line.page;
   uint64_t live = p.window > 0 ? std::min<uint64_t>(n, p.window) : Entries(n, p.entry_tokens).value();
-  Checked committed_n = layers * blocks_n * page.page_bytes;
-  Checked committed_nk = layers * blocks_nk * page.page_bytes;
+  // A layer's share of a block: its page, or the data of its slice of a packed page (whose
+  // padding the profile charges once per page: PackedPaddingPerBlock).
+  const uint64_t per_layer = page.packed() ? page.data_bytes : page.page_bytes;
+  Checked committed_n = layers * blocks_n * per_layer;
+  Checked committed_nk = layers * blocks_nk * per_layer;
   c.terms.emplace_back(LedgerTerm::kRecords, layers * live * record);
   c.terms.emplace_back(LedgerTerm::kPageRounding,
                        layers * (Checked(blocks_n) * page.entries_per_block - live) * record);
-  c.terms.emplace_back(LedgerTerm::kAlignmentPadding, layers * blocks_n * page.padding_bytes);
+  c.terms.emplace_back(LedgerTerm::kAlignmentPadding, layers * blocks_n * (page.packed() ? 0 : page.padding_bytes));
   c.terms.emplace_back(LedgerTerm::kSpeculativeSlots, committed_nk - committed_n);
   c.committed = committed_nk;
   return c;
@@ -74,7 +77,7 @@ void RankCost::AddLine(LineCost cost) {
 }
 
 void RankCost::AddTerm(LedgerTerm term, Checked bytes) {
-  terms[term] = bytes;
+  terms[term] += bytes;
   committed += bytes;
 }
 

@@ -57,8 +57,10 @@ Checked CommittedScaleBytes(const Ledger& l) {
   for (const CacheLine& line : l.lines) {
     const uint64_t scale = ScaleBytes(line.format);
     if (scale == 0) continue;
-    Checked entries = line.in_pages && line.page.page_bytes > 0
-                          ? Checked(line.committed_bytes / line.page.page_bytes) * line.page.entries_per_block
+    // A line of a packed page (ADR 0020) commits its slices' data; its page padding is the group's.
+    const uint64_t per_page = line.page.packed() ? line.page.data_bytes : line.page.page_bytes;
+    Checked entries = line.in_pages && per_page > 0
+                          ? Checked(line.committed_bytes / per_page) * line.page.entries_per_block
                           : Checked(line.committed_bytes / std::max<uint64_t>(1, line.format.record_bytes()));
     total += entries * scale;
   }

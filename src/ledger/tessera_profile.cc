@@ -82,6 +82,14 @@ class TesseraProfile final : public EngineProfile {
         rc.AddLine(RingCost(line, tokens, o.spec_tokens));
       }
     }
+    // A packed page's padding once per page (its lines carry their slices only).
+    for (const CacheGroup& group : ledger.groups) {
+      if (!group.in_pages) continue;
+      const uint64_t padding = PackedPaddingPerBlock(group.page, group.layers);
+      if (padding == 0) continue;
+      rc.AddTerm(LedgerTerm::kAlignmentPadding, Checked(span_n) * padding);
+      rc.AddTerm(LedgerTerm::kSpeculativeSlots, Checked(span_nk - span_n) * padding);
+    }
     // Host metadata once per block id.
     rc.AddTerm(LedgerTerm::kBlockMetadata, Checked(span_nk) * BlockMetadataBytes(ledger.block_tokens));
     if (boundary_.window_tokens > 0 && o.swa_strategy != SwaStrategy::kRecompute) {

@@ -41,7 +41,13 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(BlockPoolOptions options) {
                                            " tokens per block, the pool " + std::to_string(pool->block_tokens_));
     }
     if (g.layers == 0 || g.page.page_bytes == 0) return InvalidArgument("groups", "group " + g.name + " is empty");
-    Checked group_block = Checked(g.layers) * g.page.page_bytes;
+    if (g.page.layers_per_page == 0 ||
+        (g.page.packed() && (g.page.layer_stride < g.page.data_bytes ||
+                             (Checked(g.page.layer_stride) * g.page.layers_per_page).overflowed() ||
+                             g.page.layer_stride * g.page.layers_per_page > g.page.page_bytes))) {
+      return InvalidArgument("groups", "group " + g.name + "'s layer slices do not fit its page");
+    }
+    Checked group_block = GroupBlockBytes(g.page, g.layers);
     Checked region = group_block * options.capacity_blocks;
     if (region.overflowed()) return OutOfRange("capacity-blocks", "region bytes overflow 64 bits");
     TESSERA_ASSIGN_OR_RETURN(uint32_t id, pool->regions_.AddRegion(options.region_kind, region.value(), g.name));
@@ -203,8 +209,12 @@ void BlockPool::AddEvictionListener(std::function<void(BlockId)> listener) {
 BlockHandle BlockPool::PageHandle(BlockId b, uint32_t group, uint32_t layer) const {
   const PoolGroup& g = groups_[group];
   assert(layer < g.layers);
-  return {group_region_[group], b.value * group_block_bytes_[group] + uint64_t{layer} * g.page.page_bytes,
-          g.page.page_bytes};
+  // Packed pages (ADR 0020) hold layers_per_page slices back to back; the handle is the layer's slice.
+  const uint64_t page = layer / g.page.layers_per_page;
+  const uint64_t slice = layer % g.page.layers_per_page;
+  return {group_region_[group],
+          b.value * group_block_bytes_[group] + page * g.page.page_bytes + slice * g.page.layer_stride,
+          g.page.packed() ? g.page.data_bytes : g.page.page_bytes};
 }
 
 BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {

@@ -48,6 +48,8 @@ BlockRecordInfo BlockRecordInfoOf(const BlockPool& pool) {
     add(&g.page.page_bytes, sizeof g.page.page_bytes);
     add(&g.page.record_bytes, sizeof g.page.record_bytes);
     add(&g.page.entries_per_block, sizeof g.page.entries_per_block);
+    // Packed pages place slices differently (ADR 0020); unpacked fingerprints stay as they were.
+    if (g.page.packed()) add(&g.page.layers_per_page, sizeof g.page.layers_per_page);
   }
   info.fingerprint = XXH3_64bits_digest(st);
   XXH3_freeState(st);

@@ -197,6 +197,7 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
       cj["entries_per_block"] = c.page.entries_per_block;
       cj["page_bytes"] = c.page.page_bytes;
       cj["page_padding_bytes"] = c.page.padding_bytes;
+      cj["layers_per_page"] = c.page.layers_per_page;
     }
     cj["requested_bytes"] = c.requested_bytes;
     cj["committed_bytes"] = c.committed_bytes;
@@ -274,10 +275,11 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
   for (const CacheLine& c : l.lines) {
     std::string per = c.grows ? c.bytes_per_token_per_layer.ToExactAndDecimal() + " B"
                               : std::to_string(c.record_bytes) + " B/slot x " + std::to_string(c.slots) + " (constant)";
-    std::string storage = c.in_pages
-                              ? std::to_string(c.page.entries_per_block) + " x " + std::to_string(c.page.block_tokens) +
-                                    "-token pages of " + std::to_string(c.page.page_bytes) + " B"
-                              : "arena";
+    std::string storage =
+        c.in_pages ? std::to_string(c.page.entries_per_block) + " x " + std::to_string(c.page.block_tokens) +
+                         "-token pages of " + std::to_string(c.page.page_bytes) + " B" +
+                         (c.page.packed() ? " (" + std::to_string(c.page.layers_per_page) + " layers per page)" : "")
+                   : "arena";
     caches.Add({c.name, std::to_string(c.layers), c.format.name, std::to_string(c.record_bytes) + " B", per,
                 ShapeString(c), storage, WithThousands(c.requested_bytes), WithThousands(c.committed_bytes),
                 WithThousands(c.read_bytes_per_token)});
@@ -373,10 +375,16 @@ std::string RenderLayout(const Ledger& l, OutputFormat format) {
       gj["page_bytes"] = g.page.page_bytes;
       gj["padding_bytes"] = g.page.padding_bytes;
       gj["page_alignment"] = g.page.alignment;
-      gj["block_bytes"] = uint64_t{g.layers} * g.page.page_bytes;
+      gj["layers_per_page"] = g.page.layers_per_page;
+      gj["layer_stride"] = g.page.layer_stride;
+      gj["block_bytes"] = GroupBlockBytes(g.page, g.layers).value();
       std::string why = std::to_string(l.block_tokens) + " tokens / " + std::to_string(g.compress_ratio) +
                         " per entry = " + std::to_string(g.page.entries_per_block) + " entries of " +
                         std::to_string(g.format.record_bytes()) + " B";
+      if (g.page.packed()) {
+        why += "; " + std::to_string(g.page.layers_per_page) + " layers' slices of " +
+               std::to_string(g.page.data_bytes) + " B share one page";
+      }
       if (g.page.padding_bytes > 0) {
         why += ", padded to a multiple of " + std::to_string(g.page.alignment) + " B (" + g.format.name + " alignment)";
       }

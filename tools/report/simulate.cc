@@ -33,8 +33,8 @@ constexpr uint64_t kMaxWorkloadTokens = uint64_t{1} << 26;
 // their page layouts from it).
 Checked BlockBytes(const Ledger& probe) {
   Checked bytes(0);
-  for (const CacheLine& line : probe.lines) {
-    if (line.in_pages) bytes += Checked(line.layers) * line.page.page_bytes;
+  for (const CacheGroup& group : probe.groups) {
+    if (group.in_pages) bytes += GroupBlockBytes(group.page, group.layers);
   }
   return bytes;
 }
