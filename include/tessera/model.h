@@ -75,6 +75,18 @@ Status WriteWeightsFile(const std::string& path, const TinyConfig& c, const Weig
 Result<Weights> ParseWeights(std::string_view bytes, const TinyConfig& c);
 Result<Weights> ReadWeightsFile(const std::string& path, const TinyConfig& c);
 
+// The weight file of any tiny model (tiny-v4 too): safetensors, every tensor F32 little-endian in
+// `specs` order, __metadata__ {model, seed, format "tessera-tiny-v1"}. Parse validates what
+// ParseWeights documents, against `model` and `specs`; errors on "weights" naming the tensor.
+Result<std::string> SerializeWeightFile(std::string_view model, std::span<const TensorSpec> specs, const Weights& w);
+Result<Weights> ParseWeightFile(std::string_view bytes, std::string_view model, std::span<const TensorSpec> specs);
+Status WriteWeightFile(const std::string& path, std::string_view model, std::span<const TensorSpec> specs,
+                       const Weights& w);
+Result<Weights> ReadWeightFile(const std::string& path, std::string_view model, std::span<const TensorSpec> specs);
+// The next draw of ADR 0017's weight stream: SplitMix64 advances `state`; u = (z >> 40 + 0.5) /
+// 2^24 * 2 - 1, in (-1, 1), in double (the caller scales it and rounds to float once).
+double NextWeightDraw(uint64_t& state);
+
 // Page formats the tiny models run with (the record formats the cache writer encodes).
 // Errors: kInvalidArgument on "kv-format" for any other format name.
 Status CheckTinyKvFormat(std::string_view kv_format);

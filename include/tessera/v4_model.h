@@ -24,6 +24,7 @@
 
 #include "tessera/attention.h"
 #include "tessera/geometry.h"
+#include "tessera/model.h"
 #include "tessera/request_manager.h"
 #include "tessera/status.h"
 #include "tessera/v4_attention.h"
@@ -46,20 +47,12 @@ struct TinyV4Config {
 // dividing the heads, "index_head_dim" not 128, "num_nextn_predict_layers" not 0, ...).
 Result<TinyV4Config> LoadTinyV4Config(std::string_view model);
 
-struct V4TensorSpec {
-  std::string name;
-  std::vector<uint64_t> shape;
-  uint64_t elements() const;
-};
+// tiny-v4's tensors and weights are the tiny models' (model.h: one weight-file format, one reader).
+using V4TensorSpec = TensorSpec;
 // Every tensor, in generation and file order (ADR 0018).
 std::vector<V4TensorSpec> TinyV4WeightSpecs(const TinyV4Config& c);
 
-struct TinyV4Weights {
-  uint64_t seed = 0;
-  std::map<std::string, std::vector<float>, std::less<>> tensors;
-  // REQUIRES: a name of TinyV4WeightSpecs.
-  const std::vector<float>& at(std::string_view name) const { return tensors.find(name)->second; }
-};
+using TinyV4Weights = Weights;
 
 // SplitMix64 from `seed`, one stream over TinyV4WeightSpecs order (ADR 0017's draws, ADR 0018's
 // scales).

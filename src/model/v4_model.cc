@@ -17,9 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr std::string_view kWeightsFormat = "tessera-tiny-v1";
-constexpr uint64_t kMaxWeightFileBytes = uint64_t{256} << 20;
-constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
 constexpr uint32_t kIndexHeadDim = 128;  // the Hadamard size
 
 Result<uint32_t> Count(const json& cfg, const char* field) {
@@ -36,18 +33,6 @@ Result<double> Number(const json& cfg, const char* field) {
   const double d = cfg[field].get<double>();
   if (!std::isfinite(d) || d <= 0) return InvalidArgument(field, "must be a positive finite number");
   return d;
-}
-
-uint64_t SplitMix64Next(uint64_t& state) {
-  state += 0x9e3779b97f4a7c15ULL;
-  uint64_t z = state;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
 Status Bad(const std::string& what) { return InvalidArgument("weights", what); }
@@ -111,12 +96,6 @@ Result<TinyV4Config> LoadTinyV4Config(std::string_view model) {
   return c;
 }
 
-uint64_t V4TensorSpec::elements() const {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n *= d;
-  return n;
-}
-
 std::vector<V4TensorSpec> TinyV4WeightSpecs(const TinyV4Config& c) {
   const uint64_t hidden = c.hidden, H = c.dims.heads, D = c.dims.head_dim, I = c.dims.indexer.heads;
   std::vector<V4TensorSpec> s;
@@ -160,19 +139,19 @@ std::vector<V4TensorSpec> TinyV4WeightSpecs(const TinyV4Config& c) {
 
 TinyV4Weights GenerateTinyV4Weights(const TinyV4Config& c, uint64_t seed) {
   TinyV4Weights w;
+  w.model = c.name;
   w.seed = seed;
   uint64_t state = seed;
   for (const V4TensorSpec& t : TinyV4WeightSpecs(c)) {
     std::vector<float> v(t.elements());
     // ADR 0018: norm weights 1 + 0.1u, ape 0.1u, attn_sink u, linear weights and the embedding
     // u / sqrt(in).
-    const bool ape = EndsWith(t.name, ".ape");
-    const bool sink = EndsWith(t.name, ".attn_sink");
+    const bool ape = t.name.ends_with(".ape");
+    const bool sink = t.name.ends_with(".attn_sink");
     const bool norm = !sink && t.shape.size() == 1;
     const double gain = (t.shape.size() == 2 && !ape) ? 1.0 / std::sqrt(static_cast<double>(t.shape[1])) : 1.0;
     for (float& x : v) {
-      const uint64_t u24 = SplitMix64Next(state) >> 40;
-      const double u = (static_cast<double>(u24) + 0.5) / 16777216.0 * 2.0 - 1.0;
+      const double u = NextWeightDraw(state);
       x = static_cast<float>(norm ? 1.0 + 0.1 * u : ape ? 0.1 * u : sink ? u : u * gain);
     }
     w.tensors.emplace(t.name, std::move(v));
@@ -181,109 +160,19 @@ TinyV4Weights GenerateTinyV4Weights(const TinyV4Config& c, uint64_t seed) {
 }
 
 Result<std::string> SerializeTinyV4Weights(const TinyV4Config& c, const TinyV4Weights& w) {
-  json header = json::object();
-  header["__metadata__"] = {{"model", c.name}, {"seed", std::to_string(w.seed)}, {"format", kWeightsFormat}};
-  uint64_t offset = 0;
-  std::string data;
-  for (const V4TensorSpec& t : TinyV4WeightSpecs(c)) {
-    auto it = w.tensors.find(t.name);
-    if (it == w.tensors.end() || it->second.size() != t.elements()) return Bad(t.name + ": missing or mis-sized");
-    const uint64_t bytes = 4 * t.elements();
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-    for (float f : it->second) {
-      const uint32_t b = std::bit_cast<uint32_t>(f);
-      const char le[4] = {static_cast<char>(b & 0xff), static_cast<char>((b >> 8) & 0xff),
-                          static_cast<char>((b >> 16) & 0xff), static_cast<char>(b >> 24)};
-      data.append(le, 4);
-    }
-  }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');
-  std::string out(8, '\0');
-  const uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
-  out += text;
-  out += data;
-  return out;
+  return SerializeWeightFile(c.name, TinyV4WeightSpecs(c), w);
 }
 
 Result<TinyV4Weights> ParseTinyV4Weights(std::string_view bytes, const TinyV4Config& c) {
-  if (bytes.size() < 8) return Bad("file is " + std::to_string(bytes.size()) + " B, shorter than its header length");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(bytes[static_cast<size_t>(i)])} << (8 * i);
-  if (n > bytes.size() - 8) return Bad("header length " + std::to_string(n) + " runs past the end of the file");
-  if (n > kMaxHeaderBytes) return Bad("header length " + std::to_string(n) + " exceeds 1 MiB");
-  const std::string_view text = bytes.substr(8, n);
-  // Depth is bounded by the parser's input (1 MiB); the header's shape is checked below.
-  const json h = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (!h.is_object()) return Bad("header is not a JSON object");
-  if (!h.contains("__metadata__") || !h["__metadata__"].is_object()) return Bad("__metadata__ missing");
-  const json& meta = h["__metadata__"];
-  for (const char* key : {"model", "seed", "format"}) {
-    if (!meta.contains(key) || !meta[key].is_string()) return Bad(std::string("__metadata__.") + key + " missing");
-  }
-  if (meta["format"].get<std::string>() != kWeightsFormat) return Bad("__metadata__.format is not tessera-tiny-v1");
-  if (meta["model"].get<std::string>() != c.name) return Bad("__metadata__.model is not " + c.name);
-  const std::string seed = meta["seed"].get<std::string>();
-  if (seed.empty() || seed.size() > 20 ||
-      !std::all_of(seed.begin(), seed.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-    return Bad("__metadata__.seed is not a decimal integer");
-  }
-  Checked sv(0);
-  for (char ch : seed) sv = sv * 10 + static_cast<uint64_t>(ch - '0');
-  if (sv.overflowed()) return Bad("__metadata__.seed exceeds 64 bits");
-  TinyV4Weights w;
-  w.seed = sv.value();
-  const std::vector<V4TensorSpec> specs = TinyV4WeightSpecs(c);
-  if (h.size() != specs.size() + 1) {
-    for (auto it = h.begin(); it != h.end(); ++it) {
-      const bool known =
-          it.key() == "__metadata__" ||
-          std::any_of(specs.begin(), specs.end(), [&](const V4TensorSpec& s) { return s.name == it.key(); });
-      if (!known) return Bad("unexpected tensor " + it.key());
-    }
-  }
-  const std::string_view data = bytes.substr(8 + n);
-  uint64_t expected = 0;
-  for (const V4TensorSpec& t : specs) {
-    if (!h.contains(t.name)) return Bad(t.name + ": missing");
-    const json& e = h[t.name];
-    if (!e.is_object() || !e.contains("dtype") || e["dtype"] != "F32") return Bad(t.name + ": dtype is not F32");
-    if (!e.contains("shape") || e["shape"] != json(t.shape))
-      return Bad(t.name + ": shape is not " + json(t.shape).dump());
-    const json& off = e.contains("data_offsets") ? e["data_offsets"] : json();
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
-      return Bad(t.name + ": data_offsets malformed");
-    }
-    const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
-    if (begin != expected || end < begin || end - begin != 4 * t.elements()) {
-      return Bad(t.name + ": data_offsets do not tile the data in order");
-    }
-    if (end > data.size()) return Bad(t.name + ": data runs past the end of the file");
-    std::vector<float> v(t.elements());
-    for (uint64_t i = 0; i < v.size(); ++i) {
-      uint32_t b = 0;
-      for (int k = 0; k < 4; ++k) b |= uint32_t{static_cast<uint8_t>(data[begin + 4 * i + k])} << (8 * k);
-      v[i] = std::bit_cast<float>(b);
-      if (!std::isfinite(v[i])) return Bad(t.name + ": value " + std::to_string(i) + " is not finite");
-    }
-    w.tensors.emplace(t.name, std::move(v));
-    expected = end;
-  }
-  if (expected != data.size())
-    return Bad("file holds " + std::to_string(data.size() - expected) + " B past the tensors");
-  return w;
+  return ParseWeightFile(bytes, c.name, TinyV4WeightSpecs(c));
 }
 
 Status WriteTinyV4WeightsFile(const std::string& path, const TinyV4Config& c, const TinyV4Weights& w) {
-  TESSERA_ASSIGN_OR_RETURN(std::string bytes, SerializeTinyV4Weights(c, w));
-  return WriteFilesAtomically({{path, std::move(bytes)}});
+  return WriteWeightFile(path, c.name, TinyV4WeightSpecs(c), w);
 }
 
 Result<TinyV4Weights> ReadTinyV4WeightsFile(const std::string& path, const TinyV4Config& c) {
-  TESSERA_ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(path, "weights", kMaxWeightFileBytes));
-  return ParseTinyV4Weights(bytes, c);
+  return ReadWeightFile(path, c.name, TinyV4WeightSpecs(c));
 }
 
 // ---- runner ---------------------------------------------------------------------------------

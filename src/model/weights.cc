@@ -80,6 +80,11 @@ Status Bad(const std::string& what) { return InvalidArgument("weights", what); }
 
 }  // namespace
 
+double NextWeightDraw(uint64_t& state) {
+  const uint64_t u24 = SplitMix64Next(state) >> 40;
+  return (static_cast<double>(u24) + 0.5) / 16777216.0 * 2.0 - 1.0;
+}
+
 std::vector<std::string> TinyModelNames() { return {"tiny-dsa", "tiny-mla"}; }
 
 Result<TinyConfig> LoadTinyConfig(std::string_view model) {
@@ -173,8 +178,7 @@ Weights GenerateWeights(const TinyConfig& c, uint64_t seed) {
     // Linear weights [out, in] and the embedding [vocab, hidden]: in = the last dim.
     const double gain = t.shape.size() == 2 ? 1.0 / std::sqrt(static_cast<double>(t.shape[1])) : 1.0;
     for (float& x : v) {
-      const uint64_t u24 = SplitMix64Next(state) >> 40;
-      const double u = (static_cast<double>(u24) + 0.5) / 16777216.0 * 2.0 - 1.0;
+      const double u = NextWeightDraw(state);
       x = static_cast<float>(norm ? 1.0 + 0.1 * u : bias ? 0.1 * u : u * gain);
     }
     w.tensors.emplace(t.name, std::move(v));
@@ -182,12 +186,13 @@ Weights GenerateWeights(const TinyConfig& c, uint64_t seed) {
   return w;
 }
 
-Result<std::string> SerializeWeights(const TinyConfig& c, const Weights& w) {
+Result<std::string> SerializeWeightFile(std::string_view model, std::span<const TensorSpec> specs, const Weights& w) {
   json header = json::object();
-  header["__metadata__"] = {{"model", c.name}, {"seed", std::to_string(w.seed)}, {"format", kWeightsFormat}};
+  header["__metadata__"] = {
+      {"model", std::string(model)}, {"seed", std::to_string(w.seed)}, {"format", kWeightsFormat}};
   uint64_t offset = 0;
   std::string data;
-  for (const TensorSpec& t : WeightSpecs(c)) {
+  for (const TensorSpec& t : specs) {
     auto it = w.tensors.find(t.name);
     if (it == w.tensors.end() || it->second.size() != t.elements()) return Bad(t.name + ": missing or mis-sized");
     const uint64_t bytes = 4 * t.elements();
@@ -210,12 +215,22 @@ Result<std::string> SerializeWeights(const TinyConfig& c, const Weights& w) {
   return out;
 }
 
-Status WriteWeightsFile(const std::string& path, const TinyConfig& c, const Weights& w) {
-  TESSERA_ASSIGN_OR_RETURN(std::string bytes, SerializeWeights(c, w));
+Status WriteWeightFile(const std::string& path, std::string_view model, std::span<const TensorSpec> specs,
+                       const Weights& w) {
+  TESSERA_ASSIGN_OR_RETURN(std::string bytes, SerializeWeightFile(model, specs, w));
   return WriteFilesAtomically({{path, std::move(bytes)}});
 }
 
-Result<Weights> ParseWeights(std::string_view bytes, const TinyConfig& c) {
+Result<std::string> SerializeWeights(const TinyConfig& c, const Weights& w) {
+  return SerializeWeightFile(c.name, WeightSpecs(c), w);
+}
+
+Status WriteWeightsFile(const std::string& path, const TinyConfig& c, const Weights& w) {
+  return WriteWeightFile(path, c.name, WeightSpecs(c), w);
+}
+
+Result<Weights> ParseWeightFile(std::string_view bytes, std::string_view model_name,
+                                std::span<const TensorSpec> specs) {
   if (bytes.size() < 8)
     return Bad("file is " + std::to_string(bytes.size()) + " B, shorter than the 8-byte header length");
   uint64_t n = 0;
@@ -242,7 +257,7 @@ Result<Weights> ParseWeights(std::string_view bytes, const TinyConfig& c) {
   if (format != kWeightsFormat)
     return Bad("__metadata__.format is \"" + format + "\", expected " + std::string(kWeightsFormat));
   TESSERA_ASSIGN_OR_RETURN(std::string model, meta_string("model"));
-  if (model != c.name) return Bad("__metadata__.model is \"" + model + "\", expected " + c.name);
+  if (model != model_name) return Bad("__metadata__.model is \"" + model + "\", expected " + std::string(model_name));
   TESSERA_ASSIGN_OR_RETURN(std::string seed, meta_string("seed"));
   Weights w;
   w.model = model;
@@ -255,12 +270,11 @@ Result<Weights> ParseWeights(std::string_view bytes, const TinyConfig& c) {
     if (s.overflowed()) return Bad("__metadata__.seed exceeds 64 bits");
     w.seed = s.value();
   }
-  const std::vector<TensorSpec> specs = WeightSpecs(c);
   for (auto it = h.begin(); it != h.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     bool expected = false;
     for (const TensorSpec& t : specs) expected = expected || t.name == it.key();
-    if (!expected) return Bad(it.key() + ": not a tensor of " + c.name);
+    if (!expected) return Bad(it.key() + ": not a tensor of " + std::string(model_name));
   }
   uint64_t offset = 0;
   for (const TensorSpec& t : specs) {
@@ -310,9 +324,17 @@ Result<Weights> ParseWeights(std::string_view bytes, const TinyConfig& c) {
   return w;
 }
 
-Result<Weights> ReadWeightsFile(const std::string& path, const TinyConfig& c) {
+Result<Weights> ReadWeightFile(const std::string& path, std::string_view model, std::span<const TensorSpec> specs) {
   TESSERA_ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(path, "weights", kMaxWeightFileBytes));
-  return ParseWeights(bytes, c);
+  return ParseWeightFile(bytes, model, specs);
+}
+
+Result<Weights> ParseWeights(std::string_view bytes, const TinyConfig& c) {
+  return ParseWeightFile(bytes, c.name, WeightSpecs(c));
+}
+
+Result<Weights> ReadWeightsFile(const std::string& path, const TinyConfig& c) {
+  return ReadWeightFile(path, c.name, WeightSpecs(c));
 }
 
 Status CheckTinyKvFormat(std::string_view kv_format) {
