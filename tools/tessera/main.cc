@@ -59,6 +59,14 @@ int Fail(const Status& st) {
   return 2;
 }
 
+// --model NAME (a preset) or --config PATH (a config.json), exactly one.
+Result<Geometry> LoadModelOrConfig(const std::string& model, const std::string& config) {
+  if (!model.empty() && !config.empty()) return InvalidArgument("model", "give --model or --config, not both");
+  if (!config.empty()) return LoadConfigFile(config);
+  if (model.empty()) return InvalidArgument("model", "missing: give --model NAME or --config PATH");
+  return LoadPreset(model);
+}
+
 // Options shared by ledger and receipt, kept as text so that errors name the option.
 struct ModelArgs {
   std::string model;
@@ -102,12 +110,7 @@ struct ModelArgs {
     app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
   }
 
-  Result<Geometry> LoadGeometry() const {
-    if (!model.empty() && !config.empty()) return InvalidArgument("model", "give --model or --config, not both");
-    if (!config.empty()) return LoadConfigFile(config);
-    if (model.empty()) return InvalidArgument("model", "missing: give --model NAME or --config PATH");
-    return LoadPreset(model);
-  }
+  Result<Geometry> LoadGeometry() const { return LoadModelOrConfig(model, config); }
 
   Result<LedgerOptions> Options() const {
     LedgerOptions o;
@@ -468,12 +471,7 @@ struct PlanArgs {
     app->add_option("--batch", batch, "sequences decoded together (default 1)");
   }
 
-  Result<Geometry> LoadGeometry() const {
-    if (!model.empty() && !config.empty()) return InvalidArgument("model", "give --model or --config, not both");
-    if (!config.empty()) return LoadConfigFile(config);
-    if (model.empty()) return InvalidArgument("model", "missing: give --model NAME or --config PATH");
-    return LoadPreset(model);
-  }
+  Result<Geometry> LoadGeometry() const { return LoadModelOrConfig(model, config); }
   Result<WeightShapes> LoadShapes(const Geometry& g) const {
     std::string text;
     if (!config.empty()) {
