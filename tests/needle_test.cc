@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "needle.h"
 #include "tessera/attention.h"
 #include "tessera/codec.h"
 #include "tessera/disk_tier.h"
@@ -33,6 +34,10 @@
 
 namespace tessera {
 namespace {
+
+using testing::NeedleDirection;
+using testing::NeedleNoise;
+using testing::NeedleValue;
 
 using testing::TempDir;
 
@@ -56,34 +61,19 @@ Geometry OneLayer(bool indexer) {
   return g.ok() ? *g : Geometry{};
 }
 
-// A uniform(-1, 1) value from (position, index, salt), reproducible on every run.
-float Noise(uint64_t position, uint64_t i, uint64_t salt) {
-  uint64_t z = position * 0x9e3779b97f4a7c15ULL ^ (i + 1) * 0xbf58476d1ce4e5b9ULL ^ salt * 0x94d049bb133111ebULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
-
-// The needle's value in latent dims [64, 128): multiples of 1/8 in [-2, 2].
-float NeedleValue(uint32_t j) { return static_cast<float>(static_cast<int>((j * 37) % 33) - 16) / 8.0f; }
-
-// Unit vector of the indexer: +-1/sqrt(128) by a fixed sign pattern.
-float W(uint32_t i) { return ((i * 2654435761u) >> 7 & 1 ? 1.0f : -1.0f) / std::sqrt(128.0f); }
-
 KvWriters NeedleWriters(uint64_t needle) {
   return KvWriters([needle](uint32_t, uint32_t, uint64_t position, const RecordView& record) {
     const bool is_needle = position == needle;
     const std::span<std::byte> bytes = record.planes[0];
     if (bytes.size() == 132) {  // indexer-fp8 key
       std::vector<float> key(128);
-      for (uint32_t i = 0; i < 128; ++i) key[i] = is_needle ? kDelta * W(i) : Noise(position, i, 2);
+      for (uint32_t i = 0; i < 128; ++i) key[i] = is_needle ? kDelta * NeedleDirection(i) : NeedleNoise(position, i, 2);
       ASSERT_TRUE(QuantizeIndexerFp8(key, bytes).ok());
       return;
     }
     std::vector<float> latent(512), rope(64);
-    for (uint32_t i = 0; i < 512; ++i) latent[i] = Noise(position, i, 0);
-    for (uint32_t i = 0; i < 64; ++i) rope[i] = Noise(position, i, 1);
+    for (uint32_t i = 0; i < 512; ++i) latent[i] = NeedleNoise(position, i, 0);
+    for (uint32_t i = 0; i < 64; ++i) rope[i] = NeedleNoise(position, i, 1);
     if (is_needle) {
       for (uint32_t i = 0; i < 64; ++i) latent[i] = kGamma / 8.0f;
       for (uint32_t j = 0; j < 64; ++j) latent[64 + j] = NeedleValue(j);
@@ -146,7 +136,7 @@ Retrieval Decode(const RequestManager& m, RequestId r, uint64_t needle, bool spa
     const IndexerDims idims = *IndexerDims::Of(OneLayer(true));
     std::vector<float> q(4 * 128), weights(4, 1.0f);
     for (uint32_t j = 0; j < 4; ++j) {
-      for (uint32_t i = 0; i < 128; ++i) q[j * 128 + i] = W(i);
+      for (uint32_t i = 0; i < 128; ++i) q[j * 128 + i] = NeedleDirection(i);
     }
     EXPECT_TRUE(IndexerSelect(*pages, context, IndexerQuery{q, weights}, idims, &got.selected, &got.counters).ok());
     positions = got.selected;

@@ -17,12 +17,17 @@
 #include <string>
 #include <vector>
 
+#include "needle.h"
 #include "tessera/codec.h"
 #include "tessera/request_manager.h"
 #include "tessera/v4_attention.h"
 
 namespace tessera {
 namespace {
+
+using testing::NeedleDirection;
+using testing::NeedleNoise;
+using testing::NeedleValue;
 
 constexpr float kBeta = 200.0f, kGamma = 8.0f, kDelta = 10.0f;
 
@@ -39,21 +44,10 @@ Geometry OneV4Layer(uint32_t ratio) {
   return g.ok() ? *g : Geometry{};
 }
 
-float Noise(uint64_t a, uint64_t i, uint64_t salt) {
-  uint64_t z = a * 0x9e3779b97f4a7c15ULL ^ (i + 1) * 0xbf58476d1ce4e5b9ULL ^ salt * 0x94d049bb133111ebULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) / static_cast<float>(1 << 23) - 1.0f;
-}
-
-float NeedleValue(uint32_t j) { return static_cast<float>(static_cast<int>((j * 37) % 33) - 16) / 8.0f; }
-float W(uint32_t i) { return ((i * 2654435761u) >> 7 & 1 ? 1.0f : -1.0f) / std::sqrt(128.0f); }
-
 KvWriters NeedleWriters(uint64_t needle_group) {
   WindowWriter window = [](uint32_t, uint64_t position, std::span<std::byte> row) {
     std::vector<float> kv(512);
-    for (uint32_t i = 0; i < 512; ++i) kv[i] = Noise(position, i, 7);
+    for (uint32_t i = 0; i < 512; ++i) kv[i] = NeedleNoise(position, i, 7);
     ASSERT_TRUE(EncodeV4WindowRow(kv, row).ok());
   };
   StateWriter state = [](uint32_t, bool, uint64_t, std::span<float> row) { std::fill(row.begin(), row.end(), 0.0f); };
@@ -62,13 +56,13 @@ KvWriters NeedleWriters(uint64_t needle_group) {
     const bool is_needle = group == needle_group;
     if (indexer) {
       std::vector<float> key(128);
-      for (uint32_t i = 0; i < 128; ++i) key[i] = is_needle ? kDelta * W(i) : Noise(group, i, 8);
+      for (uint32_t i = 0; i < 128; ++i) key[i] = is_needle ? kDelta * NeedleDirection(i) : NeedleNoise(group, i, 8);
       ASSERT_TRUE(QuantizeIndexerMxfp4(key, entry.planes[0]).ok());
       return;
     }
     std::vector<float> nope(448), rope(64);
-    for (uint32_t i = 0; i < 448; ++i) nope[i] = Noise(group, i, 9);
-    for (uint32_t i = 0; i < 64; ++i) rope[i] = Noise(group, i, 10);
+    for (uint32_t i = 0; i < 448; ++i) nope[i] = NeedleNoise(group, i, 9);
+    for (uint32_t i = 0; i < 64; ++i) rope[i] = NeedleNoise(group, i, 10);
     if (is_needle) {
       for (uint32_t i = 0; i < 64; ++i) nope[i] = kGamma / 8.0f;
       for (uint32_t j = 0; j < 64; ++j) nope[64 + j] = NeedleValue(j);
@@ -116,7 +110,7 @@ TEST(V4Needle, CsaSelectsItAndHcaAttendsItAt4KTo128K) {
         if (ratio == 4) {
           std::vector<float> q(4 * 128), weights(4, 1.0f);
           for (uint32_t j = 0; j < 4; ++j) {
-            for (uint32_t i = 0; i < 128; ++i) q[j * 128 + i] = W(i);
+            for (uint32_t i = 0; i < 128; ++i) q[j * 128 + i] = NeedleDirection(i);
           }
           ASSERT_TRUE(V4IndexerSelect(*pages, IndexerQuery{q, weights}, dims.indexer, &selected, &counters).ok());
           ASSERT_EQ(selected.size(), 8u) << where;

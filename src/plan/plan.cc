@@ -84,7 +84,7 @@ Result<uint64_t> LongestContext(PhaseBytesAt& at, size_t phase, uint64_t n, uint
   TESSERA_ASSIGN_OR_RETURN(auto top, at.At(hi));
   if (top[phase] <= limit) return hi;
   // Anchored at one token: when that does not fit nothing does, and the interpolation starts
-  // from a real point (a fixed per-request cost would throw a line through zero far off).
+  // from a real point (through zero, a fixed per-request cost would put the line far off).
   TESSERA_ASSIGN_OR_RETURN(auto first, at.At(1));
   if (first[phase] > limit) return 0;
   uint64_t lo = 1, b_lo = first[phase], b_hi = top[phase];  // lo fits; hi does not
