@@ -298,12 +298,37 @@ TEST(Resumption, PrefixHitIsBitIdentical) {
   }
 }
 
+// Run A, then run X evicting A's sealed blocks into `tiers` (the manager's block source), then A
+// again: its 2 sealed blocks come back from the tiers (`hits_per_tier`), verified, and its logits
+// are bit-identical to its uninterrupted run.
+void ExpectResumedThrough(TinyRunner& r, std::vector<std::unique_ptr<Tier>> tiers,
+                          const std::vector<uint64_t>& hits_per_tier, const std::string& what) {
+  TieredStoreOptions so;
+  so.asynchronous = false;
+  auto store = TieredStore::Create(r.manager().pool(), so, std::move(tiers));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  r.manager().SetBlockSource(store->get());
+  const std::vector<uint32_t> a_prompt = Prompt(130, 2), x_prompt = Prompt(200, 5);
+  const Generation a = Gen(r, a_prompt, 32);
+  const Generation x = Gen(r, x_prompt, 32);
+  EXPECT_EQ(x.cached_tokens, 0u) << what;
+  const Generation again = Gen(r, a_prompt, 32);
+  EXPECT_EQ(again.cached_tokens, 128u) << what;
+  EXPECT_EQ(again.tier_blocks, 2u) << what;
+  const TieredStoreStats st = (*store)->stats();
+  EXPECT_EQ(st.hits_per_tier, hits_per_tier) << what;
+  EXPECT_EQ(st.verify_failures, 0u) << what;
+  EXPECT_TRUE(BitIdentical(a.logits, again.logits)) << what;
+  EXPECT_EQ(a.tokens, again.tokens) << what;
+  ASSERT_TRUE(r.Release().ok());
+  r.manager().SetBlockSource(nullptr);
+}
+
 // The pool holds 4 blocks. Run A (130-token prompt + 32 steps: 2 blocks sealed, a tail) is
 // released; run X (a 200-token prompt + 32 steps: 4 blocks) evicts both of A's sealed blocks into
 // a host tier. With a host tier of 1.5 records each eviction pushes the previous record down to
 // disk, and A's promotion (which evicts X's blocks first) finds both on disk; with a host tier of
-// 10 records both come back from host. Either way A's logits are bit-identical to its
-// uninterrupted run.
+// 10 records both come back from host.
 TEST(Resumption, AfterEvictionToHostAndDiskIsBitIdentical) {
   struct Case {
     const char* format;
@@ -322,34 +347,12 @@ TEST(Resumption, AfterEvictionToHostAndDiskIsBitIdentical) {
     auto d = MakeDiskTier(disk, 0);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     tiers.push_back(std::move(*d));
-    TieredStoreOptions so;
-    so.asynchronous = false;
-    auto store = TieredStore::Create(r->manager().pool(), so, std::move(tiers));
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    r->manager().SetBlockSource(store->get());
-    const std::vector<uint32_t> a_prompt = Prompt(130, 2), x_prompt = Prompt(200, 5);
-    const Generation a = Gen(*r, a_prompt, 32);
-    const Generation x = Gen(*r, x_prompt, 32);
-    EXPECT_EQ(x.cached_tokens, 0u);
-    const Generation again = Gen(*r, a_prompt, 32);
-    EXPECT_EQ(again.cached_tokens, 128u) << k.format;
-    EXPECT_EQ(again.tier_blocks, 2u) << k.format;
-    const TieredStoreStats st = (*store)->stats();
-    ASSERT_EQ(st.hits_per_tier.size(), 2u);
-    EXPECT_EQ(st.hits_per_tier[0], k.from_host) << k.format << " host";
-    EXPECT_EQ(st.hits_per_tier[1], k.from_disk) << k.format << " disk";
-    EXPECT_EQ(st.verify_failures, 0u);
-    EXPECT_TRUE(BitIdentical(a.logits, again.logits)) << k.format;
-    EXPECT_EQ(a.tokens, again.tokens);
-    ASSERT_TRUE(r->Release().ok());
-    r->manager().SetBlockSource(nullptr);
+    ExpectResumedThrough(*r, std::move(tiers), {k.from_host, k.from_disk}, k.format);
   }
 }
 
 #if TESSERA_HAVE_REDIS
-// The same through Redis: the host tier holds nothing (capacity 0 passes every record down), so
-// A's blocks go to a real redis-server (started here on 127.0.0.1) and come back from it; A's
-// logits are bit-identical to its uninterrupted run.
+// The same through a real redis-server (started here on 127.0.0.1) as the only tier.
 TEST(Resumption, AfterEvictionToRedisIsBitIdentical) {
   TESSERA_REQUIRE_REDIS_SERVER();
   testing::RedisServer server;
@@ -357,34 +360,15 @@ TEST(Resumption, AfterEvictionToRedisIsBitIdentical) {
   for (const char* format : {"mla-bf16", "fp8_ds_mla"}) {
     auto r = Runner("tiny-mla", format, AttentionForm::kAbsorbed, 4);
     ASSERT_NE(r, nullptr);
-    std::vector<std::unique_ptr<Tier>> tiers;
     RedisTierOptions ro;
     ro.port = server.port();
     ro.secret = std::vector<std::byte>(32, std::byte{0x5a});
     ro.key_namespace = RedisNamespace("tiny-mla", format, 0);
     auto redis = MakeRedisTier(ro);
     ASSERT_TRUE(redis.ok()) << redis.status().ToString();
+    std::vector<std::unique_ptr<Tier>> tiers;
     tiers.push_back(std::move(*redis));
-    TieredStoreOptions so;
-    so.asynchronous = false;
-    auto store = TieredStore::Create(r->manager().pool(), so, std::move(tiers));
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    r->manager().SetBlockSource(store->get());
-    const std::vector<uint32_t> a_prompt = Prompt(130, 2), x_prompt = Prompt(200, 5);
-    const Generation a = Gen(*r, a_prompt, 32);
-    const Generation x = Gen(*r, x_prompt, 32);
-    EXPECT_EQ(x.cached_tokens, 0u);
-    const Generation again = Gen(*r, a_prompt, 32);
-    EXPECT_EQ(again.cached_tokens, 128u) << format;
-    EXPECT_EQ(again.tier_blocks, 2u) << format;
-    const TieredStoreStats st = (*store)->stats();
-    ASSERT_EQ(st.hits_per_tier.size(), 1u);
-    EXPECT_EQ(st.hits_per_tier[0], 2u) << format;
-    EXPECT_EQ(st.verify_failures, 0u);
-    EXPECT_TRUE(BitIdentical(a.logits, again.logits)) << format;
-    EXPECT_EQ(a.tokens, again.tokens);
-    ASSERT_TRUE(r->Release().ok());
-    r->manager().SetBlockSource(nullptr);
+    ExpectResumedThrough(*r, std::move(tiers), {2}, format);
   }
 }
 #endif
