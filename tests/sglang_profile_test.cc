@@ -42,7 +42,10 @@ using testing::Preset;
 // one decode step; pages held = pool pages minus available pages.
 //
 // Page counts depend only on the page size, the prompt and the chunk; bytes are pages x the pool's
-// bytes per page.
+// bytes per page. Not run, so not pinned: speculative decoding (SGLang's draft worker keeps a pool
+// of its own; the ledger's draft slots and doubled compressor rings are unchecked), the radix
+// cache (it keeps the earlier SWA pages as evictable cache), the CUTLASS/TRTLLM MLA pages, V4 with
+// pages other than 256 (SGLang asserts 256), V4 on NPU/ROCm.
 constexpr uint64_t kV3Bf16Page64 = 4497408;    // MLATokenToKVPool bf16, 61 layers x 64 x 1,152
 constexpr uint64_t kV3Bf16Page1 = 70272;       // page_size 1
 constexpr uint64_t kV3Fp8Page64 = 2248704;     // fp8_e4m3 (mla-fp8), 61 x 64 x 576
