@@ -34,7 +34,8 @@ Checked AdmissionPages(uint64_t n, uint64_t page) {
 // How SGLang keeps DeepSeek-V4's window (SWATokenToKVPoolAllocator with a chunk cache, the
 // overlap scheduler on, its defaults): every token written gets an SWA slot in `page`-token
 // pages; before prefill chunk k >= 2 ScheduleBatch.maybe_evict_swa frees the pages wholly before
-// (k chunk - C) - W (free_swa_out_of_window_slots: the overlap scheduler evicts one chunk late);
+// (k step - C) - W (free_swa_out_of_window_slots at prefix - C: the overlap scheduler evicts one
+// chunk late);
 // the first decode step evicts nothing (decode_batch_idx 0).
 struct SglangSwa {
   uint64_t page = 0;    // SWA page tokens (= the full page)
