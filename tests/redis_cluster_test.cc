@@ -9,13 +9,19 @@
 
 #include <array>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 
+#include "kv_stream.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -590,6 +596,275 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
   }
   m->SetBlockSource(nullptr);
 }
+
+// ---- One copy of replicated MLA KV in a tensor-parallel group (ADR 0023) ---------------------
+//
+// N ranks (N = 2, 4, 8) hold the same latents: each rank is its own RequestManager and
+// TieredStore (pools of different sizes), on its own thread, writing through to one 3-node
+// cluster. Today every rank writes every block; with the single-writer rule one rank writes each
+// block. Bytes written to the cluster are measured twice, exactly: by the ranks' tiers (payload
+// bytes of the SETs they made, summed) and by the servers (SET calls from INFO commandstats times
+// the length of the stored values, STRLEN of every key). Then every rank, cold, promotes every
+// block from the cluster and checks every byte.
+
+// The cluster tier of one rank, counting what it writes. `before_put` (when set) runs before each
+// PutBatch: the baseline's barrier, which makes every rank's existence check of a batch precede
+// any rank's write of it, as when ranks run in step (so today's code writes N copies, always).
+class RankTier final : public Tier {
+ public:
+  RankTier(std::unique_ptr<Tier> under, std::function<void()> before_put)
+      : under_(std::move(under)), before_put_(std::move(before_put)) {}
+  std::string_view name() const override { return under_->name(); }
+  bool in_memory() const override { return under_->in_memory(); }
+  bool persistent() const override { return under_->persistent(); }
+  bool shared() const override { return under_->shared(); }
+  Status PutBatch(std::span<const TierRecord* const> records) override {
+    if (before_put_) before_put_();
+    for (const TierRecord* r : records) payloads[r->key] = r->payload;
+    return under_->PutBatch(records);
+  }
+  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
+    return under_->GetBatch(keys);
+  }
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
+  std::vector<Hash128> Keys() const override { return under_->Keys(); }
+  Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
+  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
+  TierCounters counters() const override { return under_->counters(); }
+  // Every record this rank handed the cluster (written under the store's tier mutex; read after
+  // the store is flushed).
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> payloads_by_key() const {
+    std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> m;
+    for (const auto& [k, p] : payloads) m[{k.lo, k.hi}] = p;
+    return m;
+  }
+  std::unordered_map<Hash128, std::vector<std::byte>, Hash128Hasher> payloads;
+
+ private:
+  std::unique_ptr<Tier> under_;
+  std::function<void()> before_put_;
+};
+
+// The bytes of a command as a client sends it: a RESP array of bulk strings.
+long long RespBytes(const std::vector<std::string>& args) {
+  long long n = static_cast<long long>(std::to_string(args.size()).size()) + 3;
+  for (const std::string& a : args) {
+    n += static_cast<long long>(std::to_string(a.size()).size() + 3 + a.size() + 2);
+  }
+  return n;
+}
+
+// "name:value" from INFO text; -1 when absent.
+long long InfoValue(const std::string& info, const std::string& name) {
+  const size_t at = info.find("\n" + name + ":");
+  if (at == std::string::npos) return -1;
+  return std::atoll(info.c_str() + at + name.size() + 2);
+}
+
+// SET commands a node executed since its last CONFIG RESETSTAT.
+long long SetCalls(int port) {
+  const std::string info = "\n" + Command(port, {"INFO", "commandstats"}).text;
+  const size_t at = info.find("\ncmdstat_set:calls=");
+  return at == std::string::npos ? 0 : std::atoll(info.c_str() + at + 19);
+}
+
+struct RankResult {
+  Admission admission;
+  TieredStoreStats stats;
+  TierCounters cluster;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> payloads;
+  bool bytes_match = false;
+};
+
+class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
+ protected:
+  static constexpr uint32_t kBlocks = 24;
+  static constexpr uint32_t kBlockTokens = 64;
+
+  // Runs `world` ranks at once, each serving the stream (write-through when `write`, else
+  // write-back: a cold rank that only reads). `single_writer`: tp_world = world (else 1, today's
+  // behaviour); `in_step`: the baseline's barrier before every PutBatch.
+  std::vector<RankResult> Run(Cluster& cluster, uint32_t world, bool single_writer, bool in_step, bool write) {
+    std::vector<RankResult> out(world);
+    std::barrier step(static_cast<std::ptrdiff_t>(world));
+    std::vector<std::thread> threads;
+    for (uint32_t rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        ManagerOptions mo;
+        mo.capacity_blocks = 32 + 4 * rank;                         // ranks' pools differ; their records must not
+        mo.hash_key = std::vector<std::byte>(32, std::byte{0x5c});  // the fleet's prefix key
+        mo.content_dedup = false;
+        auto m = RequestManager::Create(testing::SeedFixture(), mo);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        auto t = MakeRedisClusterTier(cluster.Options());
+        ASSERT_TRUE(t.ok()) << t.status().ToString();
+        std::function<void()> before_put;
+        if (in_step) before_put = [&step] { step.arrive_and_wait(); };
+        auto tier = std::make_unique<RankTier>(std::move(*t), before_put);
+        RankTier* seen = tier.get();
+        std::vector<std::unique_ptr<Tier>> tiers;
+        tiers.push_back(std::move(tier));
+        TieredStoreOptions so;
+        so.write = write ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
+        so.tp_rank = single_writer ? rank : 0;
+        so.tp_world = single_writer ? world : 1;
+        auto store = TieredStore::Create((*m)->pool(), so, std::move(tiers));
+        ASSERT_TRUE(store.ok()) << store.status().ToString();
+        RequestManager& rm = **m;
+        rm.SetBlockSource(store->get());
+        Result<Admission> a = rm.Admit(stream_.tokens(), {});
+        ASSERT_TRUE(a.ok()) << a.status().ToString();
+        const size_t rest = stream_.tokens().size() - a->cached_tokens;
+        ASSERT_TRUE(rm.AllocateSlots(a->id, rest).ok());
+        ASSERT_TRUE(rm.Append(a->id, std::span(stream_.tokens()).subspan(a->cached_tokens), stream_.Writer()).ok());
+        RankResult& r = out[rank];
+        r.admission = *a;
+        r.bytes_match = Matches(rm, a->id);
+        ASSERT_TRUE((*store)->Flush().ok());
+        r.stats = (*store)->stats();
+        r.cluster = (*store)->tier_counters(0);
+        r.payloads = seen->payloads_by_key();
+        rm.SetBlockSource(nullptr);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  // Every byte of every layer of every position of request `r` equals the stream's KV.
+  bool Matches(const RequestManager& m, RequestId r) const {
+    std::vector<std::byte> want;
+    for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
+      for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
+        for (uint32_t l = 0; l < m.pool().groups()[g].layers; ++l) {
+          Result<RecordView> v = m.Record(r, g, l, pos);
+          if (!v.ok()) return false;
+          for (uint32_t p = 0; p < v->plane_count; ++p) {
+            want.resize(v->planes[p].size());
+            stream_.Expected(g, l, pos, p, want);
+            if (std::memcmp(v->planes[p].data(), want.data(), want.size()) != 0) return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+
+  // Empties every node and zeroes its statistics.
+  static void Reset(Cluster& cluster) {
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(Command(cluster.port(i), {"FLUSHALL"}).ok());
+      ASSERT_TRUE(Command(cluster.port(i), {"CONFIG", "RESETSTAT"}).ok());
+    }
+  }
+  struct ServerWrites {
+    long long set_calls = 0;
+    long long input_bytes = 0;  // every command's bytes (reads too), less the INFO asking for it
+  };
+  static ServerWrites Measure(Cluster& cluster) {
+    ServerWrites w;
+    for (int i = 0; i < 3; ++i) {
+      w.set_calls += SetCalls(cluster.port(i));
+      // INFO counts the bytes of its own request, and of the commandstats request before it.
+      w.input_bytes += InfoValue(Command(cluster.port(i), {"INFO", "stats"}).text, "total_net_input_bytes") -
+                       RespBytes({"INFO", "commandstats"}) - RespBytes({"INFO", "stats"});
+    }
+    return w;
+  }
+
+  testing::KvStream stream_{1, kBlocks* kBlockTokens + 5};
+};
+
+TEST_P(SingleWriterCluster, OneCopyPerBlockAndEveryRankVerifiesEveryByte) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  const uint32_t world = GetParam();
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+
+  // Today: every rank writes every block (the barrier keeps them in step).
+  Reset(cluster);
+  std::vector<RankResult> today = Run(cluster, world, /*single_writer=*/false, /*in_step=*/true, /*write=*/true);
+  const ServerWrites today_server = Measure(cluster);
+  uint64_t today_bytes = 0, today_records = 0;
+  for (uint32_t r = 0; r < world; ++r) {
+    EXPECT_TRUE(today[r].bytes_match) << r;
+    EXPECT_EQ(today[r].stats.written_through, kBlocks) << r;
+    today_bytes += today[r].cluster.bytes;
+    today_records += today[r].cluster.records;
+    // The ranks' records are byte-identical: nothing in a record (or its key) is rank-specific.
+    EXPECT_TRUE(today[r].payloads == today[0].payloads) << "rank " << r << "'s records differ from rank 0's";
+  }
+  ASSERT_EQ(today[0].payloads.size(), kBlocks);
+  const uint64_t record_bytes = today[0].payloads.begin()->second.size();
+  EXPECT_EQ(today_records, uint64_t{world} * kBlocks);
+  EXPECT_EQ(today_bytes, uint64_t{world} * kBlocks * record_bytes);
+  EXPECT_EQ(today_server.set_calls, static_cast<long long>(world * kBlocks));
+
+  // The rule: each block written once, by its writer rank.
+  Reset(cluster);
+  std::vector<RankResult> one = Run(cluster, world, /*single_writer=*/true, /*in_step=*/false, /*write=*/true);
+  const ServerWrites one_server = Measure(cluster);
+  uint64_t one_bytes = 0, one_records = 0;
+  for (uint32_t r = 0; r < world; ++r) {
+    EXPECT_TRUE(one[r].bytes_match) << r;
+    uint64_t mine = 0;
+    for (const auto& [k, p] : today[0].payloads) mine += SingleWriterRank(Hash128{k.first, k.second}, world) == r;
+    EXPECT_EQ(one[r].stats.written_through, mine) << r;
+    EXPECT_EQ(one[r].stats.left_to_writer, kBlocks - mine) << r;
+    EXPECT_EQ(one[r].cluster.records, mine) << r;
+    for (const auto& [k, p] : one[r].payloads) {
+      EXPECT_EQ(SingleWriterRank(Hash128{k.first, k.second}, world), r);
+      EXPECT_TRUE(p == today[0].payloads.at(k));  // the same record as every rank's
+    }
+    one_bytes += one[r].cluster.bytes;
+    one_records += one[r].cluster.records;
+  }
+  EXPECT_EQ(one_records, kBlocks);
+  // Measured on both sides: exactly 1/N of today's bytes.
+  EXPECT_EQ(one_bytes * world, today_bytes);
+  EXPECT_EQ(one_server.set_calls * world, today_server.set_calls);
+  long long stored = 0, value_bytes = 0;
+  for (int i = 0; i < 3; ++i) stored += cluster.DbSize(i);
+  EXPECT_EQ(stored, static_cast<long long>(kBlocks));
+  RedisClusterOptions o = cluster.Options();
+  auto tier = MustOpen(o);
+  ASSERT_NE(tier, nullptr);
+  for (const auto& [k, p] : today[0].payloads) {
+    const std::string name = tier->KeyOf(Hash128{k.first, k.second});
+    const int node = OwnerOfSlot(RedisClusterKeySlot(name));
+    const long long len = Command(cluster.port(node), {"STRLEN", name}).integer;
+    EXPECT_EQ(len, static_cast<long long>(64 + record_bytes));  // header + the record
+    value_bytes += len;
+  }
+  // Bytes the servers were sent in SETs' values: SET calls x the value length (all equal).
+  const long long today_value_bytes = today_server.set_calls * (64 + static_cast<long long>(record_bytes));
+  const long long one_value_bytes = one_server.set_calls * (64 + static_cast<long long>(record_bytes));
+  EXPECT_EQ(one_value_bytes, value_bytes);
+  EXPECT_EQ(one_value_bytes * world, today_value_bytes);
+  std::printf(
+      "[ single-writer ] N=%u: bytes written to the cluster, today %llu (tier) / %lld (servers: %lld SETs),"
+      " single writer %llu (tier) / %lld (servers: %lld SETs); all command bytes today %lld, single"
+      " writer %lld\n",
+      world, static_cast<unsigned long long>(today_bytes), today_value_bytes, today_server.set_calls,
+      static_cast<unsigned long long>(one_bytes), one_value_bytes, one_server.set_calls, today_server.input_bytes,
+      one_server.input_bytes);
+  EXPECT_LT(one_server.input_bytes, today_server.input_bytes);
+
+  // Every rank, cold, promotes every block from the cluster and verifies every byte; none writes.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Command(cluster.port(i), {"CONFIG", "RESETSTAT"}).ok());
+  std::vector<RankResult> cold = Run(cluster, world, /*single_writer=*/true, /*in_step=*/false, /*write=*/false);
+  for (uint32_t r = 0; r < world; ++r) {
+    EXPECT_EQ(cold[r].admission.cached_blocks, kBlocks) << r;
+    EXPECT_EQ(cold[r].stats.tier_hits, kBlocks) << r;
+    EXPECT_EQ(cold[r].stats.verify_failures, 0u) << r;
+    EXPECT_TRUE(cold[r].bytes_match) << r;
+    EXPECT_EQ(cold[r].cluster.records, 0u) << r;
+  }
+  EXPECT_EQ(Measure(cluster).set_calls, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SingleWriterCluster, ::testing::Values(2u, 4u, 8u),
+                         [](const ::testing::TestParamInfo<uint32_t>& i) { return "N" + std::to_string(i.param); });
 
 // ---- A hostile cluster node -----------------------------------------------------------------
 //
