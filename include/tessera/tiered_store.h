@@ -95,7 +95,7 @@ inline constexpr uint32_t kMaxTpWorld = 1024;
 // The rank (0 .. world-1) that writes the block keyed `key` to a shared tier: the key's two
 // halves mixed (splitmix64's finalizer) and reduced mod `world`, so the blocks, their bytes and
 // their MAC work spread evenly over the ranks. Fixed: every rank of a group (and every version
-// in one fleet) must compute the same writer. REQUIRES: world >= 1.
+// in one fleet) must compute the same writer. 0 when world <= 1.
 uint32_t SingleWriterRank(const Hash128& key, uint32_t world);
 
 struct TieredStoreStats {

@@ -14,6 +14,7 @@ Result<WritePolicy> ParseWritePolicy(std::string_view name) {
 }
 
 uint32_t SingleWriterRank(const Hash128& key, uint32_t world) {
+  if (world <= 1) return 0;
   // splitmix64's finalizer over both halves: prefix keys are keyed hashes already, but a mixed
   // value keeps the spread even for any key function (ADR 0023).
   uint64_t z = key.lo ^ (key.hi * 0x9e3779b97f4a7c15ULL);
@@ -76,7 +77,20 @@ void TieredStore::OnSealed(const BlockPool& pool, BlockId b, const SealedIdentit
 
 void TieredStore::OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
   std::optional<size_t> t = WriteThroughTier();
-  if (t) Demote(*t, RecordOf(pool, b, id), /*through=*/true);
+  if (!t) return;
+  // A rank that is not the block's writer at the shared tiers here skips them before it copies
+  // the block into a record (as Demote would, without the copy when no tier below takes it).
+  size_t first = *t;
+  while (first < tiers_.size() && !WritesTo(first, id.key)) ++first;
+  if (first != *t) {
+    {
+      MutexLock lock(stats_mu_);
+      stats_.left_to_writer += first - *t;
+    }
+    if (first < tiers_.size()) Demote(first, RecordOf(pool, b, id));
+    return;
+  }
+  Demote(*t, RecordOf(pool, b, id), /*through=*/true);
 }
 
 std::shared_ptr<const TierRecord> TieredStore::RecordOf(const BlockPool& pool, BlockId b,
