@@ -25,7 +25,7 @@
 // latents, so each rank seals byte-identical records under the same keys. A tier the ranks share
 // (Tier::shared(): Redis, a Redis Cluster) is written by one rank per block, the block's writer
 // SingleWriterRank(key, tp_world); every other rank skips that write (the record goes on to the
-// tier below, as if this tier held it; `left_to_writer` counts it) and only reads. A rank that
+// tier below as a refused one would; `left_to_writer` counts it) and only reads. A rank that
 // asks for a block its writer has not written yet gets a miss, never other bytes. Private tiers
 // (host memory, a disk directory) are written by every rank as before.
 //
@@ -190,8 +190,8 @@ class TieredStore final : public BlockSource {
   TieredStore(const BlockPool& pool, TieredStoreOptions options, std::vector<std::unique_ptr<Tier>> tiers);
   // Queues `r` for tier `t` (or writes it now when tier t is in memory or the store synchronous);
   // drops it past the last. At a shared tier whose writer for `r` is another rank, passes it on
-  // to tier t+1 instead (the single-writer rule). Called with no lock held, or from tier t-1's eviction listener
-  // (tier t-1's mu held).
+  // to tier t+1 instead (the single-writer rule). Called with no lock held, or from tier t-1's
+  // eviction listener (tier t-1's mu held).
   void Demote(size_t t, std::shared_ptr<const TierRecord> r, bool through = false) EXCLUDES(queue_mu_, stats_mu_);
   void SubmitLocked(size_t t) REQUIRES(queue_mu_);
   // Writes the job under its tier's mu; what the tier refuses goes to the tier below.
