@@ -9,13 +9,19 @@
 
 #include <array>
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 
+#include "kv_stream.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -590,6 +596,308 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
   }
   m->SetBlockSource(nullptr);
 }
+
+// ---- One copy of replicated MLA KV in a tensor-parallel group (ADR 0023) ---------------------
+//
+// N ranks (N = 2, 4, 8) hold the same latents: each rank is its own RequestManager and
+// TieredStore (pools of different sizes), on its own thread, writing through to one 3-node
+// cluster. Today every rank writes every block; with the single-writer rule one rank writes each
+// block. Bytes written to the cluster are measured twice, exactly: by the ranks' tiers (payload
+// bytes of the SETs they made, summed) and by the servers (SET calls from INFO commandstats times
+// the length of the stored values, STRLEN of every key). Then every rank, cold, promotes every
+// block from the cluster and checks every byte.
+
+// The cluster tier of one rank, counting what it writes. `before_put` (when set) runs before each
+// PutBatch: the baseline's barrier, which makes every rank's existence check of a batch precede
+// any rank's write of it, as when ranks run in step (so today's code writes N copies, always).
+class RankTier final : public Tier {
+ public:
+  RankTier(std::unique_ptr<Tier> under, std::function<void()> before_put)
+      : under_(std::move(under)), before_put_(std::move(before_put)) {}
+  std::string_view name() const override { return under_->name(); }
+  bool in_memory() const override { return under_->in_memory(); }
+  bool persistent() const override { return under_->persistent(); }
+  bool shared() const override { return under_->shared(); }
+  Status PutBatch(std::span<const TierRecord* const> records) override {
+    if (before_put_) before_put_();
+    for (const TierRecord* r : records) payloads[r->key] = r->payload;
+    return under_->PutBatch(records);
+  }
+  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
+    return under_->GetBatch(keys);
+  }
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
+  std::vector<Hash128> Keys() const override { return under_->Keys(); }
+  Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
+  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
+  TierCounters counters() const override { return under_->counters(); }
+  // Every record this rank handed the cluster (written under the store's tier mutex; read after
+  // the store is flushed).
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> payloads_by_key() const {
+    std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> m;
+    for (const auto& [k, p] : payloads) m[{k.lo, k.hi}] = p;
+    return m;
+  }
+  std::unordered_map<Hash128, std::vector<std::byte>, Hash128Hasher> payloads;
+
+ private:
+  std::unique_ptr<Tier> under_;
+  std::function<void()> before_put_;
+};
+
+// The bytes of a command as a client sends it: a RESP array of bulk strings.
+long long RespBytes(const std::vector<std::string>& args) {
+  long long n = static_cast<long long>(std::to_string(args.size()).size()) + 3;
+  for (const std::string& a : args) {
+    n += static_cast<long long>(std::to_string(a.size()).size() + 3 + a.size() + 2);
+  }
+  return n;
+}
+
+// "name:value" from INFO text; -1 when absent.
+long long InfoValue(const std::string& info, const std::string& name) {
+  const size_t at = info.find("\n" + name + ":");
+  if (at == std::string::npos) return -1;
+  return std::atoll(info.c_str() + at + name.size() + 2);
+}
+
+// Calls per command a node executed since its last CONFIG RESETSTAT ("set", "cluster|slots", ...).
+std::map<std::string, long long> CommandCalls(int port) {
+  const std::string info = Command(port, {"INFO", "commandstats"}).text;
+  std::map<std::string, long long> calls;
+  for (size_t at = info.find("cmdstat_"); at != std::string::npos; at = info.find("cmdstat_", at + 1)) {
+    const size_t colon = info.find(":calls=", at);
+    if (colon == std::string::npos) break;
+    calls[info.substr(at + 8, colon - at - 8)] = std::atoll(info.c_str() + colon + 7);
+  }
+  return calls;
+}
+
+struct RankResult {
+  Admission admission;
+  TieredStoreStats stats;
+  TierCounters cluster;
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> payloads;
+  bool bytes_match = false;
+};
+
+class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
+ protected:
+  static constexpr uint32_t kBlocks = 16;
+  static constexpr uint32_t kBlockTokens = 64;
+
+  // Runs `world` ranks at once, each serving the stream (write-through when `write`, else
+  // write-back: a cold rank that only reads). `single_writer`: tp_world = world (else 1, today's
+  // behaviour); `in_step`: the baseline's barrier before every PutBatch.
+  std::vector<RankResult> Run(Cluster& cluster, uint32_t world, bool single_writer, bool in_step, bool write) {
+    std::vector<RankResult> out(world);
+    std::barrier step(static_cast<std::ptrdiff_t>(world));
+    std::vector<std::thread> threads;
+    for (uint32_t rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        // A rank that leaves (done, or stopped by a failed ASSERT) stops counting for the
+        // barrier, so the others never wait for it. Done, it has passed every phase already.
+        struct LeaveBarrier {
+          std::barrier<>* b;
+          ~LeaveBarrier() {
+            if (b != nullptr) b->arrive_and_drop();
+          }
+        } leave{in_step ? &step : nullptr};
+        ManagerOptions mo;
+        mo.capacity_blocks = 32 + 4 * rank;                         // ranks' pools differ; their records must not
+        mo.hash_key = std::vector<std::byte>(32, std::byte{0x5c});  // the fleet's prefix key
+        mo.content_dedup = false;
+        auto m = RequestManager::Create(testing::SeedFixture(), mo);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        auto t = MakeRedisClusterTier(cluster.Options());
+        ASSERT_TRUE(t.ok()) << t.status().ToString();
+        std::function<void()> before_put;
+        if (in_step) before_put = [&step] { step.arrive_and_wait(); };
+        auto tier = std::make_unique<RankTier>(std::move(*t), before_put);
+        RankTier* seen = tier.get();
+        std::vector<std::unique_ptr<Tier>> tiers;
+        tiers.push_back(std::move(tier));
+        TieredStoreOptions so;
+        so.write = write ? WritePolicy::kWriteThrough : WritePolicy::kWriteBack;
+        so.tp_rank = single_writer ? rank : 0;
+        so.tp_world = single_writer ? world : 1;
+        auto store = TieredStore::Create((*m)->pool(), so, std::move(tiers));
+        ASSERT_TRUE(store.ok()) << store.status().ToString();
+        RequestManager& rm = **m;
+        rm.SetBlockSource(store->get());
+        Result<Admission> a = rm.Admit(stream_.tokens(), {});
+        ASSERT_TRUE(a.ok()) << a.status().ToString();
+        const size_t rest = stream_.tokens().size() - a->cached_tokens;
+        ASSERT_TRUE(rm.AllocateSlots(a->id, rest).ok());
+        ASSERT_TRUE(rm.Append(a->id, std::span(stream_.tokens()).subspan(a->cached_tokens), stream_.Writer()).ok());
+        RankResult& r = out[rank];
+        r.admission = *a;
+        if (!write) r.bytes_match = Matches(rm, a->id);  // the cold ranks: what they promoted
+        ASSERT_TRUE((*store)->Flush().ok());
+        r.stats = (*store)->stats();
+        r.cluster = (*store)->tier_counters(0);
+        r.payloads = seen->payloads_by_key();
+        rm.SetBlockSource(nullptr);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  }
+
+  // Every byte of every layer of every position of request `r` equals the stream's KV.
+  bool Matches(const RequestManager& m, RequestId r) const {
+    std::vector<std::byte> want;
+    for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
+      for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
+        for (uint32_t l = 0; l < m.pool().groups()[g].layers; ++l) {
+          Result<RecordView> v = m.Record(r, g, l, pos);
+          if (!v.ok()) return false;
+          for (uint32_t p = 0; p < v->plane_count; ++p) {
+            want.resize(v->planes[p].size());
+            stream_.Expected(g, l, pos, p, want);
+            if (std::memcmp(v->planes[p].data(), want.data(), want.size()) != 0) return false;
+          }
+        }
+      }
+    }
+    return true;
+  }
+
+  // Empties every node and zeroes its statistics.
+  static void Reset(Cluster& cluster) {
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(Command(cluster.port(i), {"FLUSHALL"}).ok());
+      ASSERT_TRUE(Command(cluster.port(i), {"CONFIG", "RESETSTAT"}).ok());
+    }
+  }
+  // What the three nodes were sent since Reset: the calls per command and every byte the clients
+  // sent (total_net_input_bytes, less the INFO requests asking for them).
+  struct ServerTraffic {
+    std::map<std::string, long long> calls;
+    long long input_bytes = 0;
+    long long Calls(const std::string& command) const {
+      auto it = calls.find(command);
+      return it == calls.end() ? 0 : it->second;
+    }
+  };
+  static ServerTraffic Measure(Cluster& cluster) {
+    ServerTraffic w;
+    for (int i = 0; i < 3; ++i) {
+      for (const auto& [command, n] : CommandCalls(cluster.port(i))) w.calls[command] += n;
+      // INFO counts the bytes of its own request, and of the commandstats request before it.
+      w.input_bytes += InfoValue(Command(cluster.port(i), {"INFO", "stats"}).text, "total_net_input_bytes") -
+                       RespBytes({"INFO", "commandstats"}) - RespBytes({"INFO", "stats"});
+    }
+    return w;
+  }
+  // The bytes of the SET commands the nodes were sent: every input byte less those of the reads
+  // (GET: the ranks' probes and existence checks) and of the tiers' slot-map requests, which are
+  // the only other commands the ranks send (checked).
+  static long long SetBytes(const ServerTraffic& w, const std::string& key) {
+    for (const auto& [command, n] : w.calls) {
+      // CONFIG RESETSTAT counts itself once per node; its bytes were read before the reset.
+      if (command == "config|resetstat") {
+        EXPECT_EQ(n, 3);
+        continue;
+      }
+      EXPECT_TRUE(command == "set" || command == "get" || command == "cluster|slots") << command << " " << n;
+    }
+    return w.input_bytes - w.Calls("get") * RespBytes({"GET", key}) -
+           w.Calls("cluster|slots") * RespBytes({"CLUSTER", "SLOTS"});
+  }
+
+  testing::KvStream stream_{1, kBlocks* kBlockTokens + 5};
+};
+
+TEST_P(SingleWriterCluster, OneCopyPerBlockAndEveryRankVerifiesEveryByte) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  const uint32_t world = GetParam();
+  Cluster cluster;
+  ASSERT_TRUE(cluster.Form());
+
+  // Today: every rank writes every block (the barrier keeps them in step).
+  Reset(cluster);
+  std::vector<RankResult> today = Run(cluster, world, /*single_writer=*/false, /*in_step=*/true, /*write=*/true);
+  const ServerTraffic today_server = Measure(cluster);
+  uint64_t today_bytes = 0, today_records = 0;
+  for (uint32_t r = 0; r < world; ++r) {
+    EXPECT_EQ(today[r].stats.written_through, kBlocks) << r;
+    today_bytes += today[r].cluster.bytes;
+    today_records += today[r].cluster.records;
+    // The ranks' records are byte-identical: nothing in a record (or its key) is rank-specific.
+    EXPECT_TRUE(today[r].payloads == today[0].payloads) << "rank " << r << "'s records differ from rank 0's";
+  }
+  ASSERT_EQ(today[0].payloads.size(), kBlocks);
+  const uint64_t record_bytes = today[0].payloads.begin()->second.size();
+  EXPECT_EQ(today_records, uint64_t{world} * kBlocks);
+  EXPECT_EQ(today_bytes, uint64_t{world} * kBlocks * record_bytes);
+
+  // The rule: each block written once, by its writer rank.
+  Reset(cluster);
+  std::vector<RankResult> one = Run(cluster, world, /*single_writer=*/true, /*in_step=*/false, /*write=*/true);
+  const ServerTraffic one_server = Measure(cluster);
+  uint64_t one_bytes = 0, one_records = 0;
+  for (uint32_t r = 0; r < world; ++r) {
+    uint64_t mine = 0;
+    for (const auto& [k, p] : today[0].payloads) mine += SingleWriterRank(Hash128{k.first, k.second}, world) == r;
+    EXPECT_EQ(one[r].stats.written_through, mine) << r;
+    EXPECT_EQ(one[r].stats.left_to_writer, kBlocks - mine) << r;
+    EXPECT_EQ(one[r].cluster.records, mine) << r;
+    for (const auto& [k, p] : one[r].payloads) {
+      EXPECT_EQ(SingleWriterRank(Hash128{k.first, k.second}, world), r);
+      EXPECT_TRUE(p == today[0].payloads.at(k));  // the same record as every rank's
+    }
+    one_bytes += one[r].cluster.bytes;
+    one_records += one[r].cluster.records;
+  }
+  EXPECT_EQ(one_records, kBlocks);
+  // Measured on both sides: exactly 1/N of today's bytes.
+  EXPECT_EQ(one_bytes * world, today_bytes);
+  EXPECT_EQ(today_server.Calls("set"), static_cast<long long>(world * kBlocks));
+  EXPECT_EQ(one_server.Calls("set"), static_cast<long long>(kBlocks));
+  long long stored = 0;
+  for (int i = 0; i < 3; ++i) stored += cluster.DbSize(i);
+  EXPECT_EQ(stored, static_cast<long long>(kBlocks));
+  auto tier = MustOpen(cluster.Options());
+  ASSERT_NE(tier, nullptr);
+  std::string name;  // every key's name has the same length
+  for (const auto& [k, p] : today[0].payloads) {
+    name = tier->KeyOf(Hash128{k.first, k.second});
+    const int node = OwnerOfSlot(RedisClusterKeySlot(name));
+    EXPECT_EQ(Command(cluster.port(node), {"STRLEN", name}).integer, static_cast<long long>(64 + record_bytes));
+  }
+  const long long set_command = RespBytes({"SET", name, std::string(64 + record_bytes, 'v')});
+  const long long today_set_bytes = SetBytes(today_server, name);
+  const long long one_set_bytes = SetBytes(one_server, name);
+  // Every SET byte the servers received is accounted for: SET calls x one SET's bytes.
+  EXPECT_EQ(today_set_bytes, today_server.Calls("set") * set_command);
+  EXPECT_EQ(one_set_bytes, one_server.Calls("set") * set_command);
+  EXPECT_EQ(one_set_bytes * world, today_set_bytes);
+  std::printf(
+      "[ single-writer ] N=%u: bytes written to the cluster, today: %llu of records by the ranks' tiers,"
+      " %lld in %lld SETs received by the servers; single writer: %llu, %lld in %lld SETs (all bytes"
+      " sent, reads included: %lld today, %lld single writer)\n",
+      world, static_cast<unsigned long long>(today_bytes), today_set_bytes, today_server.Calls("set"),
+      static_cast<unsigned long long>(one_bytes), one_set_bytes, one_server.Calls("set"), today_server.input_bytes,
+      one_server.input_bytes);
+
+  // Every rank, cold, promotes every block from the cluster and verifies every byte; none writes.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Command(cluster.port(i), {"CONFIG", "RESETSTAT"}).ok());
+  std::vector<RankResult> cold = Run(cluster, world, /*single_writer=*/true, /*in_step=*/false, /*write=*/false);
+  for (uint32_t r = 0; r < world; ++r) {
+    EXPECT_EQ(cold[r].admission.cached_blocks, kBlocks) << r;
+    EXPECT_EQ(cold[r].stats.tier_hits, kBlocks) << r;
+    EXPECT_EQ(cold[r].stats.verify_failures, 0u) << r;
+    EXPECT_TRUE(cold[r].bytes_match) << r;
+    EXPECT_EQ(cold[r].cluster.records, 0u) << r;
+  }
+  const ServerTraffic cold_server = Measure(cluster);
+  EXPECT_EQ(cold_server.Calls("set"), 0);
+  EXPECT_GT(cold_server.Calls("get"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SingleWriterCluster, ::testing::Values(2u, 4u, 8u),
+                         [](const ::testing::TestParamInfo<uint32_t>& i) { return "N" + std::to_string(i.param); });
 
 // ---- A hostile cluster node -----------------------------------------------------------------
 //

@@ -51,6 +51,7 @@ TEST(HostTierAdapter, EvictsLeastRecentToTheListenerWithinCapacity) {
   EXPECT_EQ(host->name(), "host");
   EXPECT_TRUE(host->in_memory());
   EXPECT_FALSE(host->persistent());
+  EXPECT_FALSE(host->shared());  // the process's own memory: every rank writes it
   Evicted evicted(*host);
   ASSERT_TRUE(Put(*host, {Rec(0), Rec(1)}).ok());
   ASSERT_TRUE(Get(*host, Rec(0).key).has_value());  // 0 is now the most recent
@@ -95,6 +96,7 @@ TEST(DiskTierAdapter, EvictsLeastRecentToTheListenerWithinCapacity) {
   EXPECT_EQ(disk->name(), "disk");
   EXPECT_FALSE(disk->in_memory());
   EXPECT_TRUE(disk->persistent());
+  EXPECT_FALSE(disk->shared());  // one process holds a directory (exclusive flock)
   Evicted evicted(*disk);
   ASSERT_TRUE(Put(*disk, {Rec(0), Rec(1)}).ok());
   ASSERT_TRUE(Get(*disk, Rec(0).key).has_value());  // 0 is now the most recent
@@ -210,6 +212,7 @@ TEST(RedisAdapter, ContainsThenGetServesVerifiedRecords) {
   EXPECT_EQ(redis.name(), "redis");
   EXPECT_FALSE(redis.in_memory());
   EXPECT_TRUE(redis.persistent());
+  EXPECT_TRUE(redis.shared());  // one writer per block in a tensor-parallel group (ADR 0023)
   ASSERT_TRUE(Put(redis, {Rec(0), Rec(1)}).ok());
   const std::vector<Hash128> keys = {Rec(0).key, Rec(1).key, Rec(2).key};
   EXPECT_EQ(redis.ContainsBatch(keys), (std::vector<bool>{true, true, false}));
@@ -223,6 +226,7 @@ TEST(RedisAdapter, ContainsThenGetServesVerifiedRecords) {
   EXPECT_TRUE(Get(redis, Rec(1).key).has_value());
   EXPECT_TRUE(redis.Keys().empty());  // the server's keys are not tracked here
   EXPECT_EQ(redis.counters().records, 2u);
+  EXPECT_EQ(redis.counters().bytes, Rec(0).payload.size() + Rec(1).payload.size());  // written here
 }
 #endif  // TESSERA_HAVE_REDIS
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -657,6 +658,254 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
   EXPECT_EQ(store->stats().verify_failures, 0u);
 }
 #endif  // TESSERA_HAVE_REDIS
+
+// ---- One writer per block of a shared tier (ADR 0023) --------------------------------------
+
+// A tier the ranks of a tensor-parallel group share, in one thread: a host tier seen through a
+// shared, persistent face, so the store writes it as it writes Redis (one batch per record here,
+// the stores being synchronous). Records the keys written, in order, and every payload.
+class SharedTier final : public Tier {
+ public:
+  explicit SharedTier(Tier* under) : under_(under) {}
+  std::string_view name() const override { return "shared"; }
+  bool in_memory() const override { return false; }
+  bool persistent() const override { return true; }
+  bool shared() const override { return true; }
+  Status PutBatch(std::span<const TierRecord* const> records) override {
+    for (const TierRecord* r : records) written.push_back(r->key);
+    return under_->PutBatch(records);
+  }
+  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
+    return under_->GetBatch(keys);
+  }
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
+  std::vector<Hash128> Keys() const override { return under_->Keys(); }
+  Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
+  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
+  TierCounters counters() const override { return under_->counters(); }
+  std::vector<Hash128> written;
+
+ private:
+  Tier* under_;
+};
+
+std::unique_ptr<TieredStore> RankStore(const RequestManager& m, std::vector<std::unique_ptr<Tier>> tiers, uint32_t rank,
+                                       uint32_t world, WritePolicy write = WritePolicy::kWriteThrough) {
+  TieredStoreOptions o;
+  o.write = write;
+  o.asynchronous = false;
+  o.tp_rank = rank;
+  o.tp_world = world;
+  auto s = TieredStore::Create(m.pool(), o, std::move(tiers));
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+TEST(SingleWriter, RejectsABadRankOrWorldNamingTheField) {
+  auto m = Manager(4);
+  for (auto [rank, world, field] : std::vector<std::tuple<uint32_t, uint32_t, std::string>>{
+           {0, 0, "tp-world"}, {0, kMaxTpWorld + 1, "tp-world"}, {2, 2, "tp-rank"}, {9, 8, "tp-rank"}}) {
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(MakeHostTier(1 << 20));
+    TieredStoreOptions o;
+    o.tp_rank = rank;
+    o.tp_world = world;
+    auto s = TieredStore::Create(m->pool(), o, std::move(tiers));
+    ASSERT_FALSE(s.ok()) << rank << "/" << world;
+    EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.status().field(), field);
+  }
+}
+
+// The writer of a key spreads keys evenly over the ranks, and is a fixed function: ranks of one
+// group, and versions of one fleet, must agree on it, so a change to it must fail here.
+TEST(SingleWriter, WriterRankSpreadsKeysEvenlyAndIsFixed) {
+  for (uint32_t world : {2u, 3u, 4u, 8u, 16u}) {
+    std::vector<uint64_t> per_rank(world, 0);
+    const uint64_t n = 64000;
+    for (uint64_t i = 0; i < n; ++i) {
+      // Keys as a keyed hash gives them, and keys with structure (small, sequential halves).
+      ++per_rank[SingleWriterRank(Hash128{testing::Mix(i), testing::Mix(~i)}, world)];
+      ++per_rank[SingleWriterRank(Hash128{i, 0}, world)];
+    }
+    for (uint32_t r = 0; r < world; ++r) {
+      const double share = static_cast<double>(per_rank[r]) * world / (2.0 * n);
+      EXPECT_GT(share, 0.95) << "world " << world << " rank " << r;
+      EXPECT_LT(share, 1.05) << "world " << world << " rank " << r;
+    }
+  }
+  EXPECT_EQ(SingleWriterRank(Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL}, 1), 0u);
+  EXPECT_EQ(SingleWriterRank(Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL}, 0), 0u);  // no group
+  // Pinned outputs of the function as shipped (ADR 0023), computed by an independent Python
+  // transcription of it (splitmix64's finalizer over lo ^ hi * 0x9e3779b97f4a7c15, mod world).
+  EXPECT_EQ(SingleWriterRank(Hash128{0x0123456789abcdefULL, 0xfedcba9876543210ULL}, 8), 7u);
+  EXPECT_EQ(SingleWriterRank(Hash128{0, 1}, 1000), 535u);
+  EXPECT_EQ(SingleWriterRank(Hash128{1, 2}, 1000), 519u);
+  EXPECT_EQ(SingleWriterRank(Hash128{2, 1}, 1000), 110u);
+}
+
+// Two ranks, one shared tier: each block is written once, by its writer; the other rank counts it
+// as left to the writer. A rank whose writer has not written a block yet misses it (its prefix
+// stops there, the bytes it got all verified); once the writer has written, every rank finds
+// every block.
+TEST(SingleWriter, ANonWriterMissesWhatItsWriterHasNotWrittenYet) {
+  Stream s(1, 12 * kBlock + 7);
+  auto under = MakeHostTier(64ull << 20);
+  // One rank's run: a fresh manager and store serve `s`; the admission, the store's counters and
+  // the keys the rank wrote to the shared tier, in order.
+  struct RankRun {
+    Admission admission;
+    TieredStoreStats stats;
+    std::vector<Hash128> written;
+  };
+  auto rank_run = [&](uint32_t rank, uint32_t world, WritePolicy write) {
+    auto m = Manager(16);
+    auto t = std::make_unique<SharedTier>(under.get());
+    SharedTier* face = t.get();
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(std::move(t));
+    auto store = RankStore(*m, std::move(tiers), rank, world, write);
+    m->SetBlockSource(store.get());
+    RankRun run{Serve(*m, s), store->stats(), face->written};  // Serve checks every byte
+    m->SetBlockSource(nullptr);
+    return run;
+  };
+  // The blocks' keys in chain order, from a rank of a group of one (it writes them all), whose
+  // records are then taken out again.
+  const std::vector<Hash128> keys = rank_run(0, 1, WritePolicy::kWriteThrough).written;
+  ASSERT_EQ(keys.size(), 12u);
+  ASSERT_TRUE(under->EraseBatch(keys).ok());
+  ASSERT_EQ(under->counters().records, 0u);
+  std::vector<uint32_t> writer;
+  for (const Hash128& k : keys) writer.push_back(SingleWriterRank(k, 2));
+  const uint64_t by_one = static_cast<uint64_t>(std::count(writer.begin(), writer.end(), 1u));
+  ASSERT_GT(by_one, 0u);
+  ASSERT_LT(by_one, 12u);  // both ranks write some of this prompt's blocks
+
+  // Rank 1 alone: it writes its own blocks and leaves the others to rank 0.
+  const RankRun a1 = rank_run(1, 2, WritePolicy::kWriteThrough);
+  EXPECT_EQ(a1.admission.cached_blocks, 0u);
+  EXPECT_EQ(a1.stats.written_through, by_one);
+  EXPECT_EQ(a1.stats.left_to_writer, 12 - by_one);
+  for (const Hash128& k : a1.written) EXPECT_EQ(SingleWriterRank(k, 2), 1u);
+  // A cold rank 1 finds the leading blocks rank 1 wrote, and misses from rank 0's first block on.
+  size_t lead = 0;
+  while (lead < writer.size() && writer[lead] == 1) ++lead;
+  ASSERT_LT(lead, 12u);
+  const RankRun b1 = rank_run(1, 2, WritePolicy::kWriteBack);
+  EXPECT_EQ(b1.admission.cached_blocks, lead);
+  EXPECT_EQ(b1.stats.tier_hits, lead);
+  EXPECT_EQ(b1.stats.verify_failures, 0u);
+  EXPECT_TRUE(b1.written.empty());
+
+  // Rank 0 writes its blocks (and not rank 1's, which the shared tier holds already).
+  const RankRun a0 = rank_run(0, 2, WritePolicy::kWriteThrough);
+  EXPECT_EQ(a0.admission.cached_blocks, lead);
+  EXPECT_EQ(a0.stats.written_through, 12 - by_one);
+  for (const Hash128& k : a0.written) EXPECT_EQ(SingleWriterRank(k, 2), 0u);
+  EXPECT_EQ(under->counters().records, 12u);
+  // Now each rank, cold, promotes all twelve blocks and verifies every byte.
+  for (uint32_t rank : {0u, 1u}) {
+    const RankRun b = rank_run(rank, 2, WritePolicy::kWriteBack);
+    EXPECT_EQ(b.admission.cached_blocks, 12u) << rank;
+    EXPECT_EQ(b.stats.tier_hits, 12u) << rank;
+    EXPECT_EQ(b.stats.verify_failures, 0u) << rank;
+  }
+}
+
+// Write-back with a private host tier above the shared one: the host tier takes every rank's
+// evicted blocks; what it evicts in turn reaches the shared tier from the block's writer only.
+TEST(SingleWriter, PrivateTiersTakeEveryRanksBlocksTheSharedTierOneCopy) {
+  auto under = MakeHostTier(64ull << 20);
+  const uint32_t world = 3;
+  uint64_t shared_writes = 0, left = 0;
+  Stream a(1, 8 * kBlock), b(5000, 8 * kBlock);
+  for (uint32_t rank = 0; rank < world; ++rank) {
+    auto m = Manager(8);
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(MakeHostTier(4 * RecordBytes(*m)));  // four records
+    auto face = std::make_unique<SharedTier>(under.get());
+    SharedTier* seen = face.get();
+    tiers.push_back(std::move(face));
+    auto store = RankStore(*m, std::move(tiers), rank, world, WritePolicy::kWriteBack);
+    m->SetBlockSource(store.get());
+    Serve(*m, a);
+    Serve(*m, b);  // evicts a's 8 blocks: 4 stay in the host tier, 4 go on down
+    ASSERT_TRUE(store->Flush().ok());
+    const TieredStoreStats st = store->stats();
+    EXPECT_EQ(st.demoted - seen->written.size(), 8u) << rank;  // the host tier took all eight
+    for (const Hash128& k : seen->written) EXPECT_EQ(SingleWriterRank(k, world), rank);
+    EXPECT_EQ(seen->written.size() + st.left_to_writer, 4u) << rank;
+    const std::string text = PrometheusText(store->CollectMetrics());
+    EXPECT_NE(text.find("tessera_tier_left_to_writer_total " + std::to_string(st.left_to_writer) + "\n"),
+              std::string::npos)
+        << text;
+    shared_writes += seen->written.size();
+    left += st.left_to_writer;
+    m->SetBlockSource(nullptr);
+  }
+  EXPECT_EQ(shared_writes, 4u);  // one copy of each of the four blocks
+  EXPECT_EQ(left, 4u * (world - 1));
+  EXPECT_EQ(under->counters().records, 4u);
+}
+
+// Write-through with a private disk tier below the shared one: a block this rank does not write
+// to the shared tier goes on to its own disk tier instead, as a refused record would; nothing is
+// dropped.
+TEST(SingleWriter, ASkippedBlockGoesOnToAPrivateTierBelow) {
+  TempDir dir;
+  auto under = MakeHostTier(64ull << 20);
+  auto m = Manager(16);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  auto face = std::make_unique<SharedTier>(under.get());
+  SharedTier* seen = face.get();
+  tiers.push_back(std::move(face));
+  tiers.push_back(Disk(dir.path()));
+  auto store = RankStore(*m, std::move(tiers), 0, 2, WritePolicy::kWriteThrough);
+  m->SetBlockSource(store.get());
+  Serve(*m, Stream(1, 10 * kBlock));
+  ASSERT_TRUE(store->Flush().ok());
+  const TieredStoreStats st = store->stats();
+  const uint64_t mine = seen->written.size();
+  ASSERT_GT(mine, 0u);
+  ASSERT_LT(mine, 10u);  // both paths taken
+  for (const Hash128& k : seen->written) EXPECT_EQ(SingleWriterRank(k, 2), 0u);
+  EXPECT_EQ(st.written_through, mine);
+  EXPECT_EQ(st.left_to_writer, 10 - mine);
+  EXPECT_EQ(st.demoted, 10 - mine);
+  EXPECT_EQ(store->tier_counters(1).records, 10 - mine);
+  EXPECT_EQ(st.dropped, 0u);
+  m->SetBlockSource(nullptr);
+}
+
+// A disk directory is private: DiskTier holds it under an exclusive lock, so a second rank cannot
+// share it (it fails at open, naming the directory), and each rank's own directory gets every
+// block whatever the group size.
+TEST(SingleWriter, DiskDirectoriesArePrivateAndWrittenByEveryRank) {
+  TempDir d0, d1;
+  const std::vector<std::byte> key(32, std::byte{0x77});
+  Stream s(1, 6 * kBlock);
+  std::vector<std::unique_ptr<RequestManager>> managers;
+  std::vector<std::unique_ptr<TieredStore>> stores;
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    managers.push_back(Manager(8, key));
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(Disk(rank == 0 ? d0.path() : d1.path()));
+    EXPECT_FALSE(tiers.back()->shared());
+    stores.push_back(RankStore(*managers.back(), std::move(tiers), rank, 2));
+    managers.back()->SetBlockSource(stores.back().get());
+    Serve(*managers.back(), s);
+    ASSERT_TRUE(stores.back()->Flush().ok());
+    EXPECT_EQ(stores.back()->stats().written_through, 6u) << rank;
+    EXPECT_EQ(stores.back()->stats().left_to_writer, 0u) << rank;
+  }
+  DiskTierOptions o;
+  o.dir = d0.path();
+  auto second = MakeDiskTier(o, 0);  // rank 1 on rank 0's directory
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  for (auto& m : managers) m->SetBlockSource(nullptr);
+}
 
 TEST(TieredStore, RejectsNoTiersAndUnknownPolicy) {
   auto m = Manager(4);

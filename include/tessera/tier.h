@@ -55,6 +55,11 @@ class Tier {
   virtual bool in_memory() const = 0;
   // Whether a record survives the process (the target of write-through and checkpoints).
   virtual bool persistent() const = 0;
+  // Whether the ranks of a tensor-parallel group share this tier (a Redis server or cluster):
+  // the tiered store then lets one rank per block write it (TieredStoreOptions::tp_world,
+  // docs/adr/0023-single-writer.md). A private tier (host memory, a disk directory, which one
+  // process holds locked) is written by every rank. Constant for the tier's life.
+  virtual bool shared() const { return false; }
   // Stores the records; may first evict older ones for space (each handed to the listener).
   // A record larger than the whole tier is refused or passed on to the listener, as the tier's
   // header says. Errors: the tier's own (a full disk, an unreachable server): then the caller

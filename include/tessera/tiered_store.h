@@ -21,6 +21,14 @@
 // memory) and here (layout, cache identity, key, parent key, domain, salt, every token); a record
 // that fails is quarantined in its tier and counted, and never reaches the pool.
 //
+// Tensor parallelism (docs/adr/0023-single-writer.md): every rank of a TP group holds the same MLA
+// latents, so each rank seals byte-identical records under the same keys. A tier the ranks share
+// (Tier::shared(): Redis, a Redis Cluster) is written by one rank per block, the block's writer
+// SingleWriterRank(key, tp_world); every other rank skips that write (the record goes on to the
+// tier below as a refused one would; `left_to_writer` counts it) and only reads. A rank that
+// asks for a block its writer has not written yet gets a miss, never other bytes. Private tiers
+// (host memory, a disk directory) are written by every rank as before.
+//
 // Writes to tiers other than memory tiers are asynchronous: the store gathers them into batches
 // of `batch_records` and a worker thread writes them; a block waiting in a batch is still found
 // by Probe/Fetch. Flush() waits for every batch written so far.
@@ -74,7 +82,21 @@ struct TieredStoreOptions {
   WritePolicy write = WritePolicy::kWriteBack;
   uint32_t batch_records = 16;  // records per asynchronous batch
   bool asynchronous = true;     // false: lower-tier writes happen in the caller (tests, tools)
+  // This process's rank in its tensor-parallel group and the group's size (1 .. kMaxTpWorld;
+  // tp_rank < tp_world): a shared tier is written by one rank per block (above). 1: no group,
+  // this process writes every block. Every rank of a group must give the same tp_world.
+  uint32_t tp_rank = 0;
+  uint32_t tp_world = 1;
 };
+
+// The largest tensor-parallel group a store accepts.
+inline constexpr uint32_t kMaxTpWorld = 1024;
+
+// The rank (0 .. world-1) that writes the block keyed `key` to a shared tier: the key's two
+// halves mixed (splitmix64's finalizer) and reduced mod `world`, so the blocks, their bytes and
+// their MAC work spread evenly over the ranks. Fixed: every rank of a group (and every version
+// in one fleet) must compute the same writer. 0 when world <= 1.
+uint32_t SingleWriterRank(const Hash128& key, uint32_t world);
 
 struct TieredStoreStats {
   uint64_t demoted = 0;                 // records a tier admitted from the level above (pool or tier)
@@ -87,6 +109,7 @@ struct TieredStoreStats {
   uint64_t dropped = 0;                 // refused records no tier below could take (lost; Flush reports them)
   uint64_t batches = 0;                 // asynchronous batches completed
   uint64_t pending = 0;                 // records waiting to be written
+  uint64_t left_to_writer = 0;          // shared-tier writes skipped: another rank is the block's writer
   std::vector<uint64_t> hits_per_tier;  // by the tier holding the record (or writing it)
   std::string last_error;
 };
@@ -94,7 +117,8 @@ struct TieredStoreStats {
 class TieredStore final : public BlockSource {
  public:
   // `pool` gives the layout the records must match (the store does not keep it).
-  // Errors: kInvalidArgument on "tiers" (none given) or "batch-records" (0).
+  // Errors: kInvalidArgument on "tiers" (none given), "batch-records" (0), "tp-world" (0 or over
+  // kMaxTpWorld) or "tp-rank" (not below tp_world).
   static Result<std::unique_ptr<TieredStore>> Create(const BlockPool& pool, TieredStoreOptions options,
                                                      std::vector<std::unique_ptr<Tier>> tiers);
   // Flushes (a drop is then reported to no one: call Flush first to know) and stops the worker.
@@ -141,10 +165,15 @@ class TieredStore final : public BlockSource {
   // can be read without the mutex.
   struct Slot {
     explicit Slot(std::unique_ptr<Tier> t)
-        : name(t->name()), in_memory(t->in_memory()), persistent(t->persistent()), tier(std::move(t)) {}
+        : name(t->name()),
+          in_memory(t->in_memory()),
+          persistent(t->persistent()),
+          shared(t->shared()),
+          tier(std::move(t)) {}
     const std::string_view name;
     const bool in_memory;
     const bool persistent;
+    const bool shared;
     mutable Mutex mu;
     const std::unique_ptr<Tier> tier PT_GUARDED_BY(mu);
   };
@@ -160,14 +189,17 @@ class TieredStore final : public BlockSource {
 
   TieredStore(const BlockPool& pool, TieredStoreOptions options, std::vector<std::unique_ptr<Tier>> tiers);
   // Queues `r` for tier `t` (or writes it now when tier t is in memory or the store synchronous);
-  // drops it past the last. Called with no lock held, or from tier t-1's eviction listener
-  // (tier t-1's mu held).
+  // drops it past the last. At a shared tier whose writer for `r` is another rank, passes it on
+  // to tier t+1 instead (the single-writer rule). Called with no lock held, or from tier t-1's
+  // eviction listener (tier t-1's mu held).
   void Demote(size_t t, std::shared_ptr<const TierRecord> r, bool through = false) EXCLUDES(queue_mu_, stats_mu_);
   void SubmitLocked(size_t t) REQUIRES(queue_mu_);
   // Writes the job under its tier's mu; what the tier refuses goes to the tier below.
   void WriteJob(Job& job) EXCLUDES(queue_mu_, stats_mu_);
   void Worker() EXCLUDES(queue_mu_, stats_mu_);
   std::optional<size_t> WriteThroughTier() const;
+  // Whether this rank writes `key` to tier t (always, unless t is shared and tp_world > 1).
+  bool WritesTo(size_t t, const Hash128& key) const;
   std::shared_ptr<const TierRecord> RecordOf(const BlockPool& pool, BlockId b, const SealedIdentity& id) const;
   // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
   void SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,

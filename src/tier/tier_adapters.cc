@@ -201,12 +201,18 @@ class RedisAdapter final : public Tier {
   std::string_view name() const override { return name_; }
   bool in_memory() const override { return false; }
   bool persistent() const override { return true; }
+  bool shared() const override { return true; }  // a fleet's server: one writer per block
   Status PutBatch(std::span<const TierRecord* const> records) override {
     std::vector<TierRecord> copy;
     copy.reserve(records.size());
-    for (const TierRecord* r : records) copy.push_back(*r);
+    uint64_t bytes = 0;
+    for (const TierRecord* r : records) {
+      copy.push_back(*r);
+      bytes += r->payload.size();
+    }
     TESSERA_RETURN_IF_ERROR(redis_->PutBatch(copy));
     written_ += records.size();
+    written_bytes_ += bytes;
     return Status::Ok();
   }
   std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
@@ -246,12 +252,14 @@ class RedisAdapter final : public Tier {
     prefetched_.erase(key);
     (void)redis_->EraseBatch(std::span<const Hash128>(&key, 1));
   }
-  TierCounters counters() const override { return {written_, 0, 0, 0, redis_->stats().verify_failures}; }
+  // records, bytes: what this process wrote (the server's LRU may have dropped some since).
+  TierCounters counters() const override { return {written_, written_bytes_, 0, 0, redis_->stats().verify_failures}; }
 
  private:
   std::unique_ptr<Client> redis_;
   std::string_view name_;
   uint64_t written_ = 0;
+  uint64_t written_bytes_ = 0;  // payload bytes of the records written
   std::unordered_map<Hash128, TierRecord, Hash128Hasher> prefetched_;
 };
 

@@ -13,10 +13,29 @@ Result<WritePolicy> ParseWritePolicy(std::string_view name) {
                          "unknown policy \"" + std::string(name) + "\" (known: write-back, write-through)");
 }
 
+uint32_t SingleWriterRank(const Hash128& key, uint32_t world) {
+  if (world <= 1) return 0;
+  // splitmix64's finalizer over both halves: prefix keys are keyed hashes already, but a mixed
+  // value keeps the spread even for any key function (ADR 0023).
+  uint64_t z = key.lo ^ (key.hi * 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<uint32_t>(z % world);
+}
+
 Result<std::unique_ptr<TieredStore>> TieredStore::Create(const BlockPool& pool, TieredStoreOptions options,
                                                          std::vector<std::unique_ptr<Tier>> tiers) {
   if (tiers.empty()) return InvalidArgument("tiers", "a tiered store needs at least one tier");
   if (options.batch_records == 0) return InvalidArgument("batch-records", "must be at least 1");
+  if (options.tp_world == 0 || options.tp_world > kMaxTpWorld) {
+    return InvalidArgument(
+        "tp-world", "must be in [1, " + std::to_string(kMaxTpWorld) + "], got " + std::to_string(options.tp_world));
+  }
+  if (options.tp_rank >= options.tp_world) {
+    return InvalidArgument("tp-rank", "must be below tp-world (" + std::to_string(options.tp_world) + "), got " +
+                                          std::to_string(options.tp_rank));
+  }
   return std::unique_ptr<TieredStore>(new TieredStore(pool, options, std::move(tiers)));
 }
 
@@ -58,7 +77,20 @@ void TieredStore::OnSealed(const BlockPool& pool, BlockId b, const SealedIdentit
 
 void TieredStore::OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) {
   std::optional<size_t> t = WriteThroughTier();
-  if (t) Demote(*t, RecordOf(pool, b, id), /*through=*/true);
+  if (!t) return;
+  // A rank that is not the block's writer at the shared tiers here skips them before it copies
+  // the block into a record (as Demote would, without the copy when no tier below takes it).
+  size_t first = *t;
+  while (first < tiers_.size() && !WritesTo(first, id.key)) ++first;
+  if (first != *t) {
+    {
+      MutexLock lock(stats_mu_);
+      stats_.left_to_writer += first - *t;
+    }
+    if (first < tiers_.size()) Demote(first, RecordOf(pool, b, id));
+    return;
+  }
+  Demote(*t, RecordOf(pool, b, id), /*through=*/true);
 }
 
 std::shared_ptr<const TierRecord> TieredStore::RecordOf(const BlockPool& pool, BlockId b,
@@ -106,8 +138,22 @@ void TieredStore::OnEvicted(const BlockPool& pool, BlockId b, const SealedIdenti
   Demote(0, RecordOf(pool, b, id));
 }
 
+bool TieredStore::WritesTo(size_t t, const Hash128& key) const {
+  return !tiers_[t]->shared || options_.tp_world == 1 || SingleWriterRank(key, options_.tp_world) == options_.tp_rank;
+}
+
 void TieredStore::Demote(size_t t, std::shared_ptr<const TierRecord> r, bool through) {
   if (t >= tiers_.size()) return;  // below the last tier: dropped
+  if (!WritesTo(t, r->key)) {
+    // Another rank writes this block here; this rank's identical record goes on as one the tier
+    // could not take would (a demotion): nowhere, unless a tier below is private.
+    {
+      MutexLock lock(stats_mu_);
+      ++stats_.left_to_writer;
+    }
+    Demote(t + 1, std::move(r));
+    return;
+  }
   if (tiers_[t]->in_memory || !options_.asynchronous) {
     Job job{t, {std::move(r)}, through};
     WriteJob(job);
@@ -352,6 +398,10 @@ std::vector<MetricFamily> TieredStore::CollectMetrics() const {
        "counter",
        {{"", st.write_errors}}},
       {"tessera_tier_batches_total", "Asynchronous write batches completed.", "counter", {{"", st.batches}}},
+      {"tessera_tier_left_to_writer_total",
+       "Shared-tier writes skipped because another tensor-parallel rank writes the block.",
+       "counter",
+       {{"", st.left_to_writer}}},
       {"tessera_tier_pending_records", "Records queued for a write.", "gauge", {{"", st.pending}}},
   };
   MetricFamily hits{"tessera_tier_promotions_total",
