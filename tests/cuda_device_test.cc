@@ -26,9 +26,9 @@ namespace {
 
 using testing::Preset;
 
-#define REQUIRE_GPU()                                                                           \
-  do {                                                                                          \
-    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device: " << QueryDevice().status().ToString(); \
+#define REQUIRE_GPU()                                                          \
+  do {                                                                         \
+    if (DeviceCount() == 0) GTEST_SKIP() << QueryDevice().status().ToString(); \
   } while (false)
 
 TEST(CudaRuntime, ReportsNoDeviceCleanly) {
@@ -197,23 +197,22 @@ TEST_P(DecodeParity, MatchesTheCpuReference) {
       max_diff = std::max(max_diff, std::fabs(static_cast<double>(out[b * ov + i]) - ref[i]));
     }
     const double bound = c.tol * std::max(1.0, max_ref);
-    std::cout << c.model << " " << c.kv_format << " request " << b << " (" << c.lengths[b]
-              << " tokens, splits " << (*decoder)->last_plan().split_offset[b + 1] -
-                                           (*decoder)->last_plan().split_offset[b]
+    std::cout << c.model << " " << c.kv_format << " request " << b << " (" << c.lengths[b] << " tokens, splits "
+              << (*decoder)->last_plan().split_offset[b + 1] - (*decoder)->last_plan().split_offset[b]
               << "): max |gpu - cpu| " << max_diff << " (bound " << bound << ")\n";
     EXPECT_LE(max_diff, bound) << "request " << b;
     EXPECT_TRUE(std::isfinite(max_diff));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, DecodeParity,
-    ::testing::Values(ParityCase{"tiny-mla", "mla-bf16", {1, 63, 64, 65, 1000}, 0, 1e-3},
-                      ParityCase{"tiny-mla", "fp8_ds_mla", {1, 63, 64, 65, 1000}, 0, 5e-3},
-                      ParityCase{"tiny-dsa", "fp8_ds_mla", {200, 3}, 0, 5e-3},
-                      ParityCase{"deepseek-v3", "mla-bf16", {1, 300, 2100}, 0, 1e-3},
-                      ParityCase{"deepseek-v3", "mla-bf16", {5000}, 16, 1e-3},  // a TP-8 rank's heads
-                      ParityCase{"deepseek-v3.2", "fp8_ds_mla", {1, 300, 2100}, 0, 5e-3}));
+INSTANTIATE_TEST_SUITE_P(Models, DecodeParity,
+                         ::testing::Values(ParityCase{"tiny-mla", "mla-bf16", {1, 63, 64, 65, 1000}, 0, 1e-3},
+                                           ParityCase{"tiny-mla", "fp8_ds_mla", {1, 63, 64, 65, 1000}, 0, 5e-3},
+                                           ParityCase{"tiny-dsa", "fp8_ds_mla", {200, 3}, 0, 5e-3},
+                                           ParityCase{"deepseek-v3", "mla-bf16", {1, 300, 2100}, 0, 1e-3},
+                                           ParityCase{
+                                               "deepseek-v3", "mla-bf16", {5000}, 16, 1e-3},  // a TP-8 rank's heads
+                                           ParityCase{"deepseek-v3.2", "fp8_ds_mla", {1, 300, 2100}, 0, 5e-3}));
 
 // ---- Transfers -----------------------------------------------------------------------------------
 

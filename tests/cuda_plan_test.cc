@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <numeric>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -85,8 +85,8 @@ TEST_P(PageViewAddressing, MatchesTheManagersRecords) {
       for (uint64_t p = 0; p < h.manager->Tokens(r); ++p) {
         auto rec = h.manager->Record(r, v->group, l, p);
         ASSERT_TRUE(rec.ok()) << rec.status().ToString();
-        const std::byte* at = base + v->layer_offset + uint64_t{table[p / 64].value} * v->block_stride +
-                              (p % 64) * v->record_bytes;
+        const std::byte* at =
+            base + v->layer_offset + uint64_t{table[p / 64].value} * v->block_stride + (p % 64) * v->record_bytes;
         ASSERT_EQ(at, rec->planes[0].data()) << "layer " << l << " position " << p;
         ++checked;
       }
@@ -276,8 +276,8 @@ TEST(PlanDecode, RefusesBadInput) {
 
 TEST(PlanTransfers, CoalescesConsecutiveBlocksAndFillsHalves) {
   // Blocks 3, 4, 5 and 9 of a group with 1,000-byte blocks; a second region's block.
-  const std::vector<BlockHandle> blocks{{0, 3000, 1000}, {0, 4000, 1000}, {0, 5000, 1000}, {0, 9000, 1000},
-                                        {1, 0, 1000}};
+  const std::vector<BlockHandle> blocks{
+      {0, 3000, 1000}, {0, 4000, 1000}, {0, 5000, 1000}, {0, 9000, 1000}, {1, 0, 1000}};
   auto p = PlanTransfers(blocks, 6000);  // halves of 3,000 bytes: three blocks a round
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->half_bytes, 3000u);

@@ -106,8 +106,7 @@ class DeviceTransfer {
   // (computed on the host after the copy). When `expected` is not empty, a block whose bytes do
   // not hash to expected[i] is kDataLoss on "block <i>" and its dst is zeroed.
   Status Demote(const RegionTable& regions, std::span<const BlockHandle> src, std::span<const std::span<std::byte>> dst,
-                std::span<uint64_t> xxh3_out, std::span<const uint64_t> expected = {},
-                TransferStats* stats = nullptr);
+                std::span<uint64_t> xxh3_out, std::span<const uint64_t> expected = {}, TransferStats* stats = nullptr);
 
   // The tiers' path: each key's record is read from the host tier straight into the staging
   // buffer (HostTier::GetInto verifies its checksum; a failure is the tier's kDataLoss, the record
@@ -116,9 +115,9 @@ class DeviceTransfer {
                              std::span<const BlockHandle> dst, TransferStats* stats = nullptr);
   // Copies src[i] out and stores it in the host tier under keys[i] (the tier checksums it); with
   // `expected`, verified as Demote does before it is stored.
-  Status DemoteToHostTier(HostTier& tier, std::span<const Hash128> keys, uint16_t format_id,
-                          const RegionTable& regions, std::span<const BlockHandle> src,
-                          std::span<const uint64_t> expected = {}, TransferStats* stats = nullptr);
+  Status DemoteToHostTier(HostTier& tier, std::span<const Hash128> keys, uint16_t format_id, const RegionTable& regions,
+                          std::span<const BlockHandle> src, std::span<const uint64_t> expected = {},
+                          TransferStats* stats = nullptr);
 
   // The baseline the benchmarks compare against: one cudaMemcpyAsync of `bytes` from the pinned
   // staging buffer to device address `dst`, synchronized; seconds (CUDA events).
@@ -148,6 +147,10 @@ class DeviceBuffer {
   uint64_t ptr_ = 0;
   uint64_t bytes_ = 0;
 };
+
+// Sets the bytes of a device range of `regions` to `value` (cudaMemset; synchronized). Errors:
+// "handle" as RegionTable::DeviceAddress, "device".
+Status FillDeviceRange(const RegionTable& regions, const BlockHandle& range, uint8_t value);
 
 // Device-to-device copy bandwidth (bytes read + bytes written per second) of `bytes`-byte copies,
 // the best of `iterations`: the HBM figure decode bandwidth is compared with.

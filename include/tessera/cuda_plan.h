@@ -40,11 +40,11 @@ constexpr uint64_t kRecordVectorBytes = 16;
 // in-place addressing; the same for packed and unpacked groups).
 struct DevicePageView {
   uint32_t group = 0;
-  uint32_t region = 0;          // the pool's region of the group
-  uint64_t layer_offset = 0;    // the layer's slice in block 0
-  uint64_t block_stride = 0;    // bytes from one block of the group to the next
+  uint32_t region = 0;        // the pool's region of the group
+  uint64_t layer_offset = 0;  // the layer's slice in block 0
+  uint64_t block_stride = 0;  // bytes from one block of the group to the next
   uint32_t record_bytes = 0;
-  uint32_t block_tokens = 0;    // entries per block (per-token groups: the block span)
+  uint32_t block_tokens = 0;  // entries per block (per-token groups: the block span)
   uint32_t latent = 0;
   uint32_t rope = 0;
   PageFormat format = PageFormat::kMlaBf16;
@@ -106,15 +106,15 @@ struct WorkItem {
 // different numbers of splits; no CTA is idle for a short request.
 struct DecodePlan {
   uint32_t heads_per_cta = 0;
-  uint32_t head_groups = 0;     // ceil(heads / heads_per_cta)
+  uint32_t head_groups = 0;  // ceil(heads / heads_per_cta)
   uint32_t chunk_tokens = 0;
-  std::vector<WorkItem> items;  // request-major, splits in order
+  std::vector<WorkItem> items;        // request-major, splits in order
   std::vector<int32_t> split_offset;  // request i's items: [split_offset[i], split_offset[i + 1])
-  uint64_t grid_x = 0;          // items.size()
-  uint64_t partial_floats = 0;  // items x heads x latent: the split kernel's partial outputs
-  uint64_t lse_floats = 0;      // items x heads
-  uint64_t shared_bytes = 0;    // dynamic shared memory of one split CTA
-  uint64_t tokens = 0;          // sum of the sequence lengths
+  uint64_t grid_x = 0;                // items.size()
+  uint64_t partial_floats = 0;        // items x heads x latent: the split kernel's partial outputs
+  uint64_t lse_floats = 0;            // items x heads
+  uint64_t shared_bytes = 0;          // dynamic shared memory of one split CTA
+  uint64_t tokens = 0;                // sum of the sequence lengths
 };
 // Heads one CTA handles (the kernel's shared-memory rows): min(heads, 16).
 constexpr uint32_t kMaxHeadsPerCta = 16;
@@ -138,9 +138,9 @@ struct TransferCopy {
 // Within a round, items whose device ranges follow each other in one region (as consecutive
 // block ids of one group do) and whose staging ranges follow each other become one copy.
 struct TransferRound {
-  std::vector<uint32_t> items;      // indices into the batch, in batch order
+  std::vector<uint32_t> items;        // indices into the batch, in batch order
   std::vector<uint64_t> item_offset;  // each item's offset in the round's half
-  std::vector<TransferCopy> copies; // coalesced; staging offsets relative to the half
+  std::vector<TransferCopy> copies;   // coalesced; staging offsets relative to the half
   uint64_t bytes = 0;
 };
 struct TransferPlan {

@@ -91,8 +91,8 @@ class RegionTable {
     std::byte* base;  // host regions
     uint64_t bytes;
     std::string name;
-    uint64_t device = 0;                          // device regions: the address
-    const DeviceAllocator* allocator = nullptr;   // device regions: who frees it
+    uint64_t device = 0;                         // device regions: the address
+    const DeviceAllocator* allocator = nullptr;  // device regions: who frees it
   };
   std::vector<Region> regions_;
 };

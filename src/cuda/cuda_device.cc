@@ -13,16 +13,20 @@
 namespace tessera::cuda {
 namespace {
 
+// Tessera names device bytes by integer addresses (memory.h: a region's device address); the CUDA
+// API takes pointers. The one conversion.
+void* Ptr(uint64_t address) { return reinterpret_cast<void*>(address); }  // NOLINT(performance-no-int-to-ptr)
+
 Status CudaError(cudaError_t e, const std::string& what) {
   return Status(StatusCode::kFailedPrecondition, "device", what + ": " + cudaGetErrorString(e));
 }
 
-#define TESSERA_CUDA_RETURN(expr, what)                  \
-  do {                                                   \
-    const cudaError_t tessera_cuda_e = (expr);           \
-    if (tessera_cuda_e != cudaSuccess) {                 \
-      return CudaError(tessera_cuda_e, what);            \
-    }                                                    \
+#define TESSERA_CUDA_RETURN(expr, what)        \
+  do {                                         \
+    const cudaError_t tessera_cuda_e = (expr); \
+    if (tessera_cuda_e != cudaSuccess) {       \
+      return CudaError(tessera_cuda_e, what);  \
+    }                                          \
   } while (false)
 
 // OK when device `ordinal` exists, else the runtime's reason.
@@ -31,7 +35,7 @@ Status RequireDevice(int ordinal) {
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error so a later query starts clean
-    return CudaError(e, "no CUDA device");
+    return CudaError(e, "no CUDA device (cudaGetDeviceCount)");
   }
   if (ordinal < 0 || ordinal >= count) {
     return Status(StatusCode::kFailedPrecondition, "device",
@@ -59,7 +63,7 @@ Result<uint64_t> DeviceAllocate(uint64_t bytes) {
   return reinterpret_cast<uint64_t>(p);
 }
 
-void DeviceRelease(uint64_t address) { cudaFree(reinterpret_cast<void*>(address)); }
+void DeviceRelease(uint64_t address) { cudaFree(Ptr(address)); }
 
 const DeviceAllocator kCudaAllocator{&DeviceAllocate, &DeviceRelease};
 
@@ -132,7 +136,7 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(uint64_t bytes) {
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_ != 0) cudaFree(reinterpret_cast<void*>(ptr_));
+    if (ptr_ != 0) cudaFree(Ptr(ptr_));
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;
     o.ptr_ = 0;
@@ -142,22 +146,27 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_ != 0) cudaFree(reinterpret_cast<void*>(ptr_));
+  if (ptr_ != 0) cudaFree(Ptr(ptr_));
 }
 
 Status DeviceBuffer::CopyFromHost(std::span<const std::byte> src, uint64_t offset) {
   if (offset > bytes_ || src.size() > bytes_ - offset) return InvalidArgument("src", "runs past the device buffer");
-  TESSERA_CUDA_RETURN(cudaMemcpy(reinterpret_cast<void*>(ptr_ + offset), src.data(), src.size(),
-                                 cudaMemcpyHostToDevice),
+  TESSERA_CUDA_RETURN(cudaMemcpy(Ptr(ptr_ + offset), src.data(), src.size(), cudaMemcpyHostToDevice),
                       "cudaMemcpy to device");
   return Status::Ok();
 }
 
 Status DeviceBuffer::CopyToHost(std::span<std::byte> dst, uint64_t offset) const {
   if (offset > bytes_ || dst.size() > bytes_ - offset) return InvalidArgument("dst", "runs past the device buffer");
-  TESSERA_CUDA_RETURN(cudaMemcpy(dst.data(), reinterpret_cast<const void*>(ptr_ + offset), dst.size(),
-                                 cudaMemcpyDeviceToHost),
+  TESSERA_CUDA_RETURN(cudaMemcpy(dst.data(), Ptr(ptr_ + offset), dst.size(), cudaMemcpyDeviceToHost),
                       "cudaMemcpy to host");
+  return Status::Ok();
+}
+
+Status FillDeviceRange(const RegionTable& regions, const BlockHandle& range, uint8_t value) {
+  TESSERA_ASSIGN_OR_RETURN(uint64_t address, regions.DeviceAddress(range));
+  TESSERA_CUDA_RETURN(cudaMemset(Ptr(address), value, range.len), "cudaMemset");
+  TESSERA_CUDA_RETURN(cudaDeviceSynchronize(), "cudaMemset");
   return Status::Ok();
 }
 
@@ -165,7 +174,7 @@ Result<double> MeasureCopyBandwidth(uint64_t bytes, int iterations) {
   if (bytes == 0 || iterations <= 0) return InvalidArgument("bytes", "a copy needs bytes and iterations");
   TESSERA_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Allocate(bytes));
   TESSERA_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes));
-  TESSERA_CUDA_RETURN(cudaMemset(reinterpret_cast<void*>(a.address()), 1, bytes), "cudaMemset");
+  TESSERA_CUDA_RETURN(cudaMemset(Ptr(a.address()), 1, bytes), "cudaMemset");
   cudaEvent_t start = nullptr, stop = nullptr;
   TESSERA_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
   TESSERA_CUDA_RETURN(cudaEventCreate(&stop), "cudaEventCreate");
@@ -173,8 +182,7 @@ Result<double> MeasureCopyBandwidth(uint64_t bytes, int iterations) {
   Status st = Status::Ok();
   for (int i = 0; i <= iterations && st.ok(); ++i) {  // the first run warms up
     cudaEventRecord(start);
-    cudaMemcpyAsync(reinterpret_cast<void*>(b.address()), reinterpret_cast<const void*>(a.address()), bytes,
-                    cudaMemcpyDeviceToDevice);
+    cudaMemcpyAsync(Ptr(b.address()), Ptr(a.address()), bytes, cudaMemcpyDeviceToDevice);
     cudaEventRecord(stop);
     const cudaError_t e = cudaEventSynchronize(stop);
     if (e != cudaSuccess) {
@@ -228,8 +236,8 @@ Status MlaDecoder::SetWeights(std::span<const float> wkv_b) {
   const MlaDims& d = impl_->dims;
   const uint64_t want = uint64_t{d.heads} * (d.nope + d.v) * d.latent;
   if (wkv_b.size() != want) {
-    return InvalidArgument("wkv_b", "holds " + std::to_string(wkv_b.size()) + " floats, expected " +
-                                        std::to_string(want));
+    return InvalidArgument("wkv_b",
+                           "holds " + std::to_string(wkv_b.size()) + " floats, expected " + std::to_string(want));
   }
   TESSERA_RETURN_IF_ERROR(impl_->wkv_b.Ensure(want * 4, "wkv_b"));
   TESSERA_CUDA_RETURN(cudaMemcpy(impl_->wkv_b.p, wkv_b.data(), want * 4, cudaMemcpyHostToDevice), "upload wkv_b");
@@ -253,16 +261,15 @@ Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, cons
                                          std::to_string(batch) + " requests x " + std::to_string(tables.stride));
   }
   auto check = [](const char* field, size_t got, uint64_t want) {
-    return got == want ? Status::Ok()
-                       : InvalidArgument(field, "holds " + std::to_string(got) + " floats, expected " +
-                                                    std::to_string(want));
+    return got == want
+               ? Status::Ok()
+               : InvalidArgument(field, "holds " + std::to_string(got) + " floats, expected " + std::to_string(want));
   };
   TESSERA_RETURN_IF_ERROR(check("q_nope", q_nope.size(), batch * d.heads * d.nope));
   TESSERA_RETURN_IF_ERROR(check("q_pe", q_pe.size(), batch * d.heads * d.rope));
   TESSERA_RETURN_IF_ERROR(check("out", out.size(), batch * d.heads * d.v));
-  TESSERA_ASSIGN_OR_RETURN(
-      plan_, PlanDecode(tables.seq_lens, DecodeShape{d.heads, d.latent, d.rope, view.block_tokens},
-                        DeviceLimits{m.sm_count, 2}));
+  TESSERA_ASSIGN_OR_RETURN(plan_, PlanDecode(tables.seq_lens, DecodeShape{d.heads, d.latent, d.rope, view.block_tokens},
+                                             DeviceLimits{m.sm_count, 2}));
   TESSERA_CUDA_RETURN(cudaSetDevice(m.device), "cudaSetDevice");
   TESSERA_RETURN_IF_ERROR(m.q_nope.Ensure(q_nope.size() * 4, "q_nope"));
   TESSERA_RETURN_IF_ERROR(m.q_pe.Ensure(q_pe.size() * 4, "q_pe"));
@@ -283,9 +290,9 @@ Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, cons
   TESSERA_CUDA_RETURN(
       cudaMemcpyAsync(m.table.p, tables.table.data(), tables.table.size() * 4, cudaMemcpyHostToDevice, s),
       "upload block table");
-  TESSERA_CUDA_RETURN(cudaMemcpyAsync(m.items.p, plan_.items.data(), plan_.items.size() * sizeof(WorkItem),
-                                      cudaMemcpyHostToDevice, s),
-                      "upload work items");
+  TESSERA_CUDA_RETURN(
+      cudaMemcpyAsync(m.items.p, plan_.items.data(), plan_.items.size() * sizeof(WorkItem), cudaMemcpyHostToDevice, s),
+      "upload work items");
   TESSERA_CUDA_RETURN(cudaMemcpyAsync(m.split_offset.p, plan_.split_offset.data(), plan_.split_offset.size() * 4,
                                       cudaMemcpyHostToDevice, s),
                       "upload split offsets");
@@ -293,7 +300,7 @@ Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, cons
                                             d.heads, d.nope, d.v, d.latent, m.q_lat.as<float>(), s),
                       "absorb kernel");
   kernels::SplitArgs& a = m.split;
-  a.pages = reinterpret_cast<const uint8_t*>(region_base + view.layer_offset);
+  a.pages = static_cast<const uint8_t*>(Ptr(region_base + view.layer_offset));
   a.block_stride = view.block_stride;
   a.record_bytes = view.record_bytes;
   a.block_tokens = view.block_tokens;
@@ -315,14 +322,13 @@ Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, cons
   a.shared_bytes = plan_.shared_bytes;
   m.batch = static_cast<uint32_t>(batch);
   TESSERA_CUDA_RETURN(kernels::LaunchSplit(a, s), "split kernel");
-  TESSERA_CUDA_RETURN(kernels::LaunchCombine(a.partial, a.lse, m.split_offset.as<int32_t>(), m.batch, d.heads,
-                                             d.latent, m.o_lat.as<float>(), s),
+  TESSERA_CUDA_RETURN(kernels::LaunchCombine(a.partial, a.lse, m.split_offset.as<int32_t>(), m.batch, d.heads, d.latent,
+                                             m.o_lat.as<float>(), s),
                       "combine kernel");
-  TESSERA_CUDA_RETURN(kernels::LaunchProjectV(m.o_lat.as<float>(), m.wkv_b.as<float>(), m.batch, d.heads, d.nope,
-                                              d.v, d.latent, m.out.as<float>(), s),
+  TESSERA_CUDA_RETURN(kernels::LaunchProjectV(m.o_lat.as<float>(), m.wkv_b.as<float>(), m.batch, d.heads, d.nope, d.v,
+                                              d.latent, m.out.as<float>(), s),
                       "projection kernel");
-  TESSERA_CUDA_RETURN(cudaMemcpyAsync(out.data(), m.out.p, out.size() * 4, cudaMemcpyDeviceToHost, s),
-                      "download out");
+  TESSERA_CUDA_RETURN(cudaMemcpyAsync(out.data(), m.out.p, out.size() * 4, cudaMemcpyDeviceToHost, s), "download out");
   TESSERA_CUDA_RETURN(cudaStreamSynchronize(s), "decode");
   return Status::Ok();
 }
@@ -410,8 +416,8 @@ Status CheckDeviceHandles(const RegionTable& regions, std::span<const BlockHandl
 // Promotion pipeline: fill half (r % 2) on the host once its previous copies are done, then
 // enqueue its coalesced host-to-device copies; the next round's fill overlaps them.
 template <typename Fill>
-Status RunPromote(Pipe& m, const RegionTable& regions, std::span<const BlockHandle> dst,
-                         Fill fill, TransferStats* stats) {
+Status RunPromote(Pipe& m, const RegionTable& regions, std::span<const BlockHandle> dst, Fill fill,
+                  TransferStats* stats) {
   TESSERA_ASSIGN_OR_RETURN(TransferPlan plan, PlanTransfers(dst, m.staging_bytes));
   TESSERA_RETURN_IF_ERROR(CheckDeviceHandles(regions, dst));
   TESSERA_CUDA_RETURN(cudaSetDevice(m.device), "cudaSetDevice");
@@ -430,8 +436,8 @@ Status RunPromote(Pipe& m, const RegionTable& regions, std::span<const BlockHand
     if (!result.ok()) break;
     for (const TransferCopy& c : round.copies) {
       const uint64_t device = *regions.DeviceAddress(c.device);  // checked: a run of checked handles
-      const cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(device), half + c.staging_offset, c.device.len,
-                                            cudaMemcpyHostToDevice, m.stream);
+      const cudaError_t e =
+          cudaMemcpyAsync(Ptr(device), half + c.staging_offset, c.device.len, cudaMemcpyHostToDevice, m.stream);
       if (e != cudaSuccess) return CudaError(e, "cudaMemcpyAsync to device");
     }
     const cudaError_t e = cudaEventRecord(m.done[r % 2], m.stream);
@@ -450,8 +456,8 @@ Status RunPromote(Pipe& m, const RegionTable& regions, std::span<const BlockHand
 
 // Demotion pipeline: enqueue round r + 1's device-to-host copies before draining round r.
 template <typename Drain>
-Status RunDemote(Pipe& m, const RegionTable& regions, std::span<const BlockHandle> src,
-                        Drain drain, TransferStats* stats) {
+Status RunDemote(Pipe& m, const RegionTable& regions, std::span<const BlockHandle> src, Drain drain,
+                 TransferStats* stats) {
   TESSERA_ASSIGN_OR_RETURN(TransferPlan plan, PlanTransfers(src, m.staging_bytes));
   TESSERA_RETURN_IF_ERROR(CheckDeviceHandles(regions, src));
   TESSERA_CUDA_RETURN(cudaSetDevice(m.device), "cudaSetDevice");
@@ -460,9 +466,9 @@ Status RunDemote(Pipe& m, const RegionTable& regions, std::span<const BlockHandl
     std::byte* half = m.staging + (r % 2) * plan.half_bytes;
     for (const TransferCopy& c : round.copies) {
       const uint64_t device = *regions.DeviceAddress(c.device);
-      TESSERA_CUDA_RETURN(cudaMemcpyAsync(half + c.staging_offset, reinterpret_cast<const void*>(device), c.device.len,
-                                          cudaMemcpyDeviceToHost, m.stream),
-                          "cudaMemcpyAsync to host");
+      TESSERA_CUDA_RETURN(
+          cudaMemcpyAsync(half + c.staging_offset, Ptr(device), c.device.len, cudaMemcpyDeviceToHost, m.stream),
+          "cudaMemcpyAsync to host");
     }
     TESSERA_CUDA_RETURN(cudaEventRecord(m.done[r % 2], m.stream), "cudaEventRecord");
     return Status::Ok();
@@ -548,8 +554,8 @@ Status DeviceTransfer::Demote(const RegionTable& regions, std::span<const BlockH
 Status DeviceTransfer::PromoteFromHostTier(HostTier& tier, std::span<const Hash128> keys, const RegionTable& regions,
                                            std::span<const BlockHandle> dst, TransferStats* stats) {
   if (keys.size() != dst.size()) {
-    return InvalidArgument("blocks", std::to_string(keys.size()) + " keys for " + std::to_string(dst.size()) +
-                                         " blocks");
+    return InvalidArgument("blocks",
+                           std::to_string(keys.size()) + " keys for " + std::to_string(dst.size()) + " blocks");
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::optional<uint64_t> size = tier.PayloadSize(keys[i]);
@@ -587,10 +593,8 @@ Result<double> DeviceTransfer::TimePlainCopy(uint64_t dst, uint64_t bytes, bool 
   TESSERA_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
   TESSERA_CUDA_RETURN(cudaEventCreate(&stop), "cudaEventCreate");
   cudaEventRecord(start, m.stream);
-  const cudaError_t e =
-      to_device ? cudaMemcpyAsync(reinterpret_cast<void*>(dst), m.staging, bytes, cudaMemcpyHostToDevice, m.stream)
-                : cudaMemcpyAsync(m.staging, reinterpret_cast<const void*>(dst), bytes, cudaMemcpyDeviceToHost,
-                                  m.stream);
+  const cudaError_t e = to_device ? cudaMemcpyAsync(Ptr(dst), m.staging, bytes, cudaMemcpyHostToDevice, m.stream)
+                                  : cudaMemcpyAsync(m.staging, Ptr(dst), bytes, cudaMemcpyDeviceToHost, m.stream);
   cudaEventRecord(stop, m.stream);
   const cudaError_t sync = cudaEventSynchronize(stop);
   float ms = 0.0f;

@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kThreads) SplitKernel(SplitArgs a) {
   if (tid < nh) a.lse[static_cast<int64_t>(blockIdx.x) * H + h0 + tid] = m_state[tid] + logf(l_state[tid]);
 }
 
-__global__ void CombineKernel(const float* partial, const float* lse, const int32_t* split_offset, int heads, int latent,
-                              float* o_lat) {
+__global__ void CombineKernel(const float* partial, const float* lse, const int32_t* split_offset, int heads,
+                              int latent, float* o_lat) {
   const int b = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
   const int first = split_offset[b], last = split_offset[b + 1];
   float mx = -__int_as_float(0x7F800000);
@@ -215,8 +215,8 @@ cudaError_t LaunchSplit(const SplitArgs& a, cudaStream_t stream) {
   if (a.latent > static_cast<uint32_t>(kMaxLatent) || a.heads_per_cta * kLanesPerHead > kThreads) {
     return cudaErrorInvalidValue;
   }
-  cudaError_t e = cudaFuncSetAttribute(SplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(a.shared_bytes));
+  cudaError_t e =
+      cudaFuncSetAttribute(SplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(a.shared_bytes));
   if (e != cudaSuccess) return e;
   const dim3 grid(a.item_count, a.head_groups);
   SplitKernel<<<grid, kThreads, a.shared_bytes, stream>>>(a);
@@ -226,21 +226,21 @@ cudaError_t LaunchSplit(const SplitArgs& a, cudaStream_t stream) {
 cudaError_t LaunchCombine(const float* partial, const float* lse, const int32_t* split_offset, uint32_t batch,
                           uint32_t heads, uint32_t latent, float* o_lat, cudaStream_t stream) {
   CombineKernel<<<dim3(batch, heads), 256, 0, stream>>>(partial, lse, split_offset, static_cast<int>(heads),
-                                                         static_cast<int>(latent), o_lat);
+                                                        static_cast<int>(latent), o_lat);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAbsorb(const float* q_nope, const float* wkv_b, uint32_t batch, uint32_t heads, uint32_t nope,
                          uint32_t v, uint32_t latent, float* q_lat, cudaStream_t stream) {
   AbsorbKernel<<<dim3(batch, heads), 256, 0, stream>>>(q_nope, wkv_b, static_cast<int>(heads), static_cast<int>(nope),
-                                                        static_cast<int>(v), static_cast<int>(latent), q_lat);
+                                                       static_cast<int>(v), static_cast<int>(latent), q_lat);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchProjectV(const float* o_lat, const float* wkv_b, uint32_t batch, uint32_t heads, uint32_t nope,
                            uint32_t v, uint32_t latent, float* out, cudaStream_t stream) {
   ProjectKernel<<<dim3(batch, heads), 256, 0, stream>>>(o_lat, wkv_b, static_cast<int>(heads), static_cast<int>(nope),
-                                                         static_cast<int>(v), static_cast<int>(latent), out);
+                                                        static_cast<int>(v), static_cast<int>(latent), out);
   return cudaGetLastError();
 }
 

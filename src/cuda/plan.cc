@@ -88,8 +88,8 @@ Result<PackedBlockTables> PackBlockTables(std::span<const std::span<const BlockI
                                           std::span<const uint64_t> tokens, uint32_t block_tokens, uint32_t capacity) {
   if (tables.empty()) return InvalidArgument("requests", "an empty batch");
   if (tables.size() != tokens.size()) {
-    return InvalidArgument("requests", std::to_string(tables.size()) + " tables for " +
-                                           std::to_string(tokens.size()) + " token counts");
+    return InvalidArgument(
+        "requests", std::to_string(tables.size()) + " tables for " + std::to_string(tokens.size()) + " token counts");
   }
   if (block_tokens == 0) return InvalidArgument("block_tokens", "0 tokens per block");
   if (capacity > static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
@@ -100,8 +100,8 @@ Result<PackedBlockTables> PackBlockTables(std::span<const std::span<const BlockI
     const uint64_t n = tokens[i];
     if (n == 0) return InvalidArgument("tokens", "request " + std::to_string(i) + " holds no tokens");
     if (n > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
-      return InvalidArgument("tokens", "request " + std::to_string(i) + ": " + std::to_string(n) +
-                                           " tokens exceed int32 positions");
+      return InvalidArgument(
+          "tokens", "request " + std::to_string(i) + ": " + std::to_string(n) + " tokens exceed int32 positions");
     }
     const uint64_t need = (n + block_tokens - 1) / block_tokens;
     if (need > tables[i].size()) {
@@ -171,8 +171,8 @@ Result<DecodePlan> PlanDecode(std::span<const int32_t> seq_lens, const DecodeSha
   uint64_t total = 0;
   for (size_t i = 0; i < seq_lens.size(); ++i) {
     if (seq_lens[i] <= 0) {
-      return InvalidArgument("seq_lens", "request " + std::to_string(i) + " has " + std::to_string(seq_lens[i]) +
-                                             " tokens");
+      return InvalidArgument("seq_lens",
+                             "request " + std::to_string(i) + " has " + std::to_string(seq_lens[i]) + " tokens");
     }
     total += static_cast<uint64_t>(seq_lens[i]);
   }

@@ -74,8 +74,8 @@ Result<std::span<std::byte>> RegionTable::ResolveChecked(const BlockHandle& h) c
   if (h.region >= regions_.size()) return InvalidArgument("handle", "unknown region " + std::to_string(h.region));
   const Region& r = regions_[h.region];
   if (r.base == nullptr) {
-    return InvalidArgument("handle", "region " + r.name + " (" + std::string(RegionKindName(r.kind)) +
-                                         ") has no host bytes");
+    return InvalidArgument("handle",
+                           "region " + r.name + " (" + std::string(RegionKindName(r.kind)) + ") has no host bytes");
   }
   if (h.offset > r.bytes || h.len > r.bytes - h.offset) {
     return InvalidArgument("handle", "range [" + std::to_string(h.offset) + ", +" + std::to_string(h.len) +
@@ -88,8 +88,8 @@ Result<uint64_t> RegionTable::DeviceAddress(const BlockHandle& h) const {
   if (h.region >= regions_.size()) return InvalidArgument("handle", "unknown region " + std::to_string(h.region));
   const Region& r = regions_[h.region];
   if (r.kind != RegionKind::kDevice) {
-    return InvalidArgument("handle", "region " + r.name + " is " + std::string(RegionKindName(r.kind)) +
-                                         " memory, not device memory");
+    return InvalidArgument(
+        "handle", "region " + r.name + " is " + std::string(RegionKindName(r.kind)) + " memory, not device memory");
   }
   if (h.offset > r.bytes || h.len > r.bytes - h.offset) {
     return InvalidArgument("handle", "range [" + std::to_string(h.offset) + ", +" + std::to_string(h.len) +
