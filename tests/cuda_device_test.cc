@@ -143,7 +143,9 @@ struct ParityCase {
   uint32_t heads;  // 0: the model's
   double tol;      // ADR 0017: 1e-3 mla-bf16, 5e-3 fp8_ds_mla
 };
-void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << " " << c.kv_format; }
+void PrintTo(const ParityCase& c, std::ostream* os) {
+  *os << c.model << " " << c.kv_format << " heads " << (c.heads == 0 ? std::string("all") : std::to_string(c.heads));
+}
 
 class DecodeParity : public ::testing::TestWithParam<ParityCase> {};
 
