@@ -7,33 +7,9 @@
 
 #include <cstdint>
 
+#include "phases.h"
+
 namespace tessera::cuda::kernels {
-
-struct Item {  // tessera::cuda::WorkItem, field for field
-  int32_t request;
-  int32_t split;
-  int32_t begin;
-  int32_t end;
-};
-
-struct SplitArgs {
-  const uint8_t* pages = nullptr;  // region base + the layer's offset
-  uint64_t block_stride = 0;
-  uint32_t record_bytes = 0;
-  uint32_t block_tokens = 0;
-  uint32_t format = 0;  // PageFormat
-  const int32_t* table = nullptr;
-  uint32_t table_stride = 0;
-  const float* q_lat = nullptr;  // [batch][heads][latent]
-  const float* q_pe = nullptr;   // [batch][heads][rope]
-  const Item* items = nullptr;
-  uint32_t item_count = 0;
-  float* partial = nullptr;  // [item][heads][latent], normalized by the item's softmax sum
-  float* lse = nullptr;      // [item][heads]: max + log(sum)
-  uint32_t heads = 0, latent = 0, rope = 0, heads_per_cta = 0, head_groups = 0;
-  float scale = 0.0f;
-  uint64_t shared_bytes = 0;
-};
 
 // The split-K pass: one CTA per (work item, head group).
 cudaError_t LaunchSplit(const SplitArgs& a, cudaStream_t stream);
