@@ -1,7 +1,8 @@
 // Memory regions and typed block handles.
 //
-// A region is a range of bytes owned by a backend (host memory now; device memory and
-// file-backed regions later). Block metadata never stores a raw pointer: a block's bytes are
+// A region is a range of bytes owned by a backend: host memory, device memory (allocated by the
+// device library a binary links, src/cuda: cudaMalloc, never managed memory), or address space
+// only. Block metadata never stores a raw pointer: a block's bytes are
 // named by BlockHandle {region, offset, len} and resolved through the RegionTable in O(1)
 // (an index into a vector plus an add). Two live handles never overlap — the pools hand out
 // disjoint page ranges, and tests check every pair after random operation sequences.
@@ -15,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/status.h"
@@ -24,7 +26,23 @@ namespace tessera {
 enum class RegionKind {
   kHost,      // host DRAM (anonymous mmap, zero-filled on first touch)
   kUnbacked,  // address space only: bookkeeping for memory that lives elsewhere (a device)
+  kDevice,    // device memory from the installed DeviceAllocator (not host-addressable)
 };
+std::string_view RegionKindName(RegionKind kind);
+
+// Who allocates kDevice regions. The memory module knows no device API: a device library installs
+// one (tessera::cuda::InstallDeviceAllocator, src/cuda), and without one AddRegion(kDevice) is
+// refused (kFailedPrecondition on "device"). allocate returns the region's device address or an
+// error naming "device" (no device present, out of device memory); release frees what allocate
+// returned. The allocator must outlive every table that used it.
+struct DeviceAllocator {
+  Result<uint64_t> (*allocate)(uint64_t bytes) = nullptr;
+  void (*release)(uint64_t address) = nullptr;
+};
+// Installs `allocator` for every RegionTable in the process (nullptr uninstalls); returns the
+// previous one. Safe from any thread; tables keep the allocator their regions came from.
+const DeviceAllocator* InstallDeviceAllocator(const DeviceAllocator* allocator);
+const DeviceAllocator* InstalledDeviceAllocator();
 
 struct BlockHandle {
   uint32_t region = 0;
@@ -45,13 +63,22 @@ class RegionTable {
   RegionTable& operator=(const RegionTable&) = delete;
 
   // Adds a region of `bytes` bytes. Host regions are mmap'ed (MAP_NORESERVE) and zero-filled on
-  // first touch. Errors: kInvalidArgument for 0 bytes, kOutOfBlocks when the mapping fails.
+  // first touch; device regions come from the installed DeviceAllocator (contents undefined).
+  // Errors: kInvalidArgument for 0 bytes, kOutOfBlocks when the mapping fails, kFailedPrecondition
+  // on "device" when no allocator is installed, the allocator's error otherwise (nothing added).
   Result<uint32_t> AddRegion(RegionKind kind, uint64_t bytes, std::string name);
 
-  // The bytes of `h`. REQUIRES: h lies inside a host region (asserted); O(1).
+  // The bytes of `h`. REQUIRES: h lies inside a host region (asserted); O(1). Device regions have
+  // no host bytes: DeviceAddress.
   std::span<std::byte> Resolve(const BlockHandle& h) const;
   // Like Resolve, but returns kInvalidArgument for a handle outside its region.
   Result<std::span<std::byte>> ResolveChecked(const BlockHandle& h) const;
+  // The device address of `h`'s first byte. kInvalidArgument on "handle" for an unknown region, a
+  // region that is not kDevice, or a range past its region.
+  Result<uint64_t> DeviceAddress(const BlockHandle& h) const;
+
+  // Bytes of the regions of one kind (region accounting).
+  uint64_t bytes_of(RegionKind kind) const;
 
   size_t size() const { return regions_.size(); }
   RegionKind kind(uint32_t region) const { return regions_[region].kind; }
@@ -61,9 +88,11 @@ class RegionTable {
  private:
   struct Region {
     RegionKind kind;
-    std::byte* base;
+    std::byte* base;  // host regions
     uint64_t bytes;
     std::string name;
+    uint64_t device = 0;                         // device regions: the address
+    const DeviceAllocator* allocator = nullptr;  // device regions: who frees it
   };
   std::vector<Region> regions_;
 };
