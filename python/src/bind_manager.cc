@@ -169,7 +169,8 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
                                   const py::object& window_strategy, const py::object& hash,
                                   const py::object& hash_bits, const py::object& hash_key_seed,
                                   const py::object& hash_key, const py::object& weights_revision,
-                                  const py::object& content_dedup, const py::object& tenant_domain) {
+                                  const py::object& content_dedup, const py::object& tenant_domain,
+                                  const py::object& kv_events, const py::object& kv_events_capacity) {
   auto pm = std::make_shared<PyManager>();
   pm->geometry = LoadModelArg(model, config);
   ManagerOptions o;
@@ -203,6 +204,8 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
       o.tenant_domain[ToU32(k, "tenant_domain")] = ToU32(v, "tenant_domain");
     }
   }
+  o.kv_events = ToBool(kv_events, "kv_events");
+  o.kv_events_capacity = ToU32(kv_events_capacity, "kv_events_capacity");
   Result<std::unique_ptr<RequestManager>> m = [&] {
     py::gil_scoped_release nogil;
     return RequestManager::Create(pm->geometry, o);
@@ -438,7 +441,8 @@ void BindManager(py::module_& m) {
            py::arg("backed") = true, py::arg("window_strategy") = "recompute", py::arg("hash") = "xxh3",
            py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
-           py::arg("tenant_domain") = py::none())
+           py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
+           py::arg("kv_events_capacity") = 1u << 16)
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
            py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none())
       .def(
@@ -615,6 +619,11 @@ void BindManager(py::module_& m) {
                r.emplace(pm.m->Checkpoint());
              }
              return Take(std::move(*r));
+           })
+      .def("reset_prefix_cache",
+           [](PyManager& pm) {
+             ManagerLock lk(pm);
+             Check(pm.m->ResetPrefixCache());
            })
       .def("metrics", [](PyManager& pm) { return MetricsDict(AllMetrics(pm)); })
       .def("prometheus_text", [](PyManager& pm) { return PrometheusText(AllMetrics(pm)); })

@@ -31,6 +31,7 @@ void BindErrors(py::module_& m);
 void BindLedger(py::module_& m);
 void BindManager(py::module_& m);
 void BindStore(py::module_& m);
+void BindEvents(py::module_& m);  // after BindManager: adds to tessera.RequestManager
 
 // Exception types, created by BindErrors (module attributes TesseraError, OutOfBlocksError,
 // DataLossError, TierIOError).
