@@ -64,9 +64,8 @@ void BindLedger(py::module_& m) {
   m.def("ledger_json", &LedgerJson, py::arg("model") = py::none(), py::arg("config") = py::none(),
         py::arg("context") = py::none(), py::arg("batch") = 1, py::arg("kv_format") = py::none(),
         py::arg("indexer_format") = py::none(), py::arg("block_tokens") = py::none(), py::arg("tp") = 1,
-        py::arg("dcp") = 1, py::arg("spec_tokens") = 0, py::arg("include_mtp") = false,
-        py::arg("engine") = "tessera", py::arg("kernel") = "flashmla", py::arg("swa_strategy") = "recompute",
-        py::arg("prefill_chunk") = 8192,
+        py::arg("dcp") = 1, py::arg("spec_tokens") = 0, py::arg("include_mtp") = false, py::arg("engine") = "tessera",
+        py::arg("kernel") = "flashmla", py::arg("swa_strategy") = "recompute", py::arg("prefill_chunk") = 8192,
         "The ledger as JSON text: exactly what `tessera ledger --format json` prints for the same options.");
   m.def("models", &PresetNames, "The shipped model presets.");
 }

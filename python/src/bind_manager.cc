@@ -142,7 +142,7 @@ struct PyAdmission {
 };
 
 struct PyStepResult {
-  py::array codes;       // uint8 StatusCode per request (0: ok)
+  py::array codes;  // uint8 StatusCode per request (0: ok)
   uint32_t failed = 0;
   py::array offsets;     // uint32, n + 1
   py::array new_blocks;  // uint32
@@ -232,15 +232,15 @@ PyAdmission Admit(PyManager& pm, const py::object& prompt, const py::object& ten
   }
   const Admission ad = Take(std::move(*a));
   pm.SetLive(ad.id.value, true);
-  return PyAdmission{ad.id.value,        ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
+  return PyAdmission{ad.id.value,       ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
                      ad.state_restored, ad.recompute_from, ad.recompute_tokens};
 }
 
 // Checks a step batch and fills pm.ids (REQUIRES: pm's lock). ValueError naming the argument.
 void CheckBatch(PyManager& pm, const U32Array& ids, const U32Array& counts, const U32Array& tokens) {
   if (counts.size != ids.size) {
-    ThrowValue("counts", "has " + std::to_string(counts.size) + " entries for " + std::to_string(ids.size) +
-                             " request_ids");
+    ThrowValue("counts",
+               "has " + std::to_string(counts.size) + " entries for " + std::to_string(ids.size) + " request_ids");
   }
   uint64_t total = 0;
   for (size_t i = 0; i < counts.size; ++i) total += counts.data[i];
@@ -311,8 +311,8 @@ PyStepResult Step(PyManager& pm, const py::object& request_ids, const py::object
 
 // The benchmark's baseline (bench/python_step_bench.py): `steps` C++ Step calls on the same
 // batch, each timed with the steady clock; returns their durations in nanoseconds.
-py::array StepLoopNs(PyManager& pm, const py::object& request_ids, const py::object& counts,
-                     const py::object& tokens, const py::object& steps, const py::object& writer) {
+py::array StepLoopNs(PyManager& pm, const py::object& request_ids, const py::object& counts, const py::object& tokens,
+                     const py::object& steps, const py::object& writer) {
   U32Array ids, cnt, tok;
   ToU32Array(request_ids, "request_ids", &ids);
   ToU32Array(counts, "counts", &cnt);
@@ -414,13 +414,16 @@ void BindManager(py::module_& m) {
       .def_readonly("offsets", &PyStepResult::offsets)
       .def_readonly("new_blocks", &PyStepResult::new_blocks)
       .def_readonly("replaced", &PyStepResult::replaced)
-      .def("blocks_of", [](const PyStepResult& r, const py::object& index) {
-        const uint32_t i = ToU32(index, "index");
-        const auto n = static_cast<uint32_t>(r.offsets.shape(0));
-        if (i + 1 >= n) ThrowValue("index", std::to_string(i) + " is not below " + std::to_string(n - 1));
-        const auto* o = static_cast<const uint32_t*>(r.offsets.data());
-        return py::object(r.new_blocks[py::slice(o[i], o[i + 1], 1)]);
-      }, py::arg("index"), "The blocks request `index` of the batch took: new_blocks[offsets[i]:offsets[i+1]].");
+      .def(
+          "blocks_of",
+          [](const PyStepResult& r, const py::object& index) {
+            const uint32_t i = ToU32(index, "index");
+            const auto n = static_cast<uint32_t>(r.offsets.shape(0));
+            if (i + 1 >= n) ThrowValue("index", std::to_string(i) + " is not below " + std::to_string(n - 1));
+            const auto* o = static_cast<const uint32_t*>(r.offsets.data());
+            return py::object(r.new_blocks[py::slice(o[i], o[i + 1], 1)]);
+          },
+          py::arg("index"), "The blocks request `index` of the batch took: new_blocks[offsets[i]:offsets[i+1]].");
 
   py::dict codes;
   for (StatusCode c : {StatusCode::kOk, StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kOutOfRange,
@@ -487,8 +490,8 @@ void BindManager(py::module_& m) {
           py::arg("request_id"), py::arg("tokens"), py::kw_only(), py::arg("writer") = py::none())
       .def("step", &Step, py::arg("request_ids"), py::arg("counts"), py::arg("tokens"), py::kw_only(),
            py::arg("writer") = py::none())
-      .def("_step_loop_ns", &StepLoopNs, py::arg("request_ids"), py::arg("counts"), py::arg("tokens"),
-           py::arg("steps"), py::kw_only(), py::arg("writer") = py::none())
+      .def("_step_loop_ns", &StepLoopNs, py::arg("request_ids"), py::arg("counts"), py::arg("tokens"), py::arg("steps"),
+           py::kw_only(), py::arg("writer") = py::none())
       .def(
           "fork",
           [](PyManager& pm, const py::object& request_id) {
@@ -526,7 +529,8 @@ void BindManager(py::module_& m) {
           },
           py::arg("request_id"))
       .def(
-          "is_live", [](PyManager& pm, const py::object& request_id) { return pm.IsLive(ToU32(request_id, "request_id")); },
+          "is_live",
+          [](PyManager& pm, const py::object& request_id) { return pm.IsLive(ToU32(request_id, "request_id")); },
           py::arg("request_id"))
       .def(
           "record",
@@ -577,7 +581,8 @@ void BindManager(py::module_& m) {
             const uint32_t g = CheckGroup(*pm, group);
             const uint32_t l = ToU32(layer, "layer");
             if (l >= pm->m->pool().groups()[g].layers) {
-              ThrowValue("layer", std::to_string(l) + " is not below " + std::to_string(pm->m->pool().groups()[g].layers));
+              ThrowValue("layer",
+                         std::to_string(l) + " is not below " + std::to_string(pm->m->pool().groups()[g].layers));
             }
             const BlockPool& pool = pm->m->pool();
             return View(pm, pool.Bytes(pool.PageHandle(b, g, l)), !Writable(*pm->m, b));
@@ -594,7 +599,8 @@ void BindManager(py::module_& m) {
             const BlockPool& pool = pm->m->pool();
             return View(pm, pool.Bytes(pool.BlockHandleOf(b, g)), !Writable(*pm->m, b));
           },
-          py::arg("block_id"), py::arg("group"), "A zero-copy uint8 view of a block's bytes in one group (every layer).")
+          py::arg("block_id"), py::arg("group"),
+          "A zero-copy uint8 view of a block's bytes in one group (every layer).")
       .def(
           "block_state",
           [](PyManager& pm, const py::object& block_id) {

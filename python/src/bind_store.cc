@@ -86,7 +86,8 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
   std::string ns;
   uint32_t timeout = ToU32(redis_timeout_ms, "redis_timeout_ms");
   if (redis) {
-    if (redis_secret.is_none()) ThrowValue("redis_secret", "missing: a Redis tier needs the fleet's secret (>= 16 bytes)");
+    if (redis_secret.is_none())
+      ThrowValue("redis_secret", "missing: a Redis tier needs the fleet's secret (>= 16 bytes)");
     secret = SecretBytes(redis_secret, "redis_secret");
     ns = redis_namespace.is_none() ? RedisNamespace(pm->geometry.name, pm->kv_format, 0)
                                    : ToStr(redis_namespace, "redis_namespace");
@@ -115,7 +116,8 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
     co->key_namespace = ns;
     co->timeout_ms = timeout;
   }
-  if (host == 0 && !disk && !redis) ThrowValue("tiers", "give at least one of host_bytes, disk_dir, redis_url, redis_cluster");
+  if (host == 0 && !disk && !redis)
+    ThrowValue("tiers", "give at least one of host_bytes, disk_dir, redis_url, redis_cluster");
 
   ManagerLock lk(*pm);
   std::shared_ptr<TieredStore> store;
@@ -126,23 +128,31 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
     if (host > 0) tiers.push_back(MakeHostTier(host));
     if (disk) {
       Result<std::unique_ptr<Tier>> d = MakeDiskTier(*disk, disk_cap);
-      if (d.ok()) tiers.push_back(std::move(*d));
-      else st = d.status();
+      if (d.ok())
+        tiers.push_back(std::move(*d));
+      else
+        st = d.status();
     }
     if (st.ok() && ro) {
       Result<std::unique_ptr<Tier>> r = MakeRedisTier(*ro);
-      if (r.ok()) tiers.push_back(std::move(*r));
-      else st = r.status();
+      if (r.ok())
+        tiers.push_back(std::move(*r));
+      else
+        st = r.status();
     }
     if (st.ok() && co) {
       Result<std::unique_ptr<Tier>> r = MakeRedisClusterTier(*co);
-      if (r.ok()) tiers.push_back(std::move(*r));
-      else st = r.status();
+      if (r.ok())
+        tiers.push_back(std::move(*r));
+      else
+        st = r.status();
     }
     if (st.ok()) {
       Result<std::unique_ptr<TieredStore>> s = TieredStore::Create(pm->m->pool(), so, std::move(tiers));
-      if (s.ok()) store = std::shared_ptr<TieredStore>(std::move(*s));
-      else st = s.status();
+      if (s.ok())
+        store = std::shared_ptr<TieredStore>(std::move(*s));
+      else
+        st = s.status();
     }
   }
   Check(st);
@@ -210,7 +220,8 @@ void BindStore(py::module_& m) {
           "tier_counters",
           [](PyStore& s, const py::object& index) {
             const uint32_t i = ToU32(index, "index");
-            if (i >= s.store->tiers()) ThrowValue("index", std::to_string(i) + " is not below " + std::to_string(s.store->tiers()));
+            if (i >= s.store->tiers())
+              ThrowValue("index", std::to_string(i) + " is not below " + std::to_string(s.store->tiers()));
             ManagerLock lk(*s.pm);
             const TierCounters c = s.store->tier_counters(i);
             py::dict d;

@@ -170,15 +170,24 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
       out->holder = a;
       return;
     }
-    if (kind == 'u' && size == 1) ReadStrided<uint8_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'u' && size == 2) ReadStrided<uint16_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'u' && size == 4) ReadStrided<uint32_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'u' && size == 8) ReadStrided<uint64_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 1) ReadStrided<int8_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 2) ReadStrided<int16_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 4) ReadStrided<int32_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 8) ReadStrided<int64_t>(base, stride, n, arg, &out->storage);
-    else ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
+    if (kind == 'u' && size == 1)
+      ReadStrided<uint8_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'u' && size == 2)
+      ReadStrided<uint16_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'u' && size == 4)
+      ReadStrided<uint32_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'u' && size == 8)
+      ReadStrided<uint64_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'i' && size == 1)
+      ReadStrided<int8_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'i' && size == 2)
+      ReadStrided<int16_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'i' && size == 4)
+      ReadStrided<int32_t>(base, stride, n, arg, &out->storage);
+    else if (kind == 'i' && size == 8)
+      ReadStrided<int64_t>(base, stride, n, arg, &out->storage);
+    else
+      ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
   } else if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyRange_Check(obj.ptr())) {
     auto seq = py::reinterpret_borrow<py::sequence>(obj);
     const size_t n = seq.size();
