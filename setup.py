@@ -54,7 +54,9 @@ setup(
     ext_modules=[Extension("tessera._core", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
-    install_requires=[],  # numpy is used when present (Debian: python3-numpy); declared nowhere to stay offline
+    # numpy is needed at run time (Debian: python3-numpy). It is not declared, so that an offline
+    # --target install does not try to fetch a second copy of it.
+    install_requires=[],
     options={"build": {"build_base": BUILD_BASE}, "egg_info": {"egg_base": BUILD_BASE}},
     zip_safe=False,
 )

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace tessera::py_bind {
 
@@ -136,10 +137,11 @@ void ReadStrided(const char* base, ssize_t stride, size_t n, std::string_view ar
     if constexpr (std::is_signed_v<T>) {
       if (v < 0) ThrowValue(arg, "element " + std::to_string(i) + " is negative (" + std::to_string(v) + ")");
     }
-    if (static_cast<uint64_t>(v) > UINT32_MAX) {
+    const auto u = static_cast<uint64_t>(static_cast<std::make_unsigned_t<T>>(v));  // v >= 0 here
+    if (u > UINT32_MAX) {
       ThrowValue(arg, "element " + std::to_string(i) + " is above 4294967295 (" + std::to_string(v) + ")");
     }
-    (*out)[i] = static_cast<uint32_t>(v);
+    (*out)[i] = static_cast<uint32_t>(u);
   }
 }
 

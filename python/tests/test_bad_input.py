@@ -65,10 +65,16 @@ class BadInputTest(unittest.TestCase):
         self.assertNames(ValueError, "prompt[1]", m.admit, [1, -5])
         self.assertNames(TypeError, "prompt[0]", m.admit, [1.5])
         self.assertNames(TypeError, "prompt", m.admit, np.arange(4, dtype=np.uint32).astype(">u4"))
+        self.assertNames(ValueError, "prompt", m.admit, np.array([1, -1], np.int8))
+        self.assertNames(ValueError, "prompt", m.admit, np.array([2**40], np.uint64))
         self.assertNames(ValueError, "priority", m.admit, prompt(4), priority=101)
         self.assertNames(TypeError, "tenant", m.admit, prompt(4), tenant="a")
         self.assertNames(ValueError, "cache_salt", m.admit, prompt(4), cache_salt=-1)
         self.assertUnchanged()
+        # Narrow and wide integer dtypes, and numpy integer scalars, are read by value.
+        small = m.admit(np.arange(1, 6, dtype=np.uint16), tenant=np.int64(0))
+        self.assertEqual(m.tokens(np.uint32(small.request_id)), 0)
+        m.free(small.request_id)
 
     def test_request_ids(self):
         m, rid = self.m, self.a.request_id
