@@ -85,12 +85,17 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
   std::vector<std::byte> secret;
   std::string ns;
   uint32_t timeout = ToU32(redis_timeout_ms, "redis_timeout_ms");
+#ifndef TESSERA_HAVE_REDIS
+  if (redis) ThrowValue(!redis_url.is_none() ? "redis_url" : "redis_cluster", "this build has no Redis tier");
+#endif
   if (redis) {
     if (redis_secret.is_none())
       ThrowValue("redis_secret", "missing: a Redis tier needs the fleet's secret (>= 16 bytes)");
     secret = SecretBytes(redis_secret, "redis_secret");
+#ifdef TESSERA_HAVE_REDIS
     ns = redis_namespace.is_none() ? RedisNamespace(pm->geometry.name, pm->kv_format, 0)
                                    : ToStr(redis_namespace, "redis_namespace");
+#endif
   }
   std::optional<RedisTierOptions> ro;
   std::optional<RedisClusterOptions> co;
@@ -186,6 +191,11 @@ py::dict StatsDict(const TieredStoreStats& s) {
 }  // namespace
 
 void BindStore(py::module_& m) {
+#ifdef TESSERA_HAVE_REDIS
+  m.attr("HAVE_REDIS") = true;
+#else
+  m.attr("HAVE_REDIS") = false;
+#endif
   py::class_<PyStore, std::shared_ptr<PyStore>>(m, "TieredStore")
       .def(py::init(&Attach), py::arg("manager"), py::kw_only(), py::arg("host_bytes") = 0,
            py::arg("disk_dir") = py::none(), py::arg("disk_bytes") = 0, py::arg("disk_fsync") = "batch",

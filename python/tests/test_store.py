@@ -128,6 +128,7 @@ class StoreTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             sb.tier_counters(1)
 
+    @unittest.skipUnless(tessera._core.HAVE_REDIS, "built without the Redis tiers (TESSERA_WITH_REDIS=OFF)")
     def test_redis_round_trip(self):
         server = RedisServer()
         try:
@@ -165,6 +166,7 @@ class StoreTest(unittest.TestCase):
         fill(m, prompt(2 * BT))  # no source: nothing is written anywhere
         self.assertEqual(s2.stats()["written_through"], 0)
 
+    @unittest.skipUnless(tessera._core.HAVE_REDIS, "built without the Redis tiers (TESSERA_WITH_REDIS=OFF)")
     def test_unreachable_redis_degrades_to_misses(self):
         m = manager()
         with socket.socket() as sock:
