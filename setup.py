@@ -15,7 +15,7 @@ import subprocess
 import sys
 import sysconfig
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -50,7 +50,7 @@ setup(
     version="0.1.0",
     description="KV-cache ledger and request manager for MLA models",
     package_dir={"": "python"},
-    packages=["tessera"],
+    packages=find_packages("python", include=["tessera", "tessera.*"]),  # not python/oracle
     ext_modules=[Extension("tessera._core", sources=[])],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
