@@ -11,7 +11,7 @@ packages=(
   libhiredis-dev redis-server liburing-dev
   clang libclang-rt-14-dev clang-format clang-tidy
   python3-torch python3-numpy python3-pip python3-setuptools
-  pybind11-dev python3-pybind11 python3-zmq python3-msgpack python3-yaml
+  python3-dev pybind11-dev python3-pybind11 python3-zmq python3-msgpack python3-yaml
   libcivetweb-dev libzmq3-dev cppzmq-dev libmsgpack-cxx-dev libyaml-cpp-dev
 )
 

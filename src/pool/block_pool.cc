@@ -206,6 +206,21 @@ void BlockPool::AddEvictionListener(std::function<void(BlockId)> listener) {
   eviction_listeners_.push_back(std::move(listener));
 }
 
+uint32_t BlockPool::EvictAllCached() {
+  uint32_t n = 0;
+  for (BlockId b = LruPopVictim(); b.valid(); b = LruPopVictim()) {
+    for (const auto& listener : eviction_listeners_) listener(b);
+    ++generation_[b.value];
+    Bump(stats_.evictions, 1);
+    SetState(b, BlockState::kFree);
+    next_[b.value] = free_head_;
+    free_head_ = b.value;
+    ++free_count_;
+    ++n;
+  }
+  return n;
+}
+
 BlockHandle BlockPool::PageHandle(BlockId b, uint32_t group, uint32_t layer) const {
   const PoolGroup& g = groups_[group];
   assert(layer < g.layers);
