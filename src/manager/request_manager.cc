@@ -503,6 +503,7 @@ void RequestManager::RecordRemoved(const Hash128& key) {
 std::vector<KvEvent> RequestManager::TakeKvEvents() {
   std::vector<KvEvent> out;
   out.swap(kv_events_);
+  kv_events_.reserve(out.size());  // one allocation for a step like the last, not a growth series
   return out;
 }
 

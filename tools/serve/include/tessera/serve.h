@@ -52,6 +52,9 @@ struct ServeConfig {
   std::optional<uint64_t> block_tokens;
   uint32_t capacity_blocks = 4096;
   uint32_t max_requests = 1024;
+  // "host": the pool holds (synthetic) KV bytes, which the tiers store; "unbacked": bookkeeping
+  // only, for blocks an engine keeps on its device (events say medium GPU; no tiers).
+  bool pool_unbacked = false;
   // http.*
   std::string http_listen = "127.0.0.1:8080";  // host:port (port 0: any free port)
   uint64_t http_max_body_bytes = 1u << 20;
@@ -137,6 +140,15 @@ class ServeCore {
   // Test and benchmark access (hold no other call concurrently).
   RequestManager& manager() { return *manager_; }
   void set_publish(bool on) { publish_ = on; }
+  // Serves HTTP on `config.http_listen` in this process until destroyed (RunServe and the
+  // benchmarks); the bound port.
+  class Http;
+  struct HttpStop {
+    void operator()(Http* http) const;
+  };
+  using HttpHandle = std::unique_ptr<Http, HttpStop>;
+  static Result<HttpHandle> StartHttp(ServeCore* core);
+  static int HttpPort(const Http& http);
 
  private:
   ServeCore() = default;
@@ -158,8 +170,6 @@ class ServeCore {
   LatencyHistogram admit_latency_, step_latency_;
   std::shared_ptr<LatencyHistogram> promote_latency_;
   std::atomic<uint64_t> http_errors_{0};
-  std::atomic<uint64_t> events_published_{0};
-  std::atomic<uint64_t> event_batches_{0};
   friend class ServeHttp;
 };
 
