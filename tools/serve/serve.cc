@@ -458,8 +458,10 @@ class EventPublisher {
   }
   ~EventPublisher() { Stop(); }
 
-  // Queues one batch; never blocks on I/O. Past kMaxQueued batches it is dropped and counted.
-  void Publish(std::vector<KvEvent>&& events) {
+  // Queues the batch in *events and hands back, in *events, the vector of a batch already sent
+  // (its events are spare storage for RequestManager::TakeKvEvents: no allocation per step). Never
+  // blocks on I/O. Past kMaxQueued batches the batch is dropped and counted.
+  void Publish(std::vector<KvEvent>* events) {
     const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     bool wake = false;
     {
@@ -468,7 +470,12 @@ class EventPublisher {
         dropped_.fetch_add(1, std::memory_order_relaxed);
         return;
       }
-      queue_.push_back(Batch{ts, std::move(events)});
+      queue_.push_back(Batch{ts, std::move(*events)});
+      events->clear();
+      if (!spare_.empty()) {
+        events->swap(spare_.back());
+        spare_.pop_back();
+      }
       wake = sleeping_;
     }
     if (wake) cv_.notify_one();
@@ -489,6 +496,7 @@ class EventPublisher {
 
  private:
   static constexpr size_t kMaxQueued = 100000;
+  static constexpr size_t kMaxSpare = 64;
   static constexpr int kIdlePolls = 100;  // idle for 100 ms: sleep until woken
   struct Batch {
     double ts;
@@ -516,8 +524,11 @@ class EventPublisher {
       lock.unlock();
       idle = local.empty() ? idle + 1 : 0;
       for (const Batch& b : local) Send(b);
-      local.clear();
       lock.lock();
+      for (Batch& b : local) {
+        if (spare_.size() < kMaxSpare) spare_.push_back(std::move(b.events));
+      }
+      local.clear();
       if (stopping && queue_.empty()) return;
     }
   }
@@ -546,6 +557,7 @@ class EventPublisher {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Batch> queue_;
+  std::vector<std::vector<KvEvent>> spare_;  // sent batches' vectors, for reuse
   bool stop_ = false;
   bool sleeping_ = false;
   std::atomic<uint64_t> published_{0}, batches_{0}, dropped_{0};
@@ -787,9 +799,9 @@ std::string ServeCore::events_endpoint() const { return publisher_ ? publisher_-
 
 void ServeCore::PublishLocked() {
   if (!publisher_) return;
-  std::vector<KvEvent> events = manager_->TakeKvEvents();
-  if (events.empty() || !publish_) return;
-  publisher_->Publish(std::move(events));
+  manager_->TakeKvEvents(&events_);
+  if (events_.empty() || !publish_) return;
+  publisher_->Publish(&events_);
 }
 
 Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {

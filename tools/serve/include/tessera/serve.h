@@ -165,6 +165,7 @@ class ServeCore {
   std::unique_ptr<RequestManager> manager_;
   std::unique_ptr<EventPublisher> publisher_;
   bool publish_ = true;
+  std::vector<KvEvent> events_;  // taken from the manager, handed to the publisher (recycled)
   // Per live request: the rolling hash of its token prefix at every position (the synthetic KV).
   std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_;
   LatencyHistogram admit_latency_, step_latency_;
