@@ -624,26 +624,6 @@ KvWriters SyntheticWriters(const std::vector<uint64_t>* h) {
   });
 }
 
-Result<std::vector<std::byte>> ReadSecret(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return Status(StatusCode::kIoError, "tiers.redis_secret_file", "cannot open " + path + ": " + std::strerror(errno));
-  std::vector<std::byte> secret(4097);
-  size_t n = 0;
-  while (n < secret.size()) {
-    const ssize_t r = ::read(fd, secret.data() + n, secret.size() - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    n += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  if (n > 4096) return OutOfRange("tiers.redis_secret_file", "larger than 4096 bytes");
-  while (n > 0 && (secret[n - 1] == std::byte{'\n'} || secret[n - 1] == std::byte{'\r'})) --n;
-  if (n < 16) return InvalidArgument("tiers.redis_secret_file", "the secret must be at least 16 bytes");
-  secret.resize(n);
-  return secret;
-}
-
 nlohmann::json Error(const Status& st) { return {{"error", st.ToString()}, {"field", st.field()}}; }
 
 int HttpStatusOf(StatusCode code) {
@@ -698,6 +678,64 @@ Status OnlyKeys(const nlohmann::json& j, std::initializer_list<std::string_view>
 
 }  // namespace
 
+Result<std::vector<std::byte>> ReadSecretFile(const std::string& path, std::string_view field_name) {
+  const std::string field(field_name);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status(StatusCode::kIoError, field, "cannot open " + path + ": " + std::strerror(errno));
+  std::vector<std::byte> secret(4097);
+  size_t n = 0;
+  while (n < secret.size()) {
+    const ssize_t r = ::read(fd, secret.data() + n, secret.size() - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (n > 4096) return OutOfRange(field, "larger than 4096 bytes");
+  while (n > 0 && (secret[n - 1] == std::byte{'\n'} || secret[n - 1] == std::byte{'\r'})) --n;
+  if (n < 16) return InvalidArgument(field, "the secret must be at least 16 bytes");
+  secret.resize(n);
+  return secret;
+}
+
+Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, const std::vector<std::string>& cluster,
+                                                     const std::vector<std::byte>& secret,
+                                                     const std::string& key_namespace, std::string_view model,
+                                                     std::string_view format, uint32_t timeout_ms) {
+  std::string ns = RedisNamespace(model, format, 0);
+  if (key_namespace != "tessera") ns = key_namespace + ns.substr(std::string_view("tessera").size());
+  if (!url.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(auto addr, ParseRedisAddress(url, "redis"));
+    RedisTierOptions ro;
+    ro.host = addr.first;
+    ro.port = addr.second;
+    ro.secret = secret;
+    ro.timeout_ms = timeout_ms;
+    ro.key_namespace = ns;
+    {
+      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> probe, RedisTier::Open(ro));
+      const Hash128 nothing{};
+      (void)probe->GetBatch(std::span(&nothing, 1));
+      if (!probe->stats().connected) return Status(StatusCode::kIoError, "redis", "cannot reach " + url);
+    }
+    return MakeRedisTier(ro);
+  }
+  RedisClusterOptions ro;
+  ro.seeds = cluster;
+  ro.secret = secret;
+  ro.timeout_ms = timeout_ms;
+  ro.key_namespace = ns;
+  {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> probe, RedisClusterTier::Open(ro));
+    if (probe->stats().slots_covered == 0) {
+      std::string seeds;
+      for (const std::string& seed : cluster) seeds += (seeds.empty() ? "" : ",") + seed;
+      return Status(StatusCode::kIoError, "redis-cluster", "no node of " + seeds + " answered");
+    }
+  }
+  return MakeRedisClusterTier(ro);
+}
+
 Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, std::vector<std::string>* warnings) {
   std::unique_ptr<ServeCore> core(new ServeCore());
   core->config_ = config;
@@ -721,7 +759,7 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
   std::vector<std::byte> secret;
   const bool redis = !config.redis.empty() || !config.redis_cluster.empty();
   if (redis) {
-    TESSERA_ASSIGN_OR_RETURN(secret, ReadSecret(config.redis_secret_file));
+    TESSERA_ASSIGN_OR_RETURN(secret, ReadSecretFile(config.redis_secret_file, "tiers.redis_secret_file"));
     mo.hash_key = secret;
   }
   if (!config.disk_dir.empty() && !redis) {
@@ -739,42 +777,11 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeDiskTier(d, config.disk_bytes));
     tiers.push_back(std::move(t));
   }
-  if (!config.redis.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(auto addr, ParseRedisAddress(config.redis, "tiers.redis"));
-    RedisTierOptions ro;
-    ro.host = addr.first;
-    ro.port = addr.second;
-    ro.secret = secret;
-    ro.timeout_ms = config.redis_timeout_ms;
-    ro.key_namespace = RedisNamespace(g.name, core->manager_->pool().groups()[0].format.name, 0);
-    if (config.redis_namespace != "tessera") ro.key_namespace = config.redis_namespace + ro.key_namespace.substr(7);
-    // Reachable now, or a clear error at start (later losses degrade to misses).
-    {
-      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> probe, RedisTier::Open(ro));
-      const Hash128 nothing{};
-      (void)probe->GetBatch(std::span(&nothing, 1));
-      if (!probe->stats().connected) {
-        return Status(StatusCode::kIoError, "redis", "cannot reach " + config.redis);
-      }
-    }
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeRedisTier(ro));
-    tiers.push_back(std::move(t));
-  }
-  if (!config.redis_cluster.empty()) {
-    RedisClusterOptions ro;
-    ro.seeds = config.redis_cluster;
-    ro.secret = secret;
-    ro.timeout_ms = config.redis_timeout_ms;
-    ro.key_namespace = RedisNamespace(g.name, core->manager_->pool().groups()[0].format.name, 0);
-    {
-      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> probe, RedisClusterTier::Open(ro));
-      if (probe->stats().slots_covered == 0) {
-        std::string seeds;
-        for (const std::string& s : config.redis_cluster) seeds += (seeds.empty() ? "" : ",") + s;
-        return Status(StatusCode::kIoError, "redis-cluster", "no node of " + seeds + " answered");
-      }
-    }
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeRedisClusterTier(ro));
+  if (redis) {
+    TESSERA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Tier> t,
+        OpenReachableRedisTier(config.redis, config.redis_cluster, secret, config.redis_namespace, g.name,
+                               core->manager_->pool().groups()[0].format.name, config.redis_timeout_ms));
     tiers.push_back(std::move(t));
   }
   core->promote_latency_ = std::make_shared<LatencyHistogram>();
@@ -1190,8 +1197,8 @@ int RunServe(const ServeConfig& config) {
   for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (!core.ok()) {
     std::fprintf(stderr, "tessera: error: %s\n", core.status().ToString().c_str());
-    const StatusCode c = core.status().code();
-    return c == StatusCode::kInvalidArgument || c == StatusCode::kOutOfRange || c == StatusCode::kNotFound ? 2 : 1;
+    // As the CLI's other commands: a bad configuration, or a tier that is not there, is input.
+    return core.status().code() == StatusCode::kInternal ? 1 : 2;
   }
   ServeCore* c = core->get();
   Result<ServeCore::HttpHandle> http = ServeCore::StartHttp(c);

@@ -88,6 +88,19 @@ Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::
 // "redis://host:port" (or host:port) -> host, port. Errors name `field`.
 Result<std::pair<std::string, int>> ParseRedisAddress(std::string_view url, std::string_view field);
 
+// The fleet's secret from a file: at least 16 bytes, at most 4 KiB, a trailing newline dropped;
+// a symbolic link is refused. Errors name `field`.
+Result<std::vector<std::byte>> ReadSecretFile(const std::string& path, std::string_view field);
+
+// A Redis tier (`url`: redis://host:port) or a Redis Cluster tier (`cluster`: host:port seeds;
+// exactly one of the two), checked to answer now: kIoError on "redis" / "redis-cluster" when it
+// does not (a server lost later degrades to misses, as the tiers do). Keys live in
+// RedisNamespace(model, format, 0), prefixed with `key_namespace` instead of "tessera".
+Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, const std::vector<std::string>& cluster,
+                                                     const std::vector<std::byte>& secret,
+                                                     const std::string& key_namespace, std::string_view model,
+                                                     std::string_view format, uint32_t timeout_ms);
+
 // Latency histogram (seconds) with fixed buckets; Observe is lock-free.
 class LatencyHistogram {
  public:
