@@ -936,10 +936,13 @@ std::pair<int, std::string> ServeCore::Handle(std::string_view path, std::string
   return r;
 }
 
+// `lhs` names the variable declared: it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define TESSERA_HTTP_ASSIGN(lhs, expr)                                       \
   auto lhs##_result = (expr);                                                \
   if (!lhs##_result.ok()) return {400, Error(lhs##_result.status()).dump()}; \
   auto lhs = std::move(*lhs##_result)
+// NOLINTEND(bugprone-macro-parentheses)
 
 std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
