@@ -41,6 +41,7 @@ class ServeEventsTest(unittest.TestCase):
             )
         self.proc = subprocess.Popen([TESSERA, "serve", "--config", config], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
+        self.addCleanup(self.stop_server)  # runs even when setUp fails below
         ready, _, _ = select.select([self.proc.stdout], [], [], 10)
         self.assertTrue(ready, "the server did not start")
         line = self.proc.stdout.readline().decode()
@@ -51,13 +52,19 @@ class ServeEventsTest(unittest.TestCase):
         self.sub.setsockopt(zmq.SUBSCRIBE, b"kv@host")
         self.sub.connect(fields["events"])
 
-    def tearDown(self):
-        if hasattr(self, "proc"):
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
+    def stop_server(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
                 self.assertEqual(self.proc.wait(timeout=20), 0)
-            self.proc.stdout.close()
-            self.proc.stderr.close()
+            finally:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def tearDown(self):
         if hasattr(self, "sub"):
             self.sub.close(linger=0)
             self.ctx.term()
