@@ -233,6 +233,35 @@ TEST(KvEvents, TenantDomainTravelsWithTheEvent) {
   EXPECT_NE(events[0].block_hashes[0], Keys(*m, s.tokens())[0]);
 }
 
+TEST(KvEvents, TakingIntoAHandedBackVectorReusesItsEvents) {
+  std::unique_ptr<RequestManager> m = MustManager(Options(64, true));
+  std::vector<KvEvent> v;
+  auto seal_one = [&](uint32_t first) {
+    KvStream s;
+    s.Add(Range(first, kBlock + 1));
+    RunPrompt(*m, s);
+    return Keys(*m, s.tokens());
+  };
+  const std::vector<Hash128> k1 = seal_one(1);
+  m->TakeKvEvents(&v);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].block_hashes, k1);
+  const uint32_t* storage = v[0].token_ids.data();
+  const std::vector<Hash128> k2 = seal_one(100000);
+  m->TakeKvEvents(&v);  // v's event becomes a spare
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].block_hashes, k2);  // only the new event
+  const std::vector<Hash128> k3 = seal_one(200000);
+  m->TakeKvEvents(&v);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].block_hashes, k3);
+  EXPECT_FALSE(v[0].parent_block_hash.has_value());
+  EXPECT_EQ(v[0].token_ids, Range(200000, kBlock));
+  EXPECT_EQ(v[0].token_ids.data(), storage);  // recorded into the first event's storage
+  m->TakeKvEvents(&v);
+  EXPECT_TRUE(v.empty());
+}
+
 TEST(KvEvents, PastTheCapacityEventsAreDroppedAndCounted) {
   ManagerOptions o = Options(16, true);
   o.kv_events_capacity = 1;

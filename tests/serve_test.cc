@@ -487,7 +487,7 @@ TEST(ServeEndToEnd, UnreachableRedisIsAnErrorAtStart) {
                            secret + "\n"),
            {"--redis", "redis://127.0.0.1:" + std::to_string(port)});
   EXPECT_FALSE(s.Ready());
-  EXPECT_EQ(s.Stop(false), 1);
+  EXPECT_EQ(s.Stop(false), 2);
   EXPECT_NE(s.Stderr().find("redis: cannot reach redis://127.0.0.1:"), std::string::npos);
 }
 
@@ -516,6 +516,39 @@ TEST(ServeEndToEnd, RedisTierServesARestartedServer) {
   ASSERT_EQ(a.status, 200) << a.body;
   EXPECT_EQ(nlohmann::json::parse(a.body)["tier_blocks"], 2);
   EXPECT_EQ(s.Stop(), 0);
+}
+
+// `tessera simulate --redis`: a second run with a cold pool hits the first run's blocks in Redis;
+// an unreachable server is an error at start.
+TEST(SimulateRedis, SecondRunHitsFromRedis) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  TempDir dir;
+  const std::string secret = dir.path() + "/secret";
+  std::ofstream(secret) << "0123456789abcdef0123456789abcdef\n";
+  const std::string args =
+      "simulate --model tiny-mla --agents 2 --independent 2 --shared-tokens 256 --unique-tokens 64 "
+      "--redis redis://127.0.0.1:" +
+      std::to_string(redis.port()) + " --redis-secret-file " + secret + " --format json";
+  testing::CommandResult first = testing::RunTessera(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(nlohmann::json::parse(first.out)["tier_hits"], 0);
+  EXPECT_GT(nlohmann::json::parse(first.out)["tier_written"].get<uint64_t>(), 0u);
+  testing::CommandResult second = testing::RunTessera(args);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const nlohmann::json j = nlohmann::json::parse(second.out);
+  EXPECT_GT(j["tier_hits"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["tier_verify_failures"], 0);
+
+  const int nobody = testing::FreePorts(1)[0];
+  testing::CommandResult down = testing::RunTessera("simulate --redis redis://127.0.0.1:" + std::to_string(nobody) +
+                                                    " --redis-secret-file " + secret);
+  EXPECT_EQ(down.exit_code, 2);
+  EXPECT_NE(down.err.find("redis: cannot reach"), std::string::npos);
+  testing::CommandResult no_secret = testing::RunTessera("simulate --redis redis://127.0.0.1:1");
+  EXPECT_EQ(no_secret.exit_code, 2);
+  EXPECT_NE(no_secret.err.find("redis-secret-file"), std::string::npos);
 }
 
 }  // namespace

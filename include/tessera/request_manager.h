@@ -225,6 +225,10 @@ class RequestManager {
   // The KV-cache events recorded since the last call, oldest first (options.kv_events; empty
   // otherwise). The buffer is handed over: the next events start a new one.
   std::vector<KvEvent> TakeKvEvents();
+  // As TakeKvEvents, into *out, whose previous events (cleared, their capacity kept) become
+  // storage for the next events: a caller that hands back the vector of an earlier call records
+  // and takes events without allocating in a steady state.
+  void TakeKvEvents(std::vector<KvEvent>* out);
   // Drops every cached block from the prefix index and the pool (nothing is demoted to the
   // block source: a reset means the cached KV is no longer wanted, e.g. new weights) and records
   // AllBlocksCleared, which supersedes the events not yet taken. kFailedPrecondition on
@@ -286,7 +290,8 @@ class RequestManager {
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
   std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
-  std::vector<KvEvent> kv_events_;   // recorded, not yet taken (options_.kv_events)
+  std::vector<KvEvent> kv_events_;   // [0, kv_used_): recorded, not yet taken; the rest: spares
+  size_t kv_used_ = 0;
   KvMedium kv_medium_ = KvMedium::kGpu;
   bool resetting_ = false;  // ResetPrefixCache is evicting: nothing goes to the source
 };

@@ -461,12 +461,19 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
 }
 
 KvEvent* RequestManager::NewEvent(KvEventKind kind) {
-  if (kv_events_.size() >= options_.kv_events_capacity) {
+  if (kv_used_ >= options_.kv_events_capacity) {
     Bump(metrics_.kv_events_dropped, 1);
     return nullptr;
   }
-  KvEvent& e = kv_events_.emplace_back();
+  // A spare event (handed back through TakeKvEvents(out)) keeps its vectors' capacity.
+  KvEvent& e = kv_used_ < kv_events_.size() ? kv_events_[kv_used_] : kv_events_.emplace_back();
+  ++kv_used_;
   e.kind = kind;
+  e.block_hashes.clear();
+  e.parent_block_hash.reset();
+  e.token_ids.clear();
+  e.block_size = 0;
+  e.domain = 0;
   e.medium = kv_medium_;
   return &e;
 }
@@ -474,8 +481,8 @@ KvEvent* RequestManager::NewEvent(KvEventKind kind) {
 // Consecutive seals of one chain extend one BlockStored (vLLM's shape: a chain per event).
 void RequestManager::RecordStored(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
                                   uint32_t domain) {
-  if (!kv_events_.empty() && !parent.is_root()) {
-    KvEvent& last = kv_events_.back();
+  if (kv_used_ > 0 && !parent.is_root()) {
+    KvEvent& last = kv_events_[kv_used_ - 1];
     if (last.kind == KvEventKind::kBlockStored && last.domain == domain && last.block_hashes.back() == parent.key) {
       last.block_hashes.push_back(key);
       last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
@@ -492,8 +499,8 @@ void RequestManager::RecordStored(const PrefixRef& parent, const Hash128& key, s
 }
 
 void RequestManager::RecordRemoved(const Hash128& key) {
-  if (!kv_events_.empty() && kv_events_.back().kind == KvEventKind::kBlockRemoved) {
-    kv_events_.back().block_hashes.push_back(key);
+  if (kv_used_ > 0 && kv_events_[kv_used_ - 1].kind == KvEventKind::kBlockRemoved) {
+    kv_events_[kv_used_ - 1].block_hashes.push_back(key);
     return;
   }
   KvEvent* e = NewEvent(KvEventKind::kBlockRemoved);
@@ -502,8 +509,19 @@ void RequestManager::RecordRemoved(const Hash128& key) {
 
 std::vector<KvEvent> RequestManager::TakeKvEvents() {
   std::vector<KvEvent> out;
-  out.swap(kv_events_);
+  TakeKvEvents(&out);
   return out;
+}
+
+void RequestManager::TakeKvEvents(std::vector<KvEvent>* out) {
+  out->swap(kv_events_);
+  // What *out held becomes spare storage; spares past the recorded events go with it.
+  if (out->size() > kv_used_) {
+    kv_events_.insert(kv_events_.end(), std::make_move_iterator(out->begin() + static_cast<ptrdiff_t>(kv_used_)),
+                      std::make_move_iterator(out->end()));
+    out->resize(kv_used_);
+  }
+  kv_used_ = 0;
 }
 
 Status RequestManager::ResetPrefixCache() {
@@ -516,10 +534,8 @@ Status RequestManager::ResetPrefixCache() {
   resetting_ = false;
   SyncStateBytes();
   if (options_.kv_events) {
-    kv_events_.clear();  // superseded: every block they name is gone
-    KvEvent& e = kv_events_.emplace_back();
-    e.kind = KvEventKind::kAllBlocksCleared;
-    e.medium = kv_medium_;
+    kv_used_ = 0;  // superseded: every block they name is gone
+    NewEvent(KvEventKind::kAllBlocksCleared);
   }
   return Status::Ok();
 }

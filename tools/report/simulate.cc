@@ -12,6 +12,7 @@
 #include "tessera/checked.h"
 #include "tessera/disk_tier.h"
 #include "tessera/request_manager.h"
+#include "tessera/serve.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
 #include "tessera/units.h"
@@ -118,15 +119,24 @@ float StateValue(uint64_t row_seed, size_t col) {
 
 // Checks the request's live window rows and a sample of its compressed entries (every entry of
 // its last block span, every 8th before) against the functions that wrote them.
-// A host tier (when asked) above a disk tier in `dir`.
-Result<std::unique_ptr<TieredStore>> OpenSimulationStore(const BlockPool& pool, const AgentScenario& s,
-                                                         const std::string& dir) {
+// A host tier (when asked) above a disk tier in `dir` (when given) above a Redis or Redis
+// Cluster tier (when given).
+Result<std::unique_ptr<TieredStore>> OpenSimulationStore(const Geometry& g, const BlockPool& pool,
+                                                         const AgentScenario& s, const std::string& dir) {
   std::vector<std::unique_ptr<Tier>> tiers;
   if (s.host_tier_bytes > 0) tiers.push_back(MakeHostTier(s.host_tier_bytes));
-  DiskTierOptions disk;
-  disk.dir = dir;
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> d, MakeDiskTier(disk, 0));
-  tiers.push_back(std::move(d));
+  if (!dir.empty()) {
+    DiskTierOptions disk;
+    disk.dir = dir;
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> d, MakeDiskTier(disk, 0));
+    tiers.push_back(std::move(d));
+  }
+  if (!s.redis.empty() || !s.redis_cluster.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> r,
+                             OpenReachableRedisTier(s.redis, s.redis_cluster, s.redis_secret, "tessera", g.name,
+                                                    pool.groups()[0].format.name, 200));
+    tiers.push_back(std::move(r));
+  }
   TieredStoreOptions so;
   so.write = s.tier_write;
   return TieredStore::Create(pool, so, std::move(tiers));
@@ -142,9 +152,12 @@ TierRun CollectTierRun(TieredStore& store, uint64_t hit_tokens) {
   t.written = ts.written_through + ts.demoted;
   t.write_errors = ts.write_errors;
   t.last_error = flushed.ok() ? ts.last_error : flushed.ToString();
-  TierCounters disk = store.tier_counters(store.tiers() - 1);
-  t.disk_records = disk.records;
-  t.disk_quarantined = disk.quarantined;
+  for (size_t i = 0; i < store.tiers(); ++i) {
+    if (store.tier_name(i) != "disk") continue;
+    TierCounters disk = store.tier_counters(i);
+    t.disk_records = disk.records;
+    t.disk_quarantined = disk.quarantined;
+  }
   return t;
 }
 
@@ -450,15 +463,18 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   // different state).
   const std::string dir =
       s.disk_dir.empty() || !strategy ? s.disk_dir : s.disk_dir + "/" + std::string(SwaStrategyName(*strategy));
-  if (!dir.empty()) {
+  const bool redis = !s.redis.empty() || !s.redis_cluster.empty();
+  if (redis) {
+    mo.hash_key = s.redis_secret;  // the fleet's: every process computes the same prefix keys
+  } else if (!dir.empty()) {
     TESSERA_ASSIGN_OR_RETURN(TierKey key, DiskTier::LoadOrCreateKey(dir));
     mo.hash_key = std::move(key.secret);
     for (std::string& w : key.warnings) out.warnings.push_back(std::move(w));
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RequestManager> m, RequestManager::Create(g, mo));
   std::unique_ptr<TieredStore> store;
-  if (!dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(m->pool(), s, dir));
+  if (!dir.empty() || redis) {
+    TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(g, m->pool(), s, dir));
     m->SetBlockSource(store.get());
   }
   out.model = g.name;
@@ -622,6 +638,12 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
                                     std::to_string(kMaxWorkloadTokens) + " a simulation keeps");
   }
   if (s.hash_bits == 0 || s.hash_bits > 128) return InvalidArgument("hash-bits", "must be in 1..128");
+  if (!s.redis.empty() && !s.redis_cluster.empty()) {
+    return InvalidArgument("redis", "give --redis or --redis-cluster, not both");
+  }
+  if ((!s.redis.empty() || !s.redis_cluster.empty()) && s.redis_secret.size() < 16) {
+    return InvalidArgument("redis-secret-file", "a Redis tier needs the fleet's secret (at least 16 bytes)");
+  }
   if (s.host_tier_bytes > 0 && s.disk_dir.empty()) {
     return InvalidArgument("host-tier-bytes", "needs a disk directory (the host tier sits above it)");
   }

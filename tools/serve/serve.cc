@@ -92,6 +92,11 @@ Status Apply(const Setting& s, ServeConfig* c) {
   } else if (k == "max_requests") {
     TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 1u << 20));
     c->max_requests = static_cast<uint32_t>(v);
+  } else if (k == "pool") {
+    if (s.text != "host" && s.text != "unbacked") {
+      return InvalidArgument(k, "must be host or unbacked (got \"" + s.text + "\")");
+    }
+    c->pool_unbacked = s.text == "unbacked";
   } else if (k == "http.listen") {
     c->http_listen = s.text;
   } else if (k == "http.max_body_bytes") {
@@ -226,7 +231,11 @@ Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::
       return Status(st.code(), st.field(), st.message() + " (from " + s.origin + ")");  // names the variable
     }
   }
-  if (c.redis.empty() == false && !c.redis_cluster.empty()) {
+  if (c.pool_unbacked &&
+      (!c.disk_dir.empty() || !c.redis.empty() || !c.redis_cluster.empty() || c.host_tier_bytes > 0)) {
+    return InvalidArgument("pool", "an unbacked pool holds no bytes for tiers to store");
+  }
+  if (!c.redis.empty() && !c.redis_cluster.empty()) {
     return InvalidArgument("tiers.redis", "give tiers.redis or tiers.redis_cluster, not both");
   }
   if ((!c.redis.empty() || !c.redis_cluster.empty()) && c.redis_secret_file.empty()) {
@@ -424,6 +433,10 @@ std::string EncodeKvEventBatch(std::span<const KvEvent> events, double ts, uint3
   return out;
 }
 
+// Publishes KV-event batches from a thread of its own, as vLLM's ZmqEventPublisher does: a step
+// only moves its events into a queue (no encoding, no I/O, no wake-up system call while the
+// thread is polling); the thread encodes and sends them every millisecond, and sleeps until
+// woken once it has been idle for a while.
 class EventPublisher {
  public:
   static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c) {
@@ -439,12 +452,88 @@ class EventPublisher {
     } catch (const zmq::error_t& e) {
       return InvalidArgument("events.endpoint", "cannot bind \"" + c.events_endpoint + "\": " + e.what());
     }
+    EventPublisher* raw = p.get();
+    p->thread_ = std::thread([raw] { raw->Loop(); });
     return p;
   }
-  // Sends one batch; never blocks (a PUB socket drops at its high-water mark).
-  void Publish(std::span<const KvEvent> events) {
+  ~EventPublisher() { Stop(); }
+
+  // Queues the batch in *events and hands back, in *events, the vector of a batch already sent
+  // (its events are spare storage for RequestManager::TakeKvEvents: no allocation per step). Never
+  // blocks on I/O. Past kMaxQueued batches the batch is dropped and counted.
+  void Publish(std::vector<KvEvent>* events) {
     const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    const std::string payload = EncodeKvEventBatch(events, ts, rank_);
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.size() >= kMaxQueued) {
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      queue_.push_back(Batch{ts, std::move(*events)});
+      events->clear();
+      if (!spare_.empty()) {
+        events->swap(spare_.back());
+        spare_.pop_back();
+      }
+      wake = sleeping_;
+    }
+    if (wake) cv_.notify_one();
+  }
+  // Sends what is queued and stops the thread.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  uint64_t published() const { return published_.load(std::memory_order_relaxed); }
+  uint64_t batches() const { return batches_.load(std::memory_order_relaxed); }
+  uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr size_t kMaxQueued = 100000;
+  static constexpr size_t kMaxSpare = 64;
+  static constexpr int kIdlePolls = 100;  // idle for 100 ms: sleep until woken
+  struct Batch {
+    double ts;
+    std::vector<KvEvent> events;
+  };
+  EventPublisher() = default;
+
+  void Loop() {
+    std::vector<Batch> local;
+    int idle = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      if (queue_.empty() && !stop_) {
+        if (idle >= kIdlePolls) {
+          sleeping_ = true;
+          cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+          sleeping_ = false;
+          idle = 0;
+        } else {
+          cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; });
+        }
+      }
+      local.swap(queue_);
+      const bool stopping = stop_;
+      lock.unlock();
+      idle = local.empty() ? idle + 1 : 0;
+      for (const Batch& b : local) Send(b);
+      lock.lock();
+      for (Batch& b : local) {
+        if (spare_.size() < kMaxSpare) spare_.push_back(std::move(b.events));
+      }
+      local.clear();
+      if (stopping && queue_.empty()) return;
+    }
+  }
+  void Send(const Batch& b) {
+    const std::string payload = EncodeKvEventBatch(b.events, b.ts, rank_);
     char seq[8];
     for (int i = 0; i < 8; ++i) seq[i] = static_cast<char>(seq_ >> (8 * (7 - i)));
     ++seq_;
@@ -452,22 +541,27 @@ class EventPublisher {
       socket_.send(zmq::buffer(topic_), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       socket_.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       socket_.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+      published_.fetch_add(b.events.size(), std::memory_order_relaxed);
+      batches_.fetch_add(1, std::memory_order_relaxed);
     } catch (const zmq::error_t&) {
-      ++failed_;
+      dropped_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  const std::string& endpoint() const { return endpoint_; }
-  uint64_t failed() const { return failed_; }
 
- private:
-  EventPublisher() = default;
   zmq::context_t context_{1};
-  zmq::socket_t socket_;
+  zmq::socket_t socket_;  // used by the thread only, once started
   std::string topic_;
   std::string endpoint_;
   uint32_t rank_ = 0;
   uint64_t seq_ = 0;
-  uint64_t failed_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Batch> queue_;
+  std::vector<std::vector<KvEvent>> spare_;  // sent batches' vectors, for reuse
+  bool stop_ = false;
+  bool sleeping_ = false;
+  std::atomic<uint64_t> published_{0}, batches_{0}, dropped_{0};
+  std::thread thread_;
 };
 
 // Times the store's fetches (the promote latency) and forwards everything else.
@@ -530,26 +624,6 @@ KvWriters SyntheticWriters(const std::vector<uint64_t>* h) {
   });
 }
 
-Result<std::vector<std::byte>> ReadSecret(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0)
-    return Status(StatusCode::kIoError, "tiers.redis_secret_file", "cannot open " + path + ": " + std::strerror(errno));
-  std::vector<std::byte> secret(4097);
-  size_t n = 0;
-  while (n < secret.size()) {
-    const ssize_t r = ::read(fd, secret.data() + n, secret.size() - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    n += static_cast<size_t>(r);
-  }
-  ::close(fd);
-  if (n > 4096) return OutOfRange("tiers.redis_secret_file", "larger than 4096 bytes");
-  while (n > 0 && (secret[n - 1] == std::byte{'\n'} || secret[n - 1] == std::byte{'\r'})) --n;
-  if (n < 16) return InvalidArgument("tiers.redis_secret_file", "the secret must be at least 16 bytes");
-  secret.resize(n);
-  return secret;
-}
-
 nlohmann::json Error(const Status& st) { return {{"error", st.ToString()}, {"field", st.field()}}; }
 
 int HttpStatusOf(StatusCode code) {
@@ -604,6 +678,64 @@ Status OnlyKeys(const nlohmann::json& j, std::initializer_list<std::string_view>
 
 }  // namespace
 
+Result<std::vector<std::byte>> ReadSecretFile(const std::string& path, std::string_view field_name) {
+  const std::string field(field_name);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status(StatusCode::kIoError, field, "cannot open " + path + ": " + std::strerror(errno));
+  std::vector<std::byte> secret(4097);
+  size_t n = 0;
+  while (n < secret.size()) {
+    const ssize_t r = ::read(fd, secret.data() + n, secret.size() - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (n > 4096) return OutOfRange(field, "larger than 4096 bytes");
+  while (n > 0 && (secret[n - 1] == std::byte{'\n'} || secret[n - 1] == std::byte{'\r'})) --n;
+  if (n < 16) return InvalidArgument(field, "the secret must be at least 16 bytes");
+  secret.resize(n);
+  return secret;
+}
+
+Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, const std::vector<std::string>& cluster,
+                                                     const std::vector<std::byte>& secret,
+                                                     const std::string& key_namespace, std::string_view model,
+                                                     std::string_view format, uint32_t timeout_ms) {
+  std::string ns = RedisNamespace(model, format, 0);
+  if (key_namespace != "tessera") ns = key_namespace + ns.substr(std::string_view("tessera").size());
+  if (!url.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(auto addr, ParseRedisAddress(url, "redis"));
+    RedisTierOptions ro;
+    ro.host = addr.first;
+    ro.port = addr.second;
+    ro.secret = secret;
+    ro.timeout_ms = timeout_ms;
+    ro.key_namespace = ns;
+    {
+      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> probe, RedisTier::Open(ro));
+      const Hash128 nothing{};
+      (void)probe->GetBatch(std::span(&nothing, 1));
+      if (!probe->stats().connected) return Status(StatusCode::kIoError, "redis", "cannot reach " + url);
+    }
+    return MakeRedisTier(ro);
+  }
+  RedisClusterOptions ro;
+  ro.seeds = cluster;
+  ro.secret = secret;
+  ro.timeout_ms = timeout_ms;
+  ro.key_namespace = ns;
+  {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> probe, RedisClusterTier::Open(ro));
+    if (probe->stats().slots_covered == 0) {
+      std::string seeds;
+      for (const std::string& seed : cluster) seeds += (seeds.empty() ? "" : ",") + seed;
+      return Status(StatusCode::kIoError, "redis-cluster", "no node of " + seeds + " answered");
+    }
+  }
+  return MakeRedisClusterTier(ro);
+}
+
 Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, std::vector<std::string>* warnings) {
   std::unique_ptr<ServeCore> core(new ServeCore());
   core->config_ = config;
@@ -618,12 +750,16 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
   mo.max_requests = config.max_requests;
   mo.kv_events = config.events_enabled;
   mo.kv_events_capacity = config.events_buffer;
+  if (config.pool_unbacked) {
+    mo.region_kind = RegionKind::kUnbacked;
+    mo.content_dedup = false;  // no bytes to compare
+  }
   // The prefix keys: the fleet's secret with Redis (every host computes the same keys), the
   // disk directory's key otherwise, a random per-process key without a persistent tier.
   std::vector<std::byte> secret;
   const bool redis = !config.redis.empty() || !config.redis_cluster.empty();
   if (redis) {
-    TESSERA_ASSIGN_OR_RETURN(secret, ReadSecret(config.redis_secret_file));
+    TESSERA_ASSIGN_OR_RETURN(secret, ReadSecretFile(config.redis_secret_file, "tiers.redis_secret_file"));
     mo.hash_key = secret;
   }
   if (!config.disk_dir.empty() && !redis) {
@@ -641,42 +777,11 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeDiskTier(d, config.disk_bytes));
     tiers.push_back(std::move(t));
   }
-  if (!config.redis.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(auto addr, ParseRedisAddress(config.redis, "tiers.redis"));
-    RedisTierOptions ro;
-    ro.host = addr.first;
-    ro.port = addr.second;
-    ro.secret = secret;
-    ro.timeout_ms = config.redis_timeout_ms;
-    ro.key_namespace = RedisNamespace(g.name, core->manager_->pool().groups()[0].format.name, 0);
-    if (config.redis_namespace != "tessera") ro.key_namespace = config.redis_namespace + ro.key_namespace.substr(7);
-    // Reachable now, or a clear error at start (later losses degrade to misses).
-    {
-      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> probe, RedisTier::Open(ro));
-      const Hash128 nothing{};
-      (void)probe->GetBatch(std::span(&nothing, 1));
-      if (!probe->stats().connected) {
-        return Status(StatusCode::kIoError, "redis", "cannot reach " + config.redis);
-      }
-    }
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeRedisTier(ro));
-    tiers.push_back(std::move(t));
-  }
-  if (!config.redis_cluster.empty()) {
-    RedisClusterOptions ro;
-    ro.seeds = config.redis_cluster;
-    ro.secret = secret;
-    ro.timeout_ms = config.redis_timeout_ms;
-    ro.key_namespace = RedisNamespace(g.name, core->manager_->pool().groups()[0].format.name, 0);
-    {
-      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> probe, RedisClusterTier::Open(ro));
-      if (probe->stats().slots_covered == 0) {
-        std::string seeds;
-        for (const std::string& s : config.redis_cluster) seeds += (seeds.empty() ? "" : ",") + s;
-        return Status(StatusCode::kIoError, "redis-cluster", "no node of " + seeds + " answered");
-      }
-    }
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeRedisClusterTier(ro));
+  if (redis) {
+    TESSERA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Tier> t,
+        OpenReachableRedisTier(config.redis, config.redis_cluster, secret, config.redis_namespace, g.name,
+                               core->manager_->pool().groups()[0].format.name, config.redis_timeout_ms));
     tiers.push_back(std::move(t));
   }
   core->promote_latency_ = std::make_shared<LatencyHistogram>();
@@ -701,11 +806,9 @@ std::string ServeCore::events_endpoint() const { return publisher_ ? publisher_-
 
 void ServeCore::PublishLocked() {
   if (!publisher_) return;
-  std::vector<KvEvent> events = manager_->TakeKvEvents();
-  if (events.empty() || !publish_) return;
-  publisher_->Publish(events);
-  events_published_.fetch_add(events.size(), std::memory_order_relaxed);
-  event_batches_.fetch_add(1, std::memory_order_relaxed);
+  manager_->TakeKvEvents(&events_);
+  if (events_.empty() || !publish_) return;
+  publisher_->Publish(&events_);
 }
 
 Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
@@ -716,12 +819,14 @@ Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const Reque
   Result<Admission> a = manager_->Admit(prompt, spec);
   if (a.ok()) {
     const uint64_t have = manager_->Tokens(a->id);
-    Status st = manager_->Append(a->id, prompt.subspan(have), SyntheticWriters(&h));
+    const bool backed = manager_->pool().backed();
+    Status st = manager_->Append(a->id, prompt.subspan(have), backed ? SyntheticWriters(&h) : KvWriters());
     if (!st.ok()) {
       (void)manager_->Free(a->id);
       PublishLocked();
       return st;
     }
+    if (!backed) h.clear();  // no bytes to derive
     prefix_hash_[a->id.value] = std::move(h);
   }
   admit_latency_.Observe(NanosSince(t0));
@@ -751,14 +856,13 @@ Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint
       continue;
     }
     std::vector<uint64_t>& h = it->second;
-    const size_t before = h.size();
+    const bool backed = manager_->pool().backed();
     Status st = manager_->AllocateSlots(requests[i], mine.size());
     if (st.ok()) {
-      ExtendPrefixHash(&h, mine);
-      st = manager_->Append(requests[i], mine, SyntheticWriters(&h));
+      if (backed) ExtendPrefixHash(&h, mine);
+      st = manager_->Append(requests[i], mine, backed ? SyntheticWriters(&h) : KvWriters());
     }
-    h.resize(manager_->Tokens(requests[i]));  // what was written (all, or none on a refusal)
-    (void)before;
+    if (backed) h.resize(manager_->Tokens(requests[i]));  // what was written (all, or none on a refusal)
     (*codes)[i] = st.code();
   }
   step_latency_.Observe(NanosSince(t0));
@@ -784,6 +888,7 @@ Status ServeCore::Shutdown() {
     if (result.ok() && !f.ok()) result = f;
   }
   PublishLocked();
+  if (publisher_) publisher_->Stop();  // sends what is queued
   return result;
 }
 
@@ -795,11 +900,15 @@ std::string ServeCore::MetricsText() const {
   f.push_back({"tessera_serve_kv_events_published_total",
                "KV-cache events published over ZeroMQ.",
                "counter",
-               {{"", events_published_.load(std::memory_order_relaxed)}}});
+               {{"", publisher_ ? publisher_->published() : 0}}});
   f.push_back({"tessera_serve_kv_event_batches_total",
                "KVEventBatch messages published.",
                "counter",
-               {{"", event_batches_.load(std::memory_order_relaxed)}}});
+               {{"", publisher_ ? publisher_->batches() : 0}}});
+  f.push_back({"tessera_serve_kv_event_batches_dropped_total",
+               "KVEventBatch messages not published (the queue was full or ZeroMQ refused them).",
+               "counter",
+               {{"", publisher_ ? publisher_->dropped() : 0}}});
   f.push_back({"tessera_serve_http_errors_total",
                "API calls refused (bad input, no room, no such request).",
                "counter",
@@ -827,10 +936,13 @@ std::pair<int, std::string> ServeCore::Handle(std::string_view path, std::string
   return r;
 }
 
+// `lhs` names the variable declared: it cannot be parenthesised.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define TESSERA_HTTP_ASSIGN(lhs, expr)                                       \
   auto lhs##_result = (expr);                                                \
   if (!lhs##_result.ok()) return {400, Error(lhs##_result.status()).dump()}; \
   auto lhs = std::move(*lhs##_result)
+// NOLINTEND(bugprone-macro-parentheses)
 
 std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
@@ -1038,6 +1150,41 @@ class ServeHttp {
   }
 };
 
+class ServeCore::Http {
+ public:
+  ~Http() {
+    if (ctx != nullptr) mg_stop(ctx);  // no request runs past this point
+    mg_exit_library();
+  }
+  OwnerThread owner;
+  HttpContext context{nullptr, nullptr};
+  mg_context* ctx = nullptr;
+  int port = 0;
+};
+
+void ServeCore::HttpStop::operator()(Http* http) const { delete http; }
+
+Result<ServeCore::HttpHandle> ServeCore::StartHttp(ServeCore* core) {
+  HttpHandle http(new Http());
+  http->context = HttpContext{core, &http->owner};
+  mg_init_library(0);
+  const std::string threads = std::to_string(core->config_.http_threads);
+  const std::string& listen = core->config_.http_listen;
+  const char* options[] = {"listening_ports",    listen.c_str(), "num_threads", threads.c_str(),
+                           "request_timeout_ms", "10000",        nullptr};
+  mg_callbacks callbacks{};
+  http->ctx = mg_start(&callbacks, nullptr, options);
+  if (http->ctx == nullptr) return InvalidArgument("http.listen", "cannot listen on " + listen);
+  mg_set_request_handler(http->ctx, "/metrics$", &ServeHttp::Metrics, &http->context);
+  mg_set_request_handler(http->ctx, "/health$", &ServeHttp::Health, &http->context);
+  mg_set_request_handler(http->ctx, "/v1/", &ServeHttp::Api, &http->context);
+  mg_server_port ports[1];
+  if (mg_get_server_ports(http->ctx, 1, ports) > 0) http->port = ports[0].port;
+  return http;
+}
+
+int ServeCore::HttpPort(const Http& http) { return http.port; }
+
 int RunServe(const ServeConfig& config) {
   // SIGTERM and SIGINT are taken by sigwait below: blocked before any thread starts, so every
   // thread (civetweb's, ZeroMQ's, the store's) inherits the mask.
@@ -1053,40 +1200,26 @@ int RunServe(const ServeConfig& config) {
   for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (!core.ok()) {
     std::fprintf(stderr, "tessera: error: %s\n", core.status().ToString().c_str());
-    const StatusCode c = core.status().code();
-    return c == StatusCode::kInvalidArgument || c == StatusCode::kOutOfRange || c == StatusCode::kNotFound ? 2 : 1;
-  }
-  OwnerThread owner;
-  HttpContext http{core->get(), &owner};
-  mg_init_library(0);
-  const std::string threads = std::to_string(config.http_threads);
-  const std::string listen = config.http_listen;
-  const char* options[] = {"listening_ports",    listen.c_str(), "num_threads", threads.c_str(),
-                           "request_timeout_ms", "10000",        nullptr};
-  mg_callbacks callbacks{};
-  mg_context* ctx = mg_start(&callbacks, nullptr, options);
-  if (ctx == nullptr) {
-    std::fprintf(stderr, "tessera: error: http.listen: cannot listen on %s\n", listen.c_str());
-    mg_exit_library();
-    return 2;
+    // As the CLI's other commands: a bad configuration, or a tier that is not there, is input.
+    return core.status().code() == StatusCode::kInternal ? 1 : 2;
   }
   ServeCore* c = core->get();
-  mg_set_request_handler(ctx, "/metrics$", &ServeHttp::Metrics, &http);
-  mg_set_request_handler(ctx, "/health$", &ServeHttp::Health, &http);
-  mg_set_request_handler(ctx, "/v1/", &ServeHttp::Api, &http);
-  mg_server_port ports[1];
-  const int n = mg_get_server_ports(ctx, 1, ports);
+  Result<ServeCore::HttpHandle> http = ServeCore::StartHttp(c);
+  if (!http.ok()) {
+    std::fprintf(stderr, "tessera: error: %s\n", http.status().ToString().c_str());
+    return 2;
+  }
+  const std::string& listen = config.http_listen;
   const size_t colon = listen.rfind(':');
   const std::string host = colon == std::string::npos ? "0.0.0.0" : listen.substr(0, colon);
-  std::printf("tessera serve: ready http=%s:%d events=%s\n", host.c_str(), n > 0 ? ports[0].port : 0,
+  std::printf("tessera serve: ready http=%s:%d events=%s\n", host.c_str(), ServeCore::HttpPort(**http),
               c->events_endpoint().empty() ? "off" : c->events_endpoint().c_str());
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&signals, &sig);
   std::fprintf(stderr, "tessera serve: %s: checkpointing\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  mg_stop(ctx);  // no request runs past this point
-  mg_exit_library();
+  http->reset();  // stops serving: no request runs past this point
   Status st = c->Shutdown();
   if (!st.ok()) {
     std::fprintf(stderr, "tessera: error: checkpoint: %s\n", st.ToString().c_str());

@@ -273,6 +273,9 @@ struct SimulateArgs {
   std::string disk;
   std::string tier_write = "write-through";
   std::string host_tier_bytes = "0";
+  std::string redis;
+  std::string redis_cluster;
+  std::string redis_secret_file;
 
   void Register(CLI::App* app) {
     app->add_option("--scenario", scenario, "agents (the only scenario so far)");
@@ -297,6 +300,10 @@ struct SimulateArgs {
         "--tier-write", tier_write,
         "write-through (default: every sealed block at seal) | write-back (what the pool evicts, the rest at exit)");
     app->add_option("--host-tier-bytes", host_tier_bytes, "a host tier of this size above the disk (e.g. 64MiB)");
+    app->add_option("--redis", redis, "a Redis tier below the others: redis://host:port (checked at start)");
+    app->add_option("--redis-cluster", redis_cluster, "a Redis Cluster tier below the others: host:port,... seeds");
+    app->add_option("--redis-secret-file", redis_secret_file,
+                    "the fleet's secret for --redis/--redis-cluster (>= 16 bytes; also keys the prefix hashes)");
   }
 
   Result<std::pair<Geometry, AgentScenario>> Parse() const {
@@ -336,6 +343,18 @@ struct SimulateArgs {
     TESSERA_ASSIGN_OR_RETURN(s.host_tier_bytes, ParseByteSize(host_tier_bytes, "host-tier-bytes"));
     if (s.host_tier_bytes > 0 && disk.empty()) {
       return InvalidArgument("host-tier-bytes", "needs --disk (the host tier sits above a disk tier)");
+    }
+    s.redis = redis;
+    for (size_t start = 0; start < redis_cluster.size();) {
+      size_t end = redis_cluster.find(',', start);
+      if (end == std::string::npos) end = redis_cluster.size();
+      if (end > start) s.redis_cluster.push_back(redis_cluster.substr(start, end - start));
+      start = end + 1;
+    }
+    if (!redis.empty() || !redis_cluster.empty()) {
+      if (redis_secret_file.empty())
+        return InvalidArgument("redis-secret-file", "missing: --redis needs the fleet's secret");
+      TESSERA_ASSIGN_OR_RETURN(s.redis_secret, ReadSecretFile(redis_secret_file, "redis-secret-file"));
     }
     return std::make_pair(*g, s);
   }

@@ -48,6 +48,12 @@ struct AgentScenario {
   std::string disk_dir;
   WritePolicy tier_write = WritePolicy::kWriteThrough;
   uint64_t host_tier_bytes = 0;  // > 0: a host tier of this many bytes above the disk
+  // A Redis tier (redis://host:port) or a Redis Cluster tier (host:port seeds) below the others,
+  // checked to answer at start; keys derived from redis_secret (the fleet's), which then also
+  // keys the prefix hashes.
+  std::string redis;
+  std::vector<std::string> redis_cluster;
+  std::vector<std::byte> redis_secret;
 };
 
 // What the tiers did in a run with a disk directory.

@@ -52,6 +52,9 @@ struct ServeConfig {
   std::optional<uint64_t> block_tokens;
   uint32_t capacity_blocks = 4096;
   uint32_t max_requests = 1024;
+  // "host": the pool holds (synthetic) KV bytes, which the tiers store; "unbacked": bookkeeping
+  // only, for blocks an engine keeps on its device (events say medium GPU; no tiers).
+  bool pool_unbacked = false;
   // http.*
   std::string http_listen = "127.0.0.1:8080";  // host:port (port 0: any free port)
   uint64_t http_max_body_bytes = 1u << 20;
@@ -84,6 +87,19 @@ Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::
 
 // "redis://host:port" (or host:port) -> host, port. Errors name `field`.
 Result<std::pair<std::string, int>> ParseRedisAddress(std::string_view url, std::string_view field);
+
+// The fleet's secret from a file: at least 16 bytes, at most 4 KiB, a trailing newline dropped;
+// a symbolic link is refused. Errors name `field`.
+Result<std::vector<std::byte>> ReadSecretFile(const std::string& path, std::string_view field);
+
+// A Redis tier (`url`: redis://host:port) or a Redis Cluster tier (`cluster`: host:port seeds;
+// exactly one of the two), checked to answer now: kIoError on "redis" / "redis-cluster" when it
+// does not (a server lost later degrades to misses, as the tiers do). Keys live in
+// RedisNamespace(model, format, 0), prefixed with `key_namespace` instead of "tessera".
+Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, const std::vector<std::string>& cluster,
+                                                     const std::vector<std::byte>& secret,
+                                                     const std::string& key_namespace, std::string_view model,
+                                                     std::string_view format, uint32_t timeout_ms);
 
 // Latency histogram (seconds) with fixed buckets; Observe is lock-free.
 class LatencyHistogram {
@@ -137,6 +153,15 @@ class ServeCore {
   // Test and benchmark access (hold no other call concurrently).
   RequestManager& manager() { return *manager_; }
   void set_publish(bool on) { publish_ = on; }
+  // Serves HTTP on `config.http_listen` in this process until destroyed (RunServe and the
+  // benchmarks); the bound port.
+  class Http;
+  struct HttpStop {
+    void operator()(Http* http) const;
+  };
+  using HttpHandle = std::unique_ptr<Http, HttpStop>;
+  static Result<HttpHandle> StartHttp(ServeCore* core);
+  static int HttpPort(const Http& http);
 
  private:
   ServeCore() = default;
@@ -153,13 +178,12 @@ class ServeCore {
   std::unique_ptr<RequestManager> manager_;
   std::unique_ptr<EventPublisher> publisher_;
   bool publish_ = true;
+  std::vector<KvEvent> events_;  // taken from the manager, handed to the publisher (recycled)
   // Per live request: the rolling hash of its token prefix at every position (the synthetic KV).
   std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_;
   LatencyHistogram admit_latency_, step_latency_;
   std::shared_ptr<LatencyHistogram> promote_latency_;
   std::atomic<uint64_t> http_errors_{0};
-  std::atomic<uint64_t> events_published_{0};
-  std::atomic<uint64_t> event_batches_{0};
   friend class ServeHttp;
 };
 
