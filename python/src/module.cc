@@ -11,6 +11,6 @@ PYBIND11_MODULE(_core, m) {
   tessera::py_bind::BindErrors(m);
   tessera::py_bind::BindTierRecords(m);
   tessera::py_bind::BindLedger(m);
-  // BIND_MANAGER
-  // BIND_STORE
+  tessera::py_bind::BindManager(m);
+  tessera::py_bind::BindStore(m);
 }

@@ -8,15 +8,27 @@ import json as _json
 
 from . import _core
 from ._core import (  # noqa: F401  (re-exported)
+    STATUS_NAMES,
+    Admission,
     DataLossError,
     OutOfBlocksError,
+    PageBuffer,
+    RequestManager,
+    StepResult,
     TesseraError,
+    TieredStore,
     TierIOError,
     models,
 )
 
 __all__ = [
+    "STATUS_NAMES",
+    "Admission",
     "DataLossError",
+    "PageBuffer",
+    "RequestManager",
+    "StepResult",
+    "TieredStore",
     "OutOfBlocksError",
     "TesseraError",
     "TierIOError",

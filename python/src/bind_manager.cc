@@ -1,0 +1,680 @@
+// tessera.RequestManager: the request manager for any preset model (or config.json), its batched
+// step, zero-copy views of its pages, and its metrics.
+#include <pybind11/numpy.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "manager.h"
+#include "tessera/hash.h"
+#include "tessera/kv_writers.h"
+#include "tessera/layout.h"
+#include "tessera/metrics.h"
+#include "tessera/request_manager.h"
+
+namespace tessera::py_bind {
+
+// ---- PyManager ---------------------------------------------------------------------------------
+
+RequestId PyManager::Live(py::handle r, const char* arg) const {
+  const uint32_t v = ToU32(r, arg);
+  if (!IsLive(v)) ThrowValue(arg, "no live request " + std::to_string(v));
+  return RequestId{v};
+}
+
+ManagerLock::ManagerLock(PyManager& pm) : pm_(pm) {
+  if (!pm.mu.try_lock()) {
+    if (pm.owner.load() == std::this_thread::get_id()) {
+      PyErr_SetString(g_tessera_error, "manager: called again from inside one of its own calls");
+      throw py::error_already_set();
+    }
+    py::gil_scoped_release nogil;
+    pm.mu.lock();
+  }
+  pm.owner.store(std::this_thread::get_id());
+}
+
+ManagerLock::~ManagerLock() {
+  pm_.owner.store(std::thread::id());
+  pm_.mu.unlock();
+}
+
+namespace {
+
+// ---- Views -------------------------------------------------------------------------------------
+
+// Bytes of a manager's pool, exported through the buffer protocol (numpy views of them are
+// zero-copy); holds the manager alive.
+struct PageBuffer {
+  std::shared_ptr<PyManager> owner;
+  std::byte* data = nullptr;
+  size_t size = 0;
+  bool readonly = true;
+};
+
+py::array View(const std::shared_ptr<PyManager>& pm, std::span<std::byte> bytes, bool readonly) {
+  py::object buf = py::cast(PageBuffer{pm, bytes.data(), bytes.size(), readonly});
+  return py::module_::import("numpy").attr("asarray")(buf);
+}
+
+// Whether a view of block `b` may be written: it is being filled by exactly one request.
+bool Writable(const RequestManager& m, BlockId b) {
+  return m.pool().state(b) == BlockState::kFilling && m.pool().refcount(b) == 1;
+}
+
+py::list Planes(const std::shared_ptr<PyManager>& pm, const RecordView& v, bool readonly) {
+  py::list out;
+  for (uint32_t k = 0; k < v.plane_count; ++k) out.append(View(pm, v.planes[k], readonly));
+  return out;
+}
+
+// ---- Writers -----------------------------------------------------------------------------------
+
+// How Append and Step fill the KV bytes of a pool that holds them.
+//   None          no writers (an unbacked pool; a backed one refuses: ValueError on "writers")
+//   "prewritten"  the caller has already written the bytes through writable page views
+//   "pattern"     a deterministic pattern (docs/PYTHON.md), for tests and demos
+enum class WriterMode { kNone, kPrewritten, kPattern };
+
+WriterMode ParseWriter(py::handle w) {
+  if (w.is_none()) return WriterMode::kNone;
+  const std::string s = ToStr(w, "writer");
+  if (s == "prewritten") return WriterMode::kPrewritten;
+  if (s == "pattern") return WriterMode::kPattern;
+  ThrowValue("writer", "must be None, \"prewritten\" or \"pattern\" (got \"" + s + "\")");
+}
+
+uint8_t PatternByte(uint64_t a, uint64_t i) { return static_cast<uint8_t>((a + i) % 251); }
+
+const KvWriters& Writers(WriterMode mode) {
+  static const KvWriters none;
+  static const KvWriters prewritten = [] {
+    KvWriters w;
+    w.page = [](uint32_t, uint32_t, uint64_t, const RecordView&) {};
+    return w;
+  }();
+  static const KvWriters pattern = [] {
+    KvWriters w;
+    w.page = [](uint32_t g, uint32_t l, uint64_t p, const RecordView& r) {
+      for (uint32_t k = 0; k < r.plane_count; ++k) {
+        const uint64_t a = p * 131 + uint64_t{l} * 31 + uint64_t{g} * 7 + uint64_t{k} * 3;
+        for (size_t i = 0; i < r.planes[k].size(); ++i) r.planes[k][i] = std::byte{PatternByte(a, i)};
+      }
+    };
+    w.window = [](uint32_t l, uint64_t p, std::span<std::byte> row) {
+      const uint64_t a = p * 131 + uint64_t{l} * 31 + 101;
+      for (size_t i = 0; i < row.size(); ++i) row[i] = std::byte{PatternByte(a, i)};
+    };
+    w.state = [](uint32_t l, bool indexer, uint64_t p, std::span<float> row) {
+      for (size_t i = 0; i < row.size(); ++i) {
+        row[i] = static_cast<float>((p * 7 + uint64_t{l} * 3 + (indexer ? 1 : 0) + i) % 97);
+      }
+    };
+    w.compress = ReferenceCompress;
+    return w;
+  }();
+  switch (mode) {
+    case WriterMode::kPrewritten:
+      return prewritten;
+    case WriterMode::kPattern:
+      return pattern;
+    default:
+      return none;
+  }
+}
+
+// ---- Results -----------------------------------------------------------------------------------
+
+struct PyAdmission {
+  uint32_t request_id = 0;
+  uint64_t cached_tokens = 0;
+  uint32_t cached_blocks = 0;
+  uint32_t tier_blocks = 0;
+  bool state_restored = false;
+  uint64_t recompute_from = 0;
+  uint64_t recompute_tokens = 0;
+};
+
+struct PyStepResult {
+  py::array codes;       // uint8 StatusCode per request (0: ok)
+  uint32_t failed = 0;
+  py::array offsets;     // uint32, n + 1
+  py::array new_blocks;  // uint32
+  py::array replaced;    // uint32 (k, 4): request index, slot, from block, to block
+};
+
+template <typename T>
+py::array_t<T> NewArray(size_t n) {
+  return py::array_t<T>(static_cast<ssize_t>(n));
+}
+
+// ---- Arguments ---------------------------------------------------------------------------------
+
+std::optional<std::string> OptStr(const py::object& v, const char* arg) {
+  if (v.is_none()) return std::nullopt;
+  return ToStr(v, arg);
+}
+
+std::shared_ptr<PyManager> Create(const py::object& model, const py::object& config, const py::object& kv_format,
+                                  const py::object& indexer_format, const py::object& block_tokens,
+                                  const py::object& kernel, const py::object& include_mtp,
+                                  const py::object& spec_tokens, const py::object& capacity_blocks,
+                                  const py::object& max_requests, const py::object& backed,
+                                  const py::object& window_strategy, const py::object& hash,
+                                  const py::object& hash_bits, const py::object& hash_key_seed,
+                                  const py::object& hash_key, const py::object& weights_revision,
+                                  const py::object& content_dedup, const py::object& tenant_domain) {
+  auto pm = std::make_shared<PyManager>();
+  if (!model.is_none() && !config.is_none()) ThrowValue("model", "give model or config, not both");
+  if (!config.is_none()) {
+    const std::string path = ToStr(config, "config");
+    Result<Geometry> g = [&] {
+      py::gil_scoped_release nogil;
+      return LoadConfigFile(path);
+    }();
+    pm->geometry = Take(std::move(g));
+  } else {
+    if (model.is_none()) ThrowValue("model", "missing: give model=NAME (a preset) or config=PATH");
+    pm->geometry = Take(LoadPreset(ToStr(model, "model")));
+  }
+  ManagerOptions o;
+  if (auto s = OptStr(kv_format, "kv_format")) o.kv_format = *s;
+  if (auto s = OptStr(indexer_format, "indexer_format")) o.indexer_format = *s;
+  if (!block_tokens.is_none()) o.block_tokens = ToU64(block_tokens, "block_tokens");
+  o.kernel = Take(ParseKernel(ToStr(kernel, "kernel")));
+  o.include_mtp = ToBool(include_mtp, "include_mtp");
+  o.spec_tokens = static_cast<uint32_t>(ToU64(spec_tokens, "spec_tokens", 1024));
+  o.capacity_blocks = ToU32(capacity_blocks, "capacity_blocks");
+  o.max_requests = ToU32(max_requests, "max_requests");
+  pm->backed = ToBool(backed, "backed");
+  o.region_kind = pm->backed ? RegionKind::kHost : RegionKind::kUnbacked;
+  o.window_strategy = Take(ParseSwaStrategy(ToStr(window_strategy, "window_strategy")));
+  o.hash = Take(ParseHashAlgorithm(ToStr(hash, "hash")));
+  o.hash_bits = ToU32(hash_bits, "hash_bits");
+  o.hash_key_seed = ToU64(hash_key_seed, "hash_key_seed");
+  if (!hash_key.is_none()) {
+    if (!PyBytes_Check(hash_key.ptr()) && !PyByteArray_Check(hash_key.ptr())) {
+      ThrowType("hash_key", "must be bytes");
+    }
+    const std::string k = py::bytes(hash_key).cast<std::string>();
+    o.hash_key.resize(k.size());
+    std::memcpy(o.hash_key.data(), k.data(), k.size());
+  }
+  if (auto s = OptStr(weights_revision, "weights_revision")) o.weights_revision = *s;
+  o.content_dedup = ToBool(content_dedup, "content_dedup");
+  if (!tenant_domain.is_none()) {
+    if (!PyDict_Check(tenant_domain.ptr())) ThrowType("tenant_domain", "must be a dict of int to int");
+    for (auto [k, v] : py::reinterpret_borrow<py::dict>(tenant_domain)) {
+      o.tenant_domain[ToU32(k, "tenant_domain")] = ToU32(v, "tenant_domain");
+    }
+  }
+  Result<std::unique_ptr<RequestManager>> m = [&] {
+    py::gil_scoped_release nogil;
+    return RequestManager::Create(pm->geometry, o);
+  }();
+  pm->m = Take(std::move(m));
+  pm->kv_format = o.kv_format.empty() ? std::string(pm->m->pool().groups().front().format.name) : o.kv_format;
+  return pm;
+}
+
+PyAdmission Admit(PyManager& pm, const py::object& prompt, const py::object& tenant, const py::object& cache_salt,
+                  const py::object& priority, const py::object& reserve_tokens) {
+  U32Array p;
+  ToU32Array(prompt, "prompt", &p);
+  RequestSpec spec;
+  spec.tenant = ToU32(tenant, "tenant");
+  spec.cache_salt = ToU64(cache_salt, "cache_salt");
+  spec.priority = static_cast<uint8_t>(ToU64(priority, "priority", kMaxRetentionPriority));
+  if (!reserve_tokens.is_none()) spec.reserve_tokens = ToU64(reserve_tokens, "reserve_tokens");
+  ManagerLock lk(pm);
+  std::optional<Result<Admission>> a;
+  {
+    py::gil_scoped_release nogil;
+    a.emplace(pm.m->Admit(std::span<const uint32_t>(p.data, p.size), spec));
+  }
+  const Admission ad = Take(std::move(*a));
+  pm.SetLive(ad.id.value, true);
+  return PyAdmission{ad.id.value,        ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
+                     ad.state_restored, ad.recompute_from, ad.recompute_tokens};
+}
+
+// Checks a step batch and fills pm.ids (REQUIRES: pm's lock). ValueError naming the argument.
+void CheckBatch(PyManager& pm, const U32Array& ids, const U32Array& counts, const U32Array& tokens) {
+  if (counts.size != ids.size) {
+    ThrowValue("counts", "has " + std::to_string(counts.size) + " entries for " + std::to_string(ids.size) +
+                             " request_ids");
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < counts.size; ++i) total += counts.data[i];
+  if (total != tokens.size) {
+    ThrowValue("tokens", "has " + std::to_string(tokens.size) + " tokens; counts add up to " + std::to_string(total));
+  }
+  if (++pm.seen_epoch == 0) {  // wrapped: forget every old mark
+    std::fill(pm.seen.begin(), pm.seen.end(), 0);
+    pm.seen_epoch = 1;
+  }
+  if (pm.seen.size() < pm.live.size()) pm.seen.resize(pm.live.size(), 0);
+  pm.ids.resize(ids.size);
+  for (size_t i = 0; i < ids.size; ++i) {
+    const uint32_t r = ids.data[i];
+    if (!pm.IsLive(r)) {
+      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(r) + ") is not a live request");
+    }
+    if (pm.seen[r] == pm.seen_epoch) {
+      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(r) + ") appears twice");
+    }
+    pm.seen[r] = pm.seen_epoch;
+    pm.ids[i] = RequestId{r};
+  }
+}
+
+PyStepResult Step(PyManager& pm, const py::object& request_ids, const py::object& counts, const py::object& tokens,
+                  const py::object& writer) {
+  U32Array ids, cnt, tok;
+  ToU32Array(request_ids, "request_ids", &ids);
+  ToU32Array(counts, "counts", &cnt);
+  ToU32Array(tokens, "tokens", &tok);
+  const KvWriters& w = Writers(ParseWriter(writer));
+  ManagerLock lk(pm);
+  CheckBatch(pm, ids, cnt, tok);
+  const StepBatch batch{pm.ids, std::span<const uint32_t>(cnt.data, cnt.size),
+                        std::span<const uint32_t>(tok.data, tok.size)};
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = pm.m->Step(batch, w, &pm.result);
+  }
+  Check(st);
+  const StepResult& r = pm.result;
+  PyStepResult out;
+  out.failed = r.failed;
+  auto codes = NewArray<uint8_t>(r.codes.size());
+  uint8_t* c = codes.mutable_data();
+  for (size_t i = 0; i < r.codes.size(); ++i) c[i] = static_cast<uint8_t>(r.codes[i]);
+  auto offsets = NewArray<uint32_t>(r.offsets.size());
+  std::memcpy(offsets.mutable_data(), r.offsets.data(), r.offsets.size() * sizeof(uint32_t));
+  auto blocks = NewArray<uint32_t>(r.new_blocks.size());
+  uint32_t* b = blocks.mutable_data();
+  for (size_t i = 0; i < r.new_blocks.size(); ++i) b[i] = r.new_blocks[i].value;
+  py::array_t<uint32_t> replaced({static_cast<ssize_t>(r.replaced.size()), ssize_t{4}});
+  uint32_t* p = replaced.mutable_data();
+  for (size_t i = 0; i < r.replaced.size(); ++i) {
+    p[4 * i] = r.replaced[i].request;
+    p[4 * i + 1] = r.replaced[i].slot;
+    p[4 * i + 2] = r.replaced[i].from.value;
+    p[4 * i + 3] = r.replaced[i].to.value;
+  }
+  out.codes = std::move(codes);
+  out.offsets = std::move(offsets);
+  out.new_blocks = std::move(blocks);
+  out.replaced = std::move(replaced);
+  return out;
+}
+
+// The benchmark's baseline (bench/python_step_bench.py): `steps` C++ Step calls on the same
+// batch, each timed with the steady clock; returns their durations in nanoseconds.
+py::array StepLoopNs(PyManager& pm, const py::object& request_ids, const py::object& counts,
+                     const py::object& tokens, const py::object& steps, const py::object& writer) {
+  U32Array ids, cnt, tok;
+  ToU32Array(request_ids, "request_ids", &ids);
+  ToU32Array(counts, "counts", &cnt);
+  ToU32Array(tokens, "tokens", &tok);
+  const uint64_t n = ToU64(steps, "steps", 1 << 24);
+  const KvWriters& w = Writers(ParseWriter(writer));
+  ManagerLock lk(pm);
+  CheckBatch(pm, ids, cnt, tok);
+  const StepBatch batch{pm.ids, std::span<const uint32_t>(cnt.data, cnt.size),
+                        std::span<const uint32_t>(tok.data, tok.size)};
+  auto out = NewArray<double>(n);
+  double* d = out.mutable_data();
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    for (uint64_t i = 0; i < n && st.ok(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      st = pm.m->Step(batch, w, &pm.result);
+      d[i] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
+  Check(st);
+  return out;
+}
+
+py::dict MetricsDict(const std::vector<MetricFamily>& families) {
+  py::dict out;
+  for (const MetricFamily& f : families) {
+    py::dict samples;
+    for (const auto& [labels, value] : f.samples) samples[py::str(labels)] = py::int_(value);
+    py::dict fam;
+    fam["type"] = f.type;
+    fam["help"] = f.help;
+    fam["samples"] = samples;
+    out[py::str(f.name)] = fam;
+  }
+  return out;
+}
+
+std::vector<MetricFamily> AllMetrics(PyManager& pm) {
+  std::vector<MetricFamily> f = pm.m->CollectMetrics();
+  if (pm.store) {
+    std::vector<MetricFamily> s = pm.store->CollectMetrics();
+    f.insert(f.end(), std::make_move_iterator(s.begin()), std::make_move_iterator(s.end()));
+  }
+  return f;
+}
+
+BlockId CheckBlock(const PyManager& pm, const py::object& block_id) {
+  const uint32_t b = ToU32(block_id, "block_id");
+  if (b >= pm.m->pool().capacity()) {
+    ThrowValue("block_id", std::to_string(b) + " is not below the capacity " + std::to_string(pm.m->pool().capacity()));
+  }
+  return BlockId{b};
+}
+
+uint32_t CheckGroup(const PyManager& pm, const py::object& group) {
+  const uint32_t g = ToU32(group, "group");
+  if (g >= pm.m->pool().groups().size()) {
+    ThrowValue("group", std::to_string(g) + " is not below " + std::to_string(pm.m->pool().groups().size()));
+  }
+  return g;
+}
+
+void RequireBacked(const PyManager& pm) {
+  if (!pm.backed) ThrowValue("backed", "an unbacked manager holds no KV bytes to view");
+}
+
+}  // namespace
+
+void BindManager(py::module_& m) {
+  py::class_<PageBuffer>(m, "PageBuffer", py::buffer_protocol(),
+                         "Bytes of a manager's pool (buffer protocol); keeps the manager alive.")
+      .def_buffer([](PageBuffer& b) {
+        return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1, {static_cast<ssize_t>(b.size)},
+                               {ssize_t{1}}, b.readonly);
+      });
+
+  py::class_<PyAdmission>(m, "Admission")
+      .def_readonly("request_id", &PyAdmission::request_id)
+      .def_readonly("cached_tokens", &PyAdmission::cached_tokens)
+      .def_readonly("cached_blocks", &PyAdmission::cached_blocks)
+      .def_readonly("tier_blocks", &PyAdmission::tier_blocks)
+      .def_readonly("state_restored", &PyAdmission::state_restored)
+      .def_readonly("recompute_from", &PyAdmission::recompute_from)
+      .def_readonly("recompute_tokens", &PyAdmission::recompute_tokens)
+      .def("__repr__", [](const PyAdmission& a) {
+        return "Admission(request_id=" + std::to_string(a.request_id) +
+               ", cached_tokens=" + std::to_string(a.cached_tokens) +
+               ", cached_blocks=" + std::to_string(a.cached_blocks) + ", tier_blocks=" + std::to_string(a.tier_blocks) +
+               ", state_restored=" + (a.state_restored ? "True" : "False") +
+               ", recompute_from=" + std::to_string(a.recompute_from) +
+               ", recompute_tokens=" + std::to_string(a.recompute_tokens) + ")";
+      });
+
+  py::class_<PyStepResult>(m, "StepResult")
+      .def_readonly("codes", &PyStepResult::codes)
+      .def_readonly("failed", &PyStepResult::failed)
+      .def_readonly("offsets", &PyStepResult::offsets)
+      .def_readonly("new_blocks", &PyStepResult::new_blocks)
+      .def_readonly("replaced", &PyStepResult::replaced)
+      .def("blocks_of", [](const PyStepResult& r, const py::object& index) {
+        const uint32_t i = ToU32(index, "index");
+        const auto n = static_cast<uint32_t>(r.offsets.shape(0));
+        if (i + 1 >= n) ThrowValue("index", std::to_string(i) + " is not below " + std::to_string(n - 1));
+        const auto* o = static_cast<const uint32_t*>(r.offsets.data());
+        return py::object(r.new_blocks[py::slice(o[i], o[i + 1], 1)]);
+      }, py::arg("index"), "The blocks request `index` of the batch took: new_blocks[offsets[i]:offsets[i+1]].");
+
+  py::dict codes;
+  for (StatusCode c : {StatusCode::kOk, StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kOutOfRange,
+                       StatusCode::kIoError, StatusCode::kOutOfBlocks, StatusCode::kFailedPrecondition,
+                       StatusCode::kDataLoss, StatusCode::kInternal}) {
+    codes[py::int_(static_cast<int>(c))] = std::string(StatusCodeName(c));
+  }
+  m.attr("STATUS_NAMES") = codes;
+
+  py::class_<PyManager, std::shared_ptr<PyManager>>(m, "RequestManager")
+      .def(py::init(&Create), py::arg("model") = py::none(), py::kw_only(), py::arg("config") = py::none(),
+           py::arg("kv_format") = py::none(), py::arg("indexer_format") = py::none(),
+           py::arg("block_tokens") = py::none(), py::arg("kernel") = "flashmla", py::arg("include_mtp") = false,
+           py::arg("spec_tokens") = 0, py::arg("capacity_blocks") = 1024, py::arg("max_requests") = 1024,
+           py::arg("backed") = true, py::arg("window_strategy") = "recompute", py::arg("hash") = "xxh3",
+           py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
+           py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
+           py::arg("tenant_domain") = py::none())
+      .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
+           py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none())
+      .def(
+          "allocate",
+          [](PyManager& pm, const py::object& request_id, const py::object& n) {
+            const uint64_t count = ToU64(n, "n");
+            ManagerLock lk(pm);
+            Check(pm.m->AllocateSlots(pm.Live(request_id), count));
+          },
+          py::arg("request_id"), py::arg("n"))
+      .def(
+          "append",
+          [](PyManager& pm, const py::object& request_id, const py::object& tokens, const py::object& writer) {
+            U32Array t;
+            ToU32Array(tokens, "tokens", &t);
+            const KvWriters& w = Writers(ParseWriter(writer));
+            ManagerLock lk(pm);
+            const RequestId r = pm.Live(request_id);
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), w);
+            }
+            Check(st);
+          },
+          py::arg("request_id"), py::arg("tokens"), py::kw_only(), py::arg("writer") = py::none())
+      .def(
+          "recompute",
+          [](PyManager& pm, const py::object& request_id, const py::object& tokens, const py::object& writer) {
+            U32Array t;
+            ToU32Array(tokens, "tokens", &t);
+            const KvWriters& w = Writers(ParseWriter(writer));
+            ManagerLock lk(pm);
+            const RequestId r = pm.Live(request_id);
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = pm.m->Recompute(r, std::span<const uint32_t>(t.data, t.size), w);
+            }
+            Check(st);
+          },
+          py::arg("request_id"), py::arg("tokens"), py::kw_only(), py::arg("writer") = py::none())
+      .def("step", &Step, py::arg("request_ids"), py::arg("counts"), py::arg("tokens"), py::kw_only(),
+           py::arg("writer") = py::none())
+      .def("_step_loop_ns", &StepLoopNs, py::arg("request_ids"), py::arg("counts"), py::arg("tokens"),
+           py::arg("steps"), py::kw_only(), py::arg("writer") = py::none())
+      .def(
+          "fork",
+          [](PyManager& pm, const py::object& request_id) {
+            ManagerLock lk(pm);
+            const RequestId child = Take(pm.m->Fork(pm.Live(request_id)));
+            pm.SetLive(child.value, true);
+            return child.value;
+          },
+          py::arg("request_id"))
+      .def(
+          "free",
+          [](PyManager& pm, const py::object& request_id) {
+            ManagerLock lk(pm);
+            const RequestId r = pm.Live(request_id);
+            Check(pm.m->Free(r));
+            pm.SetLive(r.value, false);
+          },
+          py::arg("request_id"))
+      .def(
+          "block_table",
+          [](PyManager& pm, const py::object& request_id) {
+            ManagerLock lk(pm);
+            const std::span<const BlockId> t = pm.m->BlockTable(pm.Live(request_id));
+            auto out = NewArray<uint32_t>(t.size());
+            uint32_t* d = out.mutable_data();
+            for (size_t i = 0; i < t.size(); ++i) d[i] = t[i].value;
+            return out;
+          },
+          py::arg("request_id"), "A copy of the request's block ids (uint32).")
+      .def(
+          "tokens",
+          [](PyManager& pm, const py::object& request_id) {
+            ManagerLock lk(pm);
+            return pm.m->Tokens(pm.Live(request_id));
+          },
+          py::arg("request_id"))
+      .def(
+          "is_live", [](PyManager& pm, const py::object& request_id) { return pm.IsLive(ToU32(request_id, "request_id")); },
+          py::arg("request_id"))
+      .def(
+          "record",
+          [](const std::shared_ptr<PyManager>& pm, const py::object& request_id, const py::object& group,
+             const py::object& layer, const py::object& position) {
+            ManagerLock lk(*pm);
+            RequireBacked(*pm);
+            const RequestId r = pm->Live(request_id);
+            const uint32_t g = CheckGroup(*pm, group);
+            const uint32_t l = ToU32(layer, "layer");
+            const uint64_t p = ToU64(position, "position");
+            const RecordView v = Take(pm->m->Record(r, g, l, p));
+            const BlockId b = pm->m->BlockTable(r)[p / pm->m->block_tokens()];
+            return Planes(pm, v, !Writable(*pm->m, b));
+          },
+          py::arg("request_id"), py::arg("group"), py::arg("layer"), py::arg("position"),
+          "Zero-copy uint8 views of the record of token `position` (one per plane of the format).")
+      .def(
+          "entry",
+          [](const std::shared_ptr<PyManager>& pm, const py::object& request_id, const py::object& layer,
+             const py::object& indexer, const py::object& entry) {
+            ManagerLock lk(*pm);
+            RequireBacked(*pm);
+            const RequestId r = pm->Live(request_id);
+            const uint32_t l = ToU32(layer, "layer");
+            const bool ix = ToBool(indexer, "indexer");
+            const uint64_t e = ToU64(entry, "entry");
+            const RecordView v = Take(pm->m->Entry(r, l, ix, e));
+            bool readonly = true;
+            for (const StateLayer& s : pm->m->states()->layers()) {
+              if (s.layer != l) continue;
+              const int32_t grp = ix ? s.igroup : s.group;
+              const uint64_t epb = pm->m->pool().groups()[static_cast<size_t>(grp)].page.entries_per_block;
+              const std::span<const BlockId> t = pm->m->BlockTable(r);
+              if (e / epb < t.size()) readonly = !Writable(*pm->m, t[e / epb]);
+            }
+            return Planes(pm, v, readonly);
+          },
+          py::arg("request_id"), py::arg("layer"), py::arg("indexer"), py::arg("entry"),
+          "Models with windows: zero-copy views of a compressed entry (main or indexer).")
+      .def(
+          "page",
+          [](const std::shared_ptr<PyManager>& pm, const py::object& block_id, const py::object& group,
+             const py::object& layer) {
+            ManagerLock lk(*pm);
+            RequireBacked(*pm);
+            const BlockId b = CheckBlock(*pm, block_id);
+            const uint32_t g = CheckGroup(*pm, group);
+            const uint32_t l = ToU32(layer, "layer");
+            if (l >= pm->m->pool().groups()[g].layers) {
+              ThrowValue("layer", std::to_string(l) + " is not below " + std::to_string(pm->m->pool().groups()[g].layers));
+            }
+            const BlockPool& pool = pm->m->pool();
+            return View(pm, pool.Bytes(pool.PageHandle(b, g, l)), !Writable(*pm->m, b));
+          },
+          py::arg("block_id"), py::arg("group"), py::arg("layer"),
+          "A zero-copy uint8 view of one layer's page of a block (read-only unless the block is being filled).")
+      .def(
+          "block",
+          [](const std::shared_ptr<PyManager>& pm, const py::object& block_id, const py::object& group) {
+            ManagerLock lk(*pm);
+            RequireBacked(*pm);
+            const BlockId b = CheckBlock(*pm, block_id);
+            const uint32_t g = CheckGroup(*pm, group);
+            const BlockPool& pool = pm->m->pool();
+            return View(pm, pool.Bytes(pool.BlockHandleOf(b, g)), !Writable(*pm->m, b));
+          },
+          py::arg("block_id"), py::arg("group"), "A zero-copy uint8 view of a block's bytes in one group (every layer).")
+      .def(
+          "block_state",
+          [](PyManager& pm, const py::object& block_id) {
+            ManagerLock lk(pm);
+            return std::string(BlockStateName(pm.m->pool().state(CheckBlock(pm, block_id))));
+          },
+          py::arg("block_id"))
+      .def(
+          "live_state",
+          [](PyManager& pm, const py::object& request_id) {
+            ManagerLock lk(pm);
+            const std::vector<std::byte> s = pm.m->LiveState(pm.Live(request_id));
+            return py::bytes(reinterpret_cast<const char*>(s.data()), s.size());
+          },
+          py::arg("request_id"))
+      .def("checkpoint",
+           [](PyManager& pm) {
+             ManagerLock lk(pm);
+             std::optional<Result<uint64_t>> r;
+             {
+               py::gil_scoped_release nogil;
+               r.emplace(pm.m->Checkpoint());
+             }
+             return Take(std::move(*r));
+           })
+      .def("metrics", [](PyManager& pm) { return MetricsDict(AllMetrics(pm)); })
+      .def("prometheus_text", [](PyManager& pm) { return PrometheusText(AllMetrics(pm)); })
+      .def_property_readonly("groups",
+                             [](PyManager& pm) {
+                               py::list out;
+                               for (const PoolGroup& g : pm.m->pool().groups()) {
+                                 py::dict d;
+                                 d["name"] = g.name;
+                                 d["format"] = g.format.name;
+                                 d["layers"] = g.layers;
+                                 d["record_bytes"] = g.page.record_bytes;
+                                 d["entries_per_block"] = g.page.entries_per_block;
+                                 d["compress_ratio"] = g.page.compress_ratio;
+                                 d["planes"] = g.format.packing == Packing::kRegionMajor ? 2 : 1;
+                                 d["page_bytes"] = g.page.page_bytes;
+                                 d["layers_per_page"] = g.page.layers_per_page;
+                                 out.append(d);
+                               }
+                               return out;
+                             })
+      .def_property_readonly("model", [](PyManager& pm) { return pm.geometry.name; })
+      .def_property_readonly("kv_format", [](PyManager& pm) { return pm.kv_format; })
+      .def_property_readonly("backed", [](PyManager& pm) { return pm.backed; })
+      .def_property_readonly("has_windows", [](PyManager& pm) { return pm.m->states() != nullptr; })
+      .def_property_readonly("block_tokens", [](PyManager& pm) { return pm.m->block_tokens(); })
+      .def_property_readonly("capacity_blocks", [](PyManager& pm) { return pm.m->pool().capacity(); })
+      .def_property_readonly("block_bytes", [](PyManager& pm) { return pm.m->pool().block_bytes(); })
+      .def_property_readonly("free_blocks",
+                             [](PyManager& pm) {
+                               ManagerLock lk(pm);
+                               return pm.m->pool().free_count();
+                             })
+      .def_property_readonly("cached_blocks",
+                             [](PyManager& pm) {
+                               ManagerLock lk(pm);
+                               return pm.m->pool().cached_count();
+                             })
+      .def_property_readonly("available_blocks",
+                             [](PyManager& pm) {
+                               ManagerLock lk(pm);
+                               return pm.m->pool().Available();
+                             })
+      .def_property_readonly("live_requests",
+                             [](PyManager& pm) {
+                               ManagerLock lk(pm);
+                               return pm.m->live_requests();
+                             })
+      .def_property_readonly("bytes_held", [](PyManager& pm) {
+        ManagerLock lk(pm);
+        return pm.m->bytes_held();
+      });
+}
+
+}  // namespace tessera::py_bind
