@@ -281,6 +281,62 @@ TEST(BlockPool, FreeBlocksAreTakenBeforeCachedOnes) {
   EXPECT_EQ(pool->cached_count(), 2u);
 }
 
+// BlockReuse::kReleaseOrder (vLLM's free block queue): never-used blocks first, then every
+// released block in release order, free or cached alike; a cached block evicted only at its turn.
+TEST(BlockPool, ReleaseOrderReusesBlocksInTheOrderTheyWereReleased) {
+  BlockPoolOptions o;
+  o.groups = {TinyGroup("a", 8, 2, 4)};
+  o.capacity_blocks = 5;
+  o.reuse = BlockReuse::kReleaseOrder;
+  std::unique_ptr<BlockPool> pool = MustPool(std::move(o));
+  ASSERT_NE(pool, nullptr);
+  std::vector<BlockId> sealed = SealedBlocks(*pool, 2);  // 0, 1
+  std::vector<BlockId> filling;
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &filling).ok());  // 2, never sealed
+  Peer::Unref(*pool, sealed[1]);                         // cached first
+  Peer::Unref(*pool, filling[0]);                        // then free
+  Peer::Unref(*pool, sealed[0]);                         // then cached
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(pool->free_count(), 3u);  // 3, 4 never used; 2 released
+  EXPECT_EQ(pool->cached_count(), 2u);
+  EXPECT_EQ(pool->Available(), 5u);
+  EXPECT_EQ(pool->bytes_held(), 2 * (pool->block_bytes() + pool->metadata_bytes_per_block()));
+  std::vector<BlockId> evicted;
+  pool->AddEvictionListener([&](BlockId b) { evicted.push_back(b); });
+  std::vector<BlockId> out;
+  ASSERT_TRUE(Peer::Allocate(*pool, 3, &out).ok());
+  // The never-used blocks, then block 1 — cached, released before block 2 — is evicted.
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].value, 3u);
+  EXPECT_EQ(out[1].value, 4u);
+  EXPECT_EQ(out[2].value, 1u);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].value, 1u);
+  EXPECT_EQ(pool->stats().evictions.load(), 1u);
+  EXPECT_INVARIANTS(*pool);
+  out.clear();
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
+  EXPECT_EQ(out[0].value, 2u);  // the released free block: reused, not an eviction
+  EXPECT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(pool->cached_count(), 1u);
+  EXPECT_INVARIANTS(*pool);
+  // A hit on the cached block takes it off the queue; released again, it goes to the back.
+  Peer::Ref(*pool, sealed[0]);
+  Peer::Unref(*pool, out[0]);
+  Peer::Unref(*pool, sealed[0]);
+  EXPECT_INVARIANTS(*pool);
+  out.clear();
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
+  EXPECT_EQ(out[0].value, 2u);
+  EXPECT_EQ(evicted.size(), 1u);
+  EXPECT_INVARIANTS(*pool);
+}
+
+TEST(BlockPool, FreeFirstIsTheDefault) {
+  BlockPoolOptions o;
+  EXPECT_EQ(o.reuse, BlockReuse::kFreeFirst);
+}
+
 TEST(BlockPool, EvictionOrderIsLowestPriorityThenLeastRecentlyCached) {
   std::unique_ptr<BlockPool> pool = TinyPool(8);
   std::vector<BlockId> b = SealedBlocks(*pool, 8);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "manager.h"
 #include "tessera/tier.h"
 #include "tessera/tier_adapters.h"
 
@@ -331,6 +332,32 @@ class RecordTiers {
   std::string last_error_;
 };
 
+// The RequestManager an engine-shaped KV-cache manager adapter drives (tessera.vllm.KVCacheManager):
+// no bytes (the KV lives in the engine), no content dedup (vLLM keeps duplicate blocks apart), and
+// the block reuse order asked for ("release-order": vLLM's free block queue).
+std::shared_ptr<PyManager> EngineManager(const py::object& model, const py::object& block_tokens,
+                                         const py::object& capacity_blocks, const py::object& max_requests,
+                                         const py::object& block_reuse) {
+  auto pm = std::make_shared<PyManager>();
+  pm->geometry = Take(LoadPreset(ToStr(model, "model")));
+  ManagerOptions o;
+  o.block_tokens = ToU64(block_tokens, "block_tokens");
+  o.capacity_blocks = ToU32(capacity_blocks, "capacity_blocks");
+  o.max_requests = ToU32(max_requests, "max_requests");
+  o.region_kind = RegionKind::kUnbacked;
+  o.content_dedup = false;
+  const std::string reuse = ToStr(block_reuse, "block_reuse");
+  if (reuse == "release-order") {
+    o.block_reuse = BlockReuse::kReleaseOrder;
+  } else if (reuse != "free-first") {
+    ThrowValue("block_reuse", "must be \"free-first\" or \"release-order\" (got \"" + reuse + "\")");
+  }
+  pm->backed = false;
+  pm->m = Take(RequestManager::Create(pm->geometry, o));
+  pm->kv_format = std::string(pm->m->pool().groups().front().format.name);
+  return pm;
+}
+
 }  // namespace
 
 void BindTierRecords(py::module_& m) {
@@ -359,6 +386,11 @@ void BindTierRecords(py::module_& m) {
       .def("counters", &RecordTiers::Counters, "Per tier: records, bytes, capacity, evictions, quarantined, hits.")
       .def("stats", &RecordTiers::Stats, "demoted, dropped, put_errors, last_error.")
       .def_property_readonly("tier_names", &RecordTiers::Names);
+
+  m.def("_engine_request_manager", &EngineManager, py::arg("model"), py::kw_only(), py::arg("block_tokens"),
+        py::arg("capacity_blocks"), py::arg("max_requests"), py::arg("block_reuse") = "release-order",
+        "An unbacked RequestManager for an engine adapter (tessera.vllm.KVCacheManager), without content "
+        "dedup, with the given block reuse order (\"release-order\" or \"free-first\").");
 }
 
 }  // namespace tessera::py_bind

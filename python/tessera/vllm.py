@@ -6,5 +6,14 @@
 """
 
 from ._vllm_connector import BlockTransfer, Connector, ConnectorMetadata  # noqa: F401
+from ._vllm_manager import (  # noqa: F401
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheBlocks,
+    KVCacheManager,
+    PrefixCacheStats,
+)
 
-__all__ = ["BlockTransfer", "Connector", "ConnectorMetadata"]
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
+           "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
