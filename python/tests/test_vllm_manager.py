@@ -58,6 +58,40 @@ class TracesEqualVllm(unittest.TestCase):
             self.assertGreater(v, 0, k)
 
 
+class FreeFirst(unittest.TestCase):
+    """Tessera's own reuse order (block_reuse="free-first") departs from vLLM only where the pools
+    choose different victims: the figures docs/ENGINES.md and ADR 0024 quote."""
+
+    def replay(self, name):
+        with open(os.path.join(DATA, name + ".trace.json")) as f:
+            trace = json.load(f)
+        with open(os.path.join(DATA, name + ".vllm.json")) as f:
+            want = json.load(f)["steps"]
+        c = trace["config"]
+        m = KVCacheManager(num_gpu_blocks=c["num_gpu_blocks"], block_size=c["block_size"],
+                           max_model_len=c["max_model_len"], enable_caching=c["enable_caching"], log_stats=True,
+                           enable_kv_cache_events=True, block_reuse="free-first")
+        got = kv_trace.replay(trace, m)
+        hits = [sum(o.get("hit", 0) for s in steps for o in s["ops"]) for steps in (got, want)]
+        return got, want, [i for i, (g, w) in enumerate(zip(got, want)) if g != w], hits
+
+    def test_departs_from_vllm_only_under_pressure(self):
+        for name in ("prefix-sharing", "lookahead-reset", "mixed-no-caching"):
+            self.assertEqual(self.replay(name)[2], [], name)
+        got, want, diff, hits = self.replay("eviction-pressure")
+        self.assertEqual(diff, [4, 7])
+        self.assertEqual([o["hit"] for o in got[7]["ops"] if "hit" in o], [48, 32])
+        self.assertEqual([o["hit"] for o in want[7]["ops"] if "hit" in o], [32, 16])
+        self.assertEqual(hits, [912, 880])
+        got, want, diff, hits = self.replay("mixed")
+        self.assertEqual(len(diff), 12)
+        self.assertEqual(hits[0], hits[1])
+        for i in diff:  # only which blocks were evicted when
+            g = dict(got[i], events=None)
+            w = dict(want[i], events=None)
+            self.assertEqual(g, w)
+
+
 class Surface(unittest.TestCase):
     def make(self, **kw):
         args = dict(num_gpu_blocks=17, block_size=16, max_model_len=1024, log_stats=True, enable_kv_cache_events=True)
