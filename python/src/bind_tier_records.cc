@@ -183,6 +183,7 @@ class RecordTiers {
       py::gil_scoped_release release;
       std::lock_guard lock(mu_);
       std::vector<const TierRecord*> ptrs;
+      ptrs.reserve(records.size());
       for (const TierRecord& r : records) ptrs.push_back(&r);
       Status st = tiers_[0]->PutBatch(ptrs);
       if (st.ok()) {
