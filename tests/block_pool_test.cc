@@ -331,6 +331,13 @@ TEST(BlockPool, ReleaseOrderReusesBlocksInTheOrderTheyWereReleased) {
   EXPECT_EQ(out[0].value, 2u);
   EXPECT_EQ(evicted.size(), 1u);
   EXPECT_INVARIANTS(*pool);
+  // EvictAllCached evicts the cached block and only it; the released free block stays free.
+  Peer::Unref(*pool, out[0]);
+  EXPECT_EQ(pool->EvictAllCached(), 1u);
+  EXPECT_EQ(evicted.size(), 2u);
+  EXPECT_EQ(pool->free_count(), 2u);
+  EXPECT_EQ(pool->cached_count(), 0u);
+  EXPECT_INVARIANTS(*pool);
 }
 
 // kReleaseOrder against a model of vLLM's free block queue: never-used blocks in id order, then

@@ -108,6 +108,9 @@ class BlockPool {
 
   // Called with a block about to be evicted (still readable); listeners run in order.
   void AddEvictionListener(std::function<void(BlockId)> listener);
+  // Evicts every cached block (listeners run for each, as for an eviction by Allocate) and
+  // frees it; returns how many. Blocks with references are untouched.
+  uint32_t EvictAllCached();
 
   BlockState state(BlockId b) const { return state_[b.value]; }
   uint32_t refcount(BlockId b) const { return refcount_[b.value]; }

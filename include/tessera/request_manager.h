@@ -38,6 +38,7 @@
 #include "tessera/block_source.h"
 #include "tessera/geometry.h"
 #include "tessera/hash.h"
+#include "tessera/kv_events.h"
 #include "tessera/kv_writers.h"
 #include "tessera/layout.h"
 #include "tessera/metrics.h"
@@ -87,6 +88,10 @@ struct ManagerOptions {
   BlockReuse block_reuse = BlockReuse::kFreeFirst;
   // Tenants mapped to one shared domain; a tenant not listed is its own domain.
   std::unordered_map<uint32_t, uint32_t> tenant_domain;
+  // KV-cache events (kv_events.h): recorded for TakeKvEvents when set, at most
+  // kv_events_capacity of them buffered between two calls (the rest dropped and counted).
+  bool kv_events = false;
+  uint32_t kv_events_capacity = 1u << 16;
 };
 
 struct RequestSpec {
@@ -164,9 +169,10 @@ struct ManagerMetrics {
   std::atomic<uint64_t> out_of_blocks{0};
   std::atomic<uint64_t> tier_hit_blocks{0};  // prompt blocks promoted from the block source
   std::atomic<uint64_t> tier_hit_tokens{0};
-  std::atomic<uint64_t> states_restored{0};   // windows: resumptions that restored kept state
-  std::atomic<uint64_t> recompute_tokens{0};  // windows: tokens named for recomputation
-  std::atomic<uint64_t> state_bytes{0};       // windows: arena slabs in use and kept window state
+  std::atomic<uint64_t> states_restored{0};    // windows: resumptions that restored kept state
+  std::atomic<uint64_t> recompute_tokens{0};   // windows: tokens named for recomputation
+  std::atomic<uint64_t> state_bytes{0};        // windows: arena slabs in use and kept window state
+  std::atomic<uint64_t> kv_events_dropped{0};  // events past kv_events_capacity, not recorded
 };
 
 class RequestManager {
@@ -219,6 +225,15 @@ class RequestManager {
   const RequestStates* states() const { return states_.get(); }
   uint32_t block_tokens() const { return block_tokens_; }
   const ManagerMetrics& metrics() const { return metrics_; }
+  // The KV-cache events recorded since the last call, oldest first (options.kv_events; empty
+  // otherwise). The buffer is handed over: the next events start a new one.
+  std::vector<KvEvent> TakeKvEvents();
+  // Drops every cached block from the prefix index and the pool (nothing is demoted to the
+  // block source: a reset means the cached KV is no longer wanted, e.g. new weights) and records
+  // AllBlocksCleared, which supersedes the events not yet taken. kFailedPrecondition on
+  // "requests" while any request is live (its blocks cannot be dropped).
+  Status ResetPrefixCache();
+
   // Every counter of the manager, its pool, its index and its state component; safe to call
   // from any thread (reads atomics only).
   std::vector<MetricFamily> CollectMetrics() const;
@@ -256,6 +271,10 @@ class RequestManager {
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).
   void SyncStateBytes();
+  // KV events (options_.kv_events): a block sealed into the index, a block evicted from it.
+  void RecordStored(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens, uint32_t domain);
+  void RecordRemoved(const Hash128& key);
+  KvEvent* NewEvent(KvEventKind kind);
 
   ManagerOptions options_;
   std::unique_ptr<BlockPool> pool_;
@@ -270,6 +289,9 @@ class RequestManager {
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
   std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
+  std::vector<KvEvent> kv_events_;   // recorded, not yet taken (options_.kv_events)
+  KvMedium kv_medium_ = KvMedium::kGpu;
+  bool resetting_ = false;  // ResetPrefixCache is evicting: nothing goes to the source
 };
 
 }  // namespace tessera

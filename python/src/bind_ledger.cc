@@ -13,20 +13,6 @@ namespace tessera::py_bind {
 
 namespace {
 
-// --model NAME or --config PATH, exactly one (as the CLI).
-Geometry LoadModel(const py::object& model, const py::object& config) {
-  if (!model.is_none() && !config.is_none()) ThrowValue("model", "give model or config, not both");
-  if (!config.is_none()) {
-    std::string path = ToStr(config, "config");
-    py::gil_scoped_release nogil;
-    Result<Geometry> g = LoadConfigFile(path);
-    py::gil_scoped_acquire gil;
-    return Take(std::move(g));
-  }
-  if (model.is_none()) ThrowValue("model", "missing: give model=NAME (a preset) or config=PATH");
-  return Take(LoadPreset(ToStr(model, "model")));
-}
-
 // A token count: an int, or a string as the CLI takes it ("128k").
 uint64_t TokenCount(const py::object& v, const char* arg) {
   if (PyUnicode_Check(v.ptr())) return Take(ParseTokenCount(ToStr(v, arg), arg));
@@ -44,7 +30,7 @@ std::string LedgerJson(const py::object& model, const py::object& config, const 
                        const py::object& block_tokens, const py::object& tp, const py::object& dcp,
                        const py::object& spec_tokens, const py::object& include_mtp, const py::object& engine,
                        const py::object& kernel, const py::object& swa_strategy, const py::object& prefill_chunk) {
-  const Geometry g = LoadModel(model, config);
+  const Geometry g = LoadModelArg(model, config);
   LedgerOptions o;
   if (context.is_none()) ThrowValue("context", "missing: give context=TOKENS (e.g. 131072 or \"128k\")");
   o.context_tokens = TokenCount(context, "context");
@@ -56,9 +42,9 @@ std::string LedgerJson(const py::object& model, const py::object& config, const 
   o.dcp = Small(dcp, "dcp");
   o.spec_tokens = Small(spec_tokens, "spec_tokens");
   o.include_mtp = ToBool(include_mtp, "include_mtp");
-  o.engine = Take(ParseEngine(ToStr(engine, "engine")));
-  o.kernel = Take(ParseKernel(ToStr(kernel, "kernel")));
-  o.swa_strategy = Take(ParseSwaStrategy(ToStr(swa_strategy, "swa_strategy")));
+  o.engine = TakeAs(ParseEngine(ToStr(engine, "engine")), "engine");
+  o.kernel = TakeAs(ParseKernel(ToStr(kernel, "kernel")), "kernel");
+  o.swa_strategy = TakeAs(ParseSwaStrategy(ToStr(swa_strategy, "swa_strategy")), "swa_strategy");
   o.prefill_chunk_tokens = TokenCount(prefill_chunk, "prefill_chunk");
   if (o.prefill_chunk_tokens == 0) ThrowValue("prefill_chunk", "must be positive");
   std::optional<Result<Ledger>> l;

@@ -169,33 +169,23 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
                                   const py::object& window_strategy, const py::object& hash,
                                   const py::object& hash_bits, const py::object& hash_key_seed,
                                   const py::object& hash_key, const py::object& weights_revision,
-                                  const py::object& content_dedup, const py::object& tenant_domain) {
+                                  const py::object& content_dedup, const py::object& tenant_domain,
+                                  const py::object& kv_events, const py::object& kv_events_capacity) {
   auto pm = std::make_shared<PyManager>();
-  if (!model.is_none() && !config.is_none()) ThrowValue("model", "give model or config, not both");
-  if (!config.is_none()) {
-    const std::string path = ToStr(config, "config");
-    Result<Geometry> g = [&] {
-      py::gil_scoped_release nogil;
-      return LoadConfigFile(path);
-    }();
-    pm->geometry = Take(std::move(g));
-  } else {
-    if (model.is_none()) ThrowValue("model", "missing: give model=NAME (a preset) or config=PATH");
-    pm->geometry = Take(LoadPreset(ToStr(model, "model")));
-  }
+  pm->geometry = LoadModelArg(model, config);
   ManagerOptions o;
   if (auto s = OptStr(kv_format, "kv_format")) o.kv_format = *s;
   if (auto s = OptStr(indexer_format, "indexer_format")) o.indexer_format = *s;
   if (!block_tokens.is_none()) o.block_tokens = ToU64(block_tokens, "block_tokens");
-  o.kernel = Take(ParseKernel(ToStr(kernel, "kernel")));
+  o.kernel = TakeAs(ParseKernel(ToStr(kernel, "kernel")), "kernel");
   o.include_mtp = ToBool(include_mtp, "include_mtp");
   o.spec_tokens = static_cast<uint32_t>(ToU64(spec_tokens, "spec_tokens", 1024));
   o.capacity_blocks = ToU32(capacity_blocks, "capacity_blocks");
   o.max_requests = ToU32(max_requests, "max_requests");
   pm->backed = ToBool(backed, "backed");
   o.region_kind = pm->backed ? RegionKind::kHost : RegionKind::kUnbacked;
-  o.window_strategy = Take(ParseSwaStrategy(ToStr(window_strategy, "window_strategy")));
-  o.hash = Take(ParseHashAlgorithm(ToStr(hash, "hash")));
+  o.window_strategy = TakeAs(ParseSwaStrategy(ToStr(window_strategy, "window_strategy")), "window_strategy");
+  o.hash = TakeAs(ParseHashAlgorithm(ToStr(hash, "hash")), "hash");
   o.hash_bits = ToU32(hash_bits, "hash_bits");
   o.hash_key_seed = ToU64(hash_key_seed, "hash_key_seed");
   if (!hash_key.is_none()) {
@@ -214,6 +204,8 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
       o.tenant_domain[ToU32(k, "tenant_domain")] = ToU32(v, "tenant_domain");
     }
   }
+  o.kv_events = ToBool(kv_events, "kv_events");
+  o.kv_events_capacity = ToU32(kv_events_capacity, "kv_events_capacity");
   Result<std::unique_ptr<RequestManager>> m = [&] {
     py::gil_scoped_release nogil;
     return RequestManager::Create(pm->geometry, o);
@@ -434,7 +426,10 @@ void BindManager(py::module_& m) {
   for (StatusCode c : {StatusCode::kOk, StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kOutOfRange,
                        StatusCode::kIoError, StatusCode::kOutOfBlocks, StatusCode::kFailedPrecondition,
                        StatusCode::kDataLoss, StatusCode::kInternal}) {
-    codes[py::int_(static_cast<int>(c))] = std::string(StatusCodeName(c));
+    std::string name(StatusCodeName(c));  // "out of blocks" -> "out_of_blocks", "i/o error" -> "io_error"
+    std::erase(name, '/');
+    for (char& ch : name) ch = ch == ' ' ? '_' : ch;
+    codes[py::int_(static_cast<int>(c))] = name;
   }
   m.attr("STATUS_NAMES") = codes;
 
@@ -446,7 +441,8 @@ void BindManager(py::module_& m) {
            py::arg("backed") = true, py::arg("window_strategy") = "recompute", py::arg("hash") = "xxh3",
            py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
-           py::arg("tenant_domain") = py::none())
+           py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
+           py::arg("kv_events_capacity") = 1u << 16)
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
            py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none())
       .def(
@@ -623,6 +619,11 @@ void BindManager(py::module_& m) {
                r.emplace(pm.m->Checkpoint());
              }
              return Take(std::move(*r));
+           })
+      .def("reset_prefix_cache",
+           [](PyManager& pm) {
+             ManagerLock lk(pm);
+             Check(pm.m->ResetPrefixCache());
            })
       .def("metrics", [](PyManager& pm) { return MetricsDict(AllMetrics(pm)); })
       .def("prometheus_text", [](PyManager& pm) { return PrometheusText(AllMetrics(pm)); })

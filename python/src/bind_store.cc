@@ -64,10 +64,10 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
                                 const py::object& redis_secret, const py::object& redis_namespace,
                                 const py::object& redis_timeout_ms, const py::object& write_policy,
                                 const py::object& batch_records, const py::object& asynchronous) {
-  if (!pm || !pm->m) ThrowValue("manager", "must be a tessera.RequestManager");
+  if (!pm || !pm->m) ThrowType("manager", "must be a tessera.RequestManager");
   const uint64_t host = ToU64(host_bytes, "host_bytes");
   TieredStoreOptions so;
-  so.write = Take(ParseWritePolicy(ToStr(write_policy, "write_policy")));
+  so.write = TakeAs(ParseWritePolicy(ToStr(write_policy, "write_policy")), "write_policy");
   so.batch_records = ToU32(batch_records, "batch_records");
   so.asynchronous = ToBool(asynchronous, "asynchronous");
   std::optional<DiskTierOptions> disk;
@@ -76,7 +76,7 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
     disk.emplace();
     disk->dir = ToStr(disk_dir, "disk_dir");
     if (disk->dir.empty()) ThrowValue("disk_dir", "must not be empty");
-    disk->fsync = Take(ParseFsyncPolicy(ToStr(disk_fsync, "disk_fsync")));
+    disk->fsync = TakeAs(ParseFsyncPolicy(ToStr(disk_fsync, "disk_fsync")), "disk_fsync");
   }
   if (!redis_url.is_none() && !redis_cluster.is_none()) {
     ThrowValue("redis_url", "give redis_url or redis_cluster, not both");
@@ -178,7 +178,7 @@ py::dict StatsDict(const TieredStoreStats& s) {
 void BindStore(py::module_& m) {
   py::class_<PyStore, std::shared_ptr<PyStore>>(m, "TieredStore")
       .def(py::init(&Attach), py::arg("manager"), py::kw_only(), py::arg("host_bytes") = 0,
-           py::arg("disk_dir") = py::none(), py::arg("disk_bytes") = 0, py::arg("disk_fsync") = "every-batch",
+           py::arg("disk_dir") = py::none(), py::arg("disk_bytes") = 0, py::arg("disk_fsync") = "batch",
            py::arg("redis_url") = py::none(), py::arg("redis_cluster") = py::none(),
            py::arg("redis_secret") = py::none(), py::arg("redis_namespace") = py::none(),
            py::arg("redis_timeout_ms") = 200, py::arg("write_policy") = "write-back", py::arg("batch_records") = 16,

@@ -47,6 +47,7 @@ void ThrowStatus(const Status& st) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kNotFound:
     case StatusCode::kOutOfRange:
+    case StatusCode::kFailedPrecondition:
       type = PyExc_ValueError;
       break;
     case StatusCode::kOutOfBlocks:
@@ -190,6 +191,23 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
   }
   out->data = out->storage.data();
   out->size = out->storage.size();
+}
+
+Geometry LoadModelArg(const py::object& model, const py::object& config) {
+  if (!model.is_none() && !config.is_none()) ThrowValue("model", "give model or config, not both");
+  if (!config.is_none()) {
+    const std::string path = ToStr(config, "config");
+    Result<Geometry> g = [&] {
+      py::gil_scoped_release nogil;
+      return LoadConfigFile(path);
+    }();
+    if (!g.ok() && g.status().code() == StatusCode::kIoError) {
+      ThrowStatus(Status(StatusCode::kInvalidArgument, "config", g.status().message()));
+    }
+    return Take(std::move(g));
+  }
+  if (model.is_none()) ThrowValue("model", "missing: give model=NAME (a preset) or config=PATH");
+  return Take(LoadPreset(ToStr(model, "model")));
 }
 
 }  // namespace tessera::py_bind

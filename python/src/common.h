@@ -15,11 +15,16 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/geometry.h"
 #include "tessera/status.h"
 
 namespace tessera::py_bind {
 
 namespace py = pybind11;
+
+// model=NAME (a preset) or config=PATH (a config.json), exactly one; ValueError naming the
+// argument otherwise (an unreadable config file too). Releases the GIL while reading the file.
+Geometry LoadModelArg(const py::object& model, const py::object& config);
 
 // One per binding file; module.cc calls them in order.
 void BindErrors(py::module_& m);
@@ -27,6 +32,7 @@ void BindTierRecords(py::module_& m);  // bind_tier_records.cc (engine adapters)
 void BindLedger(py::module_& m);
 void BindManager(py::module_& m);
 void BindStore(py::module_& m);
+void BindEvents(py::module_& m);  // after BindManager: adds to tessera.RequestManager
 
 // Exception types, created by BindErrors (module attributes TesseraError, OutOfBlocksError,
 // DataLossError, TierIOError).
@@ -38,7 +44,8 @@ extern PyObject* g_tier_io_error;
 // A library field as Python names it: "kv-format" -> "kv_format".
 std::string PyField(std::string_view field);
 // Raises the Python exception for a non-OK status: kInvalidArgument, kNotFound, kOutOfRange ->
-// ValueError; kOutOfBlocks -> OutOfBlocksError; kDataLoss -> DataLossError; kIoError ->
+// ValueError (kFailedPrecondition too: a call the request's state does not allow, such as
+// appending past the reserved slots); kOutOfBlocks -> OutOfBlocksError; kDataLoss -> DataLossError; kIoError ->
 // TierIOError; others -> TesseraError. The message is "field: message".
 [[noreturn]] void ThrowStatus(const Status& st);
 inline void Check(const Status& st) {
@@ -47,6 +54,14 @@ inline void Check(const Status& st) {
 template <typename T>
 T Take(Result<T> r) {
   if (!r.ok()) ThrowStatus(r.status());
+  return std::move(*r);
+}
+
+// As Take, with the error's field replaced by the Python argument `arg` (a parser that names its
+// own field, e.g. ParseFsyncPolicy's "fsync" for the argument disk_fsync).
+template <typename T>
+T TakeAs(Result<T> r, std::string_view arg) {
+  if (!r.ok()) ThrowStatus(Status(r.status().code(), std::string(arg), r.status().message()));
   return std::move(*r);
 }
 

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
   tessera::py_bind::BindLedger(m);
   tessera::py_bind::BindManager(m);
   tessera::py_bind::BindStore(m);
+  tessera::py_bind::BindEvents(m);
 }

@@ -132,6 +132,9 @@ RequestManager::~RequestManager() = default;
 Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g, const ManagerOptions& options) {
   if (options.capacity_blocks == 0) return InvalidArgument("capacity-blocks", "must be positive");
   if (options.max_requests == 0) return InvalidArgument("max-requests", "must be positive");
+  if (options.kv_events && options.kv_events_capacity == 0) {
+    return InvalidArgument("kv-events-capacity", "must be positive when events are recorded");
+  }
   if (options.spec_tokens > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
   TESSERA_ASSIGN_OR_RETURN(Plan plan, PlanCaches(g, options));
   TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher,
@@ -157,7 +160,10 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   // The index's hook runs before the pool's listener below drops a block's kept window state,
   // so the state travels with the block.
   RequestManager* self = m.get();
+  m->kv_medium_ = options.region_kind == RegionKind::kUnbacked ? KvMedium::kGpu : KvMedium::kCpu;
   m->index_->SetEvictionHook([self](BlockId b, const SealedIdentity& id) {
+    if (self->resetting_) return;  // a reset drops the blocks and says so once (AllBlocksCleared)
+    if (self->options_.kv_events) self->RecordRemoved(id.key);
     if (self->source_ == nullptr || !self->pool_->backed()) return;
     std::vector<std::byte> state = self->TierState(b);
     SealedIdentity with_state = id;
@@ -437,6 +443,7 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
   const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
   const BlockIndex::SealResult sealed = index_->Seal(q.table[slot], parent, tokens, q.domain, q.salt);
   const BlockId kept = sealed.ref.block;
+  if (options_.kv_events && !sealed.deduplicated) RecordStored(parent, sealed.ref.key, tokens, q.domain);
   // A block this request sealed takes its priority; a shared one keeps the highest.
   pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
   q.table.Rename(slot, kept);
@@ -452,6 +459,70 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
     id.state = state;
     source_->OnSealed(*pool_, kept, id);
   }
+}
+
+KvEvent* RequestManager::NewEvent(KvEventKind kind) {
+  if (kv_events_.size() >= options_.kv_events_capacity) {
+    Bump(metrics_.kv_events_dropped, 1);
+    return nullptr;
+  }
+  KvEvent& e = kv_events_.emplace_back();
+  e.kind = kind;
+  e.medium = kv_medium_;
+  return &e;
+}
+
+// Consecutive seals of one chain extend one BlockStored (vLLM's shape: a chain per event).
+void RequestManager::RecordStored(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
+                                  uint32_t domain) {
+  if (!kv_events_.empty() && !parent.is_root()) {
+    KvEvent& last = kv_events_.back();
+    if (last.kind == KvEventKind::kBlockStored && last.domain == domain && last.block_hashes.back() == parent.key) {
+      last.block_hashes.push_back(key);
+      last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
+      return;
+    }
+  }
+  KvEvent* e = NewEvent(KvEventKind::kBlockStored);
+  if (e == nullptr) return;
+  e->block_hashes.push_back(key);
+  if (!parent.is_root()) e->parent_block_hash = parent.key;
+  e->token_ids.assign(tokens.begin(), tokens.end());
+  e->block_size = block_tokens_;
+  e->domain = domain;
+}
+
+void RequestManager::RecordRemoved(const Hash128& key) {
+  if (!kv_events_.empty() && kv_events_.back().kind == KvEventKind::kBlockRemoved) {
+    kv_events_.back().block_hashes.push_back(key);
+    return;
+  }
+  KvEvent* e = NewEvent(KvEventKind::kBlockRemoved);
+  if (e != nullptr) e->block_hashes.push_back(key);
+}
+
+std::vector<KvEvent> RequestManager::TakeKvEvents() {
+  std::vector<KvEvent> out;
+  out.swap(kv_events_);
+  return out;
+}
+
+Status RequestManager::ResetPrefixCache() {
+  if (live_ > 0) {
+    return Status(StatusCode::kFailedPrecondition, "requests",
+                  std::to_string(live_) + " live requests hold blocks: free them before a reset");
+  }
+  resetting_ = true;
+  pool_->EvictAllCached();
+  resetting_ = false;
+  SyncStateBytes();
+  if (options_.kv_events) {
+    kv_events_.clear();  // superseded: every block they name is gone
+    KvEvent& e = kv_events_.emplace_back();
+    e.kind = KvEventKind::kAllBlocksCleared;
+    e.medium = kv_medium_;
+  }
+  return Status::Ok();
 }
 
 void RequestManager::SyncStateBytes() {
@@ -703,6 +774,10 @@ std::vector<MetricFamily> RequestManager::CollectMetrics() const {
        "Tokens named for recomputation to rebuild window state on a prefix hit.",
        "counter",
        {{"", v(metrics_.recompute_tokens)}}},
+      {"tessera_kv_events_dropped_total",
+       "KV-cache events not recorded: the buffer was full (a consumer must resynchronise).",
+       "counter",
+       {{"", v(metrics_.kv_events_dropped)}}},
   };
   MetricFamily blocks{"tessera_blocks", "Blocks per state.", "gauge", {}};
   MetricFamily bytes{"tessera_block_bytes", "Bytes (pages and metadata) per block state.", "gauge", {}};

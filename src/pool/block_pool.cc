@@ -215,6 +215,25 @@ void BlockPool::AddEvictionListener(std::function<void(BlockId)> listener) {
   eviction_listeners_.push_back(std::move(listener));
 }
 
+uint32_t BlockPool::EvictAllCached() {
+  uint32_t n = 0;
+  for (BlockId b = LruPopVictim(); b.valid(); b = LruPopVictim()) {
+    // kReleaseOrder: a released free block on the LRU lists just moves to the free list.
+    const bool cached = state_[b.value] == BlockState::kCached;
+    if (cached) {
+      for (const auto& listener : eviction_listeners_) listener(b);
+      ++generation_[b.value];
+      Bump(stats_.evictions, 1);
+      SetState(b, BlockState::kFree);
+      ++n;
+    }
+    next_[b.value] = free_head_;
+    free_head_ = b.value;
+    ++free_count_;
+  }
+  return n;
+}
+
 BlockHandle BlockPool::PageHandle(BlockId b, uint32_t group, uint32_t layer) const {
   const PoolGroup& g = groups_[group];
   assert(layer < g.layers);

@@ -8,6 +8,8 @@
 //   tessera simulate | stats [...]       the agents workload through the request manager (stats:
 //                                        its counters as Prometheus text); --disk DIR adds tiers
 //   tessera tier fsck | stats DIR        verify or count a disk tier
+//   tessera serve --config FILE [--redis URL | --redis-cluster H:P,...]   the long-running server
+//                                        (/metrics, /health, the /v1 API, KV events over ZeroMQ)
 //   tessera plan --model NAME --gpu H200-141G --tp 8 --context 128k [...]   capacity per engine
 //   tessera price --model NAME --gpu H200-141G --batch 64 --context 128k      absorbed vs naive MLA
 //   tessera models | formats
@@ -21,9 +23,12 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+
+extern char** environ;
 
 #include "tessera/claims.h"
 #include "tessera/disk_tier.h"
@@ -41,6 +46,7 @@
 #include "tessera/reconcile.h"
 #include "tessera/render.h"
 #include "tessera/report.h"
+#include "tessera/serve.h"
 #include "tessera/simulate.h"
 #include "tessera/units.h"
 #include "tessera/v4_model.h"
@@ -928,6 +934,34 @@ int RunGenerate(const GenerateArgs& a) {
   return WriteGeneration(a, a.kv_format, g->tokens, g->prompt_len, g->logits, *steps, g->counters, extra);
 }
 
+// `tessera serve`: the YAML file, then TESSERA_SERVE_* variables, then the flags.
+struct ServeArgs {
+  std::string config;
+  std::string redis;
+  std::string redis_cluster;
+  void Register(CLI::App* app) {
+    app->add_option("--config", config, "YAML configuration file (keys: docs/adr/0022-serve.md)")->required();
+    app->add_option("--redis", redis, "a Redis tier: redis://host:port (overrides tiers.redis)");
+    app->add_option("--redis-cluster", redis_cluster, "a Redis Cluster tier: host:port,... seeds");
+  }
+};
+
+int RunServeCommand(const ServeArgs& args) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    const size_t eq = kv.find('=');
+    if (eq != std::string_view::npos && kv.starts_with("TESSERA_SERVE_")) {
+      env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+    }
+  }
+  if (!args.redis.empty()) env["TESSERA_SERVE_TIERS_REDIS"] = args.redis;
+  if (!args.redis_cluster.empty()) env["TESSERA_SERVE_TIERS_REDIS_CLUSTER"] = args.redis_cluster;
+  Result<ServeConfig> c = LoadServeConfig(args.config, env);
+  if (!c.ok()) return Fail(c.status());
+  return RunServe(*c);
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -995,6 +1029,10 @@ int Main(int argc, char** argv) {
   CLI::App* generate = app.add_subcommand("generate", "greedy decode of a tiny model (ADR 0017) over Tessera's pages");
   gen_args.Register(generate);
 
+  ServeArgs serve_args;
+  CLI::App* serve = app.add_subcommand("serve", "run the server: /metrics, /health, the /v1 API, KV events");
+  serve_args.Register(serve);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -1035,6 +1073,7 @@ int Main(int argc, char** argv) {
   if (models->parsed()) return RunModels();
   if (formats->parsed()) return RunFormats();
   if (generate->parsed()) return RunGenerate(gen_args);
+  if (serve->parsed()) return RunServeCommand(serve_args);
   return 2;
 }
 

@@ -1,0 +1,268 @@
+"""tessera.RequestManager: the request life cycle for every preset model, the batched step,
+zero-copy page views and metrics."""
+
+import gc
+import threading
+import unittest
+
+import numpy as np
+
+import pattern
+import tessera
+
+
+def prompt(n, base=1):
+    return np.arange(base, base + n, dtype=np.uint32)
+
+
+class EveryPresetTest(unittest.TestCase):
+    def test_life_cycle_every_preset(self):
+        for name in tessera.models():
+            with self.subTest(model=name):
+                m = tessera.RequestManager(name, capacity_blocks=64, max_requests=8, backed=False)
+                bt = m.block_tokens
+                p = prompt(2 * bt + 5)
+                a = m.admit(p)
+                self.assertEqual(a.cached_tokens, 0)
+                self.assertEqual(m.tokens(a.request_id), 0)
+                m.append(a.request_id, p)
+                self.assertEqual(m.tokens(a.request_id), len(p))
+                table = m.block_table(a.request_id)
+                self.assertEqual(table.dtype, np.uint32)
+                self.assertGreaterEqual(len(table), 1)
+                # A fork shares the blocks; one step for both grows each by its count.
+                c = m.fork(a.request_id)
+                self.assertEqual(m.tokens(c), len(p))
+                r = m.step(np.array([a.request_id, c], np.uint32), np.array([3, 2], np.uint32),
+                           np.arange(5, dtype=np.uint32))
+                self.assertEqual(r.failed, 0)
+                self.assertEqual(r.codes.tolist(), [0, 0])
+                self.assertEqual(len(r.offsets), 3)
+                self.assertEqual(m.tokens(a.request_id), len(p) + 3)
+                self.assertEqual(m.tokens(c), len(p) + 2)
+                # The same prompt again hits its two whole blocks (the last token is computed).
+                b = m.admit(p)
+                self.assertEqual(b.cached_tokens, 2 * bt)
+                self.assertEqual(b.cached_blocks, 2)
+                metrics = m.metrics()
+                self.assertEqual(metrics["tessera_requests_admitted_total"]["samples"][""], 2)
+                self.assertEqual(m.live_requests, 3)
+                for rid in (a.request_id, c, b.request_id):
+                    m.free(rid)
+                self.assertEqual(m.live_requests, 0)
+                self.assertFalse(m.is_live(c))
+
+
+class BatchedStepTest(unittest.TestCase):
+    """A batched step equals AllocateSlots + Append request by request."""
+
+    def setUp(self):
+        self.n = 24
+        self.prompts = [np.concatenate([prompt(128, 1 + 1000 * (r // 4)), prompt(70, 50000 + 1000 * r)])
+                        for r in range(self.n)]
+
+    def build(self):
+        m = tessera.RequestManager("deepseek-v3", kv_format="fp8_ds_mla", capacity_blocks=512, max_requests=64,
+                                   backed=False, hash_key_seed=7)
+        ids = []
+        for p in self.prompts:
+            a = m.admit(p)
+            m.append(a.request_id, p[a.cached_tokens:])
+            ids.append(a.request_id)
+        return m, np.array(ids, dtype=np.uint32)
+
+    def test_step_equals_per_request_calls(self):
+        stepped, ids = self.build()
+        single, ids2 = self.build()
+        np.testing.assert_array_equal(ids, ids2)
+        rng = np.random.default_rng(1)
+        for _ in range(20):
+            counts = rng.integers(0, 40, size=self.n).astype(np.uint32)
+            tokens = rng.integers(0, 30000, size=int(counts.sum())).astype(np.uint32)
+            before = [stepped.block_table(i) for i in ids]
+            r = stepped.step(ids, counts, tokens)
+            self.assertEqual(r.failed, 0)
+            offset = 0
+            for k, rid in enumerate(ids):
+                single.allocate(int(rid), int(counts[k]))
+                single.append(int(rid), tokens[offset:offset + counts[k]])
+                offset += int(counts[k])
+            for k, rid in enumerate(ids):
+                after = stepped.block_table(rid)
+                np.testing.assert_array_equal(after, single.block_table(rid))
+                self.assertEqual(stepped.tokens(rid), single.tokens(rid))
+                # new_blocks[offsets[k]:offsets[k+1]] is what the table grew by.
+                np.testing.assert_array_equal(r.blocks_of(k), after[len(before[k]):])
+                np.testing.assert_array_equal(r.new_blocks[r.offsets[k]:r.offsets[k + 1]], after[len(before[k]):])
+            # Renamed slots (sealed as duplicates of cached blocks) are reported.
+            for req, slot, frm, to in r.replaced.tolist():
+                self.assertEqual(before[req][slot], frm)
+                self.assertEqual(stepped.block_table(ids[req])[slot], to)
+        self.assertEqual(stepped.metrics(), single.metrics())
+
+    def test_input_forms_agree(self):
+        # Lists, int64 arrays and non-contiguous views give the same step as uint32 arrays.
+        results = []
+        for form in ("uint32", "list", "int64", "strided"):
+            m, ids = self.build()
+            counts = np.full(self.n, 3, dtype=np.uint32)
+            tokens = np.arange(3 * self.n, dtype=np.uint32) + 5
+            if form == "list":
+                args = (ids.tolist(), counts.tolist(), tokens.tolist())
+            elif form == "int64":
+                args = (ids.astype(np.int64), counts.astype(np.int64), tokens.astype(np.int64))
+            elif form == "strided":
+                wide = np.zeros((3, 2 * self.n), dtype=np.uint32)
+                wide[0, ::2] = ids
+                wide[1, ::2] = counts
+                tw = np.zeros(6 * self.n, dtype=np.uint32)
+                tw[::2] = tokens
+                args = (wide[0, ::2], wide[1, ::2], tw[::2])
+                self.assertFalse(args[0].flags.c_contiguous)
+            else:
+                args = (ids, counts, tokens)
+            r = m.step(*args)
+            results.append((r.offsets.tolist(), r.new_blocks.tolist(), [m.tokens(i) for i in ids],
+                            [m.block_table(i).tolist() for i in ids]))
+        for other in results[1:]:
+            self.assertEqual(other, results[0])
+
+    def test_out_of_blocks_is_per_request(self):
+        m = tessera.RequestManager("tiny-mla", capacity_blocks=4, max_requests=4, backed=False)
+        a = m.admit(prompt(64 * 2))
+        b = m.admit(prompt(64 * 2, 9000))
+        self.assertEqual(m.available_blocks, 0)
+        # Request a needs a third block: refused, left unchanged; b asks for nothing.
+        r = m.step(np.array([a.request_id, b.request_id], np.uint32), np.array([64 * 2 + 1, 0], np.uint32),
+                   prompt(64 * 2 + 1))
+        self.assertEqual(r.failed, 1)
+        self.assertEqual(tessera.STATUS_NAMES[int(r.codes[0])], "out_of_blocks")
+        self.assertEqual(int(r.codes[1]), 0)
+        self.assertEqual(m.tokens(a.request_id), 0)
+        with self.assertRaises(tessera.OutOfBlocksError):
+            m.admit(prompt(10, 777))
+        with self.assertRaises(tessera.OutOfBlocksError):
+            m.allocate(a.request_id, 64 * 3)
+
+    def test_threads_share_a_manager(self):
+        # Calls release the GIL; the manager's lock keeps them one at a time.
+        m = tessera.RequestManager("deepseek-v3", capacity_blocks=4096, max_requests=256, backed=False)
+        errors = []
+
+        def worker(t):
+            try:
+                for i in range(30):
+                    a = m.admit(prompt(300, 1 + 100000 * t + 1000 * i))
+                    m.append(a.request_id, prompt(300, 1 + 100000 * t + 1000 * i))
+                    m.step(np.array([a.request_id], np.uint32), np.array([5], np.uint32), prompt(5))
+                    m.free(a.request_id)
+            except Exception as e:  # noqa: BLE001  (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(m.live_requests, 0)
+        self.assertEqual(m.metrics()["tessera_requests_admitted_total"]["samples"][""], 120)
+
+
+class ViewsTest(unittest.TestCase):
+    def test_records_are_zero_copy_views_of_the_pattern(self):
+        m = tessera.RequestManager("deepseek-v3", kv_format="fp8_ds_mla", capacity_blocks=8, max_requests=4)
+        p = prompt(100)
+        a = m.admit(p)
+        m.append(a.request_id, p, writer="pattern")
+        g = m.groups[0]
+        for position in (0, 63, 64, 99):
+            for layer in (0, 60):
+                planes = m.record(a.request_id, 0, layer, position)
+                self.assertEqual(len(planes), 1)
+                np.testing.assert_array_equal(planes[0], pattern.record(0, layer, position, 0, g["record_bytes"]))
+        # Block 0 is sealed: read-only; block 1 is being filled: writable, and a write through the
+        # view is what the manager holds (zero-copy).
+        sealed = m.record(a.request_id, 0, 5, 10)[0]
+        self.assertFalse(sealed.flags.writeable)
+        with self.assertRaises(ValueError):
+            sealed[0] = 1
+        self.assertFalse(memoryview(sealed).readonly is False)
+        filling = m.record(a.request_id, 0, 5, 70)[0]
+        self.assertTrue(filling.flags.writeable)
+        filling[:4] = [1, 2, 3, 4]
+        again = m.record(a.request_id, 0, 5, 70)[0]
+        self.assertEqual(again[:4].tolist(), [1, 2, 3, 4])
+        # The page view of block 1, layer 5 holds token 70's record at slot 6.
+        block1 = m.block_table(a.request_id)[1]
+        page = m.page(block1, 0, 5)
+        self.assertEqual(len(page), g["page_bytes"])
+        self.assertEqual(page[6 * g["record_bytes"]:6 * g["record_bytes"] + 4].tolist(), [1, 2, 3, 4])
+        self.assertFalse(m.page(m.block_table(a.request_id)[0], 0, 5).flags.writeable)
+        whole = m.block(block1, 0)
+        self.assertEqual(len(whole), g["page_bytes"] * g["layers"] // g["layers_per_page"])
+
+    def test_view_keeps_manager_alive(self):
+        m = tessera.RequestManager("tiny-mla", capacity_blocks=4, max_requests=2)
+        a = m.admit(prompt(70))
+        m.append(a.request_id, prompt(70), writer="pattern")
+        view = m.record(a.request_id, 0, 1, 3)[0]
+        expect = pattern.record(0, 1, 3, 0, len(view))
+        del m
+        gc.collect()
+        np.testing.assert_array_equal(view, expect)
+
+    def test_prewritten_writes_through_page_views(self):
+        m = tessera.RequestManager("tiny-mla", capacity_blocks=4, max_requests=2)
+        g = m.groups[0]
+        a = m.admit(prompt(64))  # reserves one block
+        block = m.block_table(a.request_id)[0]
+        for layer in range(g["layers"]):
+            page = m.page(block, 0, layer)
+            self.assertTrue(page.flags.writeable)
+            page[:] = layer + 1
+        m.append(a.request_id, prompt(64), writer="prewritten")
+        self.assertEqual(m.block_state(block), "sealed")
+        self.assertEqual(int(m.record(a.request_id, 0, 2, 17)[0][0]), 3)
+
+    def test_v4_entries_and_state(self):
+        m = tessera.RequestManager("tiny-v4", capacity_blocks=8, max_requests=2)
+        self.assertTrue(m.has_windows)
+        a = m.admit(prompt(300))
+        m.append(a.request_id, prompt(300), writer="pattern")
+        names = [g["name"] for g in m.groups]
+        self.assertIn("compressed/4", names)
+        # Layer 0 of tiny-v4's compressed/4 group: find a layer with ratio 4 entries.
+        found = False
+        for layer in range(8):
+            try:
+                planes = m.entry(a.request_id, layer, False, 10)
+            except ValueError:
+                continue
+            found = True
+            self.assertGreater(sum(len(x) for x in planes), 0)
+            break
+        self.assertTrue(found)
+        self.assertGreater(len(m.live_state(a.request_id)), 0)
+
+
+class MetricsTest(unittest.TestCase):
+    def test_prometheus_text_matches_dict(self):
+        m = tessera.RequestManager("deepseek-v3", capacity_blocks=64, backed=False)
+        p = prompt(200)
+        a = m.admit(p)
+        m.append(a.request_id, p)
+        m.admit(p)
+        text = m.prometheus_text()
+        d = m.metrics()
+        self.assertEqual(d["tessera_prefix_hits_total"]["type"], "counter")
+        for name, fam in d.items():
+            self.assertIn("# TYPE %s %s" % (name, fam["type"]), text)
+            for labels, value in fam["samples"].items():
+                line = "%s{%s} %d" % (name, labels, value) if labels else "%s %d" % (name, value)
+                self.assertIn(line + "\n", text)
+        self.assertEqual(d["tessera_requests_admitted_total"]["samples"][""], 2)
+
+
+if __name__ == "__main__":
+    unittest.main()

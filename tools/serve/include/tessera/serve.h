@@ -1,0 +1,171 @@
+// `tessera serve`: one long-running process per host holding a request manager and its tiered
+// store (docs/adr/0022-serve.md).
+//
+//   GET  /metrics     Prometheus text: the manager's, the store's and each tier's counters, and
+//                     latency histograms of admit, step and promote (tier fetch).
+//   GET  /health      200 "ok" while serving.
+//   POST /v1/admit    {"tokens":[u32...], "tenant":u32, "cache_salt":u64, "priority":0..100}
+//                     -> {"request", "cached_tokens", "cached_blocks", "tier_blocks", "block_table"}
+//                     (the uncached prompt tokens are written at once: the prefill).
+//   POST /v1/step     {"requests":[id...], "counts":[n...], "tokens":[u32...]}: request i appends
+//                     counts[i] tokens -> {"codes":[...], "block_tables":[[...]...]}
+//   POST /v1/free     {"request": id}
+//   POST /v1/reset    drops the prefix cache (refused while requests are live): AllBlocksCleared.
+//   KV events         ZeroMQ PUB, multipart (topic, 8-byte big-endian sequence, msgpack payload),
+//                     the payload a KVEventBatch as vLLM encodes it (array-like, tagged events).
+//
+// The KV bytes the pool holds are synthetic (a deterministic function of the token prefix, the
+// layer and the group, as in `tessera simulate`): the server runs the block and tier plane of a
+// fleet — admission, prefix hits, tiers, checkpoints, events — not a model. Models with sliding
+// windows (DeepSeek-V4) are refused.
+//
+// Thread-safety: ServeCore serialises every manager call under one mutex (the manager has a single
+// owner at a time); MetricsText reads atomics and the store's snapshot and may run concurrently.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tessera/kv_events.h"
+#include "tessera/request_manager.h"
+#include "tessera/status.h"
+#include "tessera/tiered_store.h"
+
+namespace tessera {
+
+// Every key of the YAML file, with its environment override TESSERA_SERVE_<KEY> (dots and the
+// key upper-cased, '.' -> '_': http.listen -> TESSERA_SERVE_HTTP_LISTEN). Documented in
+// docs/adr/0022-serve.md.
+struct ServeConfig {
+  std::string model = "deepseek-v3";  // preset name
+  std::string kv_format;              // empty: the model's default
+  std::optional<uint64_t> block_tokens;
+  uint32_t capacity_blocks = 4096;
+  uint32_t max_requests = 1024;
+  // http.*
+  std::string http_listen = "127.0.0.1:8080";  // host:port (port 0: any free port)
+  uint64_t http_max_body_bytes = 1u << 20;
+  uint32_t http_threads = 4;
+  // events.*
+  bool events_enabled = true;
+  std::string events_endpoint = "tcp://127.0.0.1:5557";  // bound (port * or 0: any free port)
+  std::string events_topic = "kv-events";
+  uint32_t events_data_parallel_rank = 0;
+  uint32_t events_hwm = 100000;
+  uint32_t events_buffer = 1u << 16;  // events kept between two publications (then dropped, counted)
+  // tiers.*
+  uint64_t host_tier_bytes = 0;  // > 0: a host tier above the others
+  std::string disk_dir;
+  uint64_t disk_bytes = 0;  // 0: unlimited
+  WritePolicy tier_write = WritePolicy::kWriteThrough;
+  std::string redis;                       // redis://host:port
+  std::vector<std::string> redis_cluster;  // host:port seeds
+  std::string redis_secret_file;           // the fleet's secret (>= 16 bytes)
+  std::string redis_namespace = "tessera";
+  uint32_t redis_timeout_ms = 200;
+};
+
+// Reads the YAML file and applies the overrides in `env` (name -> value; names not starting with
+// TESSERA_SERVE_ are ignored). Errors name the key: kInvalidArgument on "config" for malformed
+// YAML (with its line), on the key for an unknown key, a value of the wrong type or out of range.
+Result<ServeConfig> LoadServeConfig(const std::string& path, const std::map<std::string, std::string>& env);
+// As LoadServeConfig, from YAML text (tests).
+Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::string, std::string>& env);
+
+// "redis://host:port" (or host:port) -> host, port. Errors name `field`.
+Result<std::pair<std::string, int>> ParseRedisAddress(std::string_view url, std::string_view field);
+
+// Latency histogram (seconds) with fixed buckets; Observe is lock-free.
+class LatencyHistogram {
+ public:
+  static constexpr std::array<double, 14> kBounds = {1e-6, 5e-6,   1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                                     1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 1e-1,   1.0};
+  void Observe(uint64_t nanos);
+  // "# HELP/# TYPE histogram" and the _bucket/_sum/_count lines.
+  void Render(const std::string& name, const std::string& help, std::string* out) const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBounds.size() + 1> buckets_{};
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> sum_nanos_{0};
+};
+
+// Encodes KV events as vLLM's KVEventBatch: [ts, [event...], data_parallel_rank], each event a
+// tagged array ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id,
+// medium, lora_name(, extra_keys)], ["BlockRemoved", block_hashes, medium], ["AllBlocksCleared"].
+// Hashes are 16-byte big-endian binaries (Hash128 hi, then lo). A non-zero tenant domain is
+// sent as extra_keys, one ["tenant_domain", d] per block.
+std::string EncodeKvEventBatch(std::span<const KvEvent> events, double ts, uint32_t data_parallel_rank);
+
+class EventPublisher;
+class TimedSource;
+
+// The server without its HTTP front: what the handlers and the benchmarks call.
+class ServeCore {
+ public:
+  // Opens the tiers (a Redis that does not answer is kUnavailable on "redis"), the manager and,
+  // when enabled, the event publisher. `warnings` receives e.g. a key file readable by others.
+  static Result<std::unique_ptr<ServeCore>> Create(const ServeConfig& config, std::vector<std::string>* warnings);
+  ~ServeCore();
+
+  // One HTTP API call: (status, JSON body). `path` is "/v1/admit", "/v1/step", "/v1/free" or
+  // "/v1/reset".
+  std::pair<int, std::string> Handle(std::string_view path, std::string_view body);
+  std::string MetricsText() const;
+  // Where events are published (the bound endpoint), empty when disabled.
+  std::string events_endpoint() const;
+
+  // The calls behind the API (benchmarks and tests use them directly).
+  Result<Admission> Admit(std::span<const uint32_t> prompt, const RequestSpec& spec);
+  // Appends counts[i] tokens to requests[i]; codes[i] says how request i fared.
+  Status Step(std::span<const RequestId> requests, std::span<const uint32_t> counts, std::span<const uint32_t> tokens,
+              std::vector<StatusCode>* codes);
+  Status Free(RequestId r);
+  // Graceful shutdown: every sealed block checkpointed to the persistent tier, the store
+  // flushed, the last events published. Returns the checkpoint's error, if any.
+  Status Shutdown();
+  // Test and benchmark access (hold no other call concurrently).
+  RequestManager& manager() { return *manager_; }
+  void set_publish(bool on) { publish_ = on; }
+
+ private:
+  ServeCore() = default;
+  void PublishLocked();
+  std::pair<int, std::string> HandleAdmit(std::string_view body);
+  std::pair<int, std::string> HandleStep(std::string_view body);
+  std::pair<int, std::string> HandleFree(std::string_view body);
+  std::pair<int, std::string> HandleReset();
+
+  ServeConfig config_;
+  mutable std::mutex mu_;
+  std::unique_ptr<TieredStore> store_;
+  std::unique_ptr<TimedSource> timed_;
+  std::unique_ptr<RequestManager> manager_;
+  std::unique_ptr<EventPublisher> publisher_;
+  bool publish_ = true;
+  // Per live request: the rolling hash of its token prefix at every position (the synthetic KV).
+  std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_;
+  LatencyHistogram admit_latency_, step_latency_;
+  std::shared_ptr<LatencyHistogram> promote_latency_;
+  std::atomic<uint64_t> http_errors_{0};
+  std::atomic<uint64_t> events_published_{0};
+  std::atomic<uint64_t> event_batches_{0};
+  friend class ServeHttp;
+};
+
+// Runs the server until SIGTERM or SIGINT, then shuts down gracefully. Prints
+// "tessera serve: ready http=HOST:PORT events=ENDPOINT" on stdout once serving. Exit codes: 0
+// after a clean shutdown, 2 for a configuration error, 1 for any other failure.
+int RunServe(const ServeConfig& config);
+
+}  // namespace tessera

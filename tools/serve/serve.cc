@@ -1,0 +1,1099 @@
+#include "tessera/serve.h"
+
+#include <civetweb.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+#include <zmq.hpp>
+
+#include "tessera/checked.h"
+#include "tessera/disk_tier.h"
+#include "tessera/file_io.h"
+#include "tessera/geometry.h"
+#include "tessera/redis_cluster.h"
+#include "tessera/redis_tier.h"
+#include "tessera/tier_adapters.h"
+#include "tessera/units.h"
+
+namespace tessera {
+
+// ---- Configuration ---------------------------------------------------------------------------
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t NanosSince(Clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// A scalar value from YAML or the environment, with the key it came from.
+struct Setting {
+  std::string key;
+  std::string text;
+  std::vector<std::string> list;  // a YAML sequence of scalars (redis_cluster)
+  bool is_list = false;
+  std::string origin;  // the environment variable it came from, if any
+};
+
+Result<uint64_t> U64(const Setting& s, uint64_t max) {
+  TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(s.text, s.key));
+  if (v > max) return OutOfRange(s.key, "at most " + std::to_string(max));
+  return v;
+}
+
+Result<bool> Bool(const Setting& s) {
+  if (s.text == "true" || s.text == "1" || s.text == "yes") return true;
+  if (s.text == "false" || s.text == "0" || s.text == "no") return false;
+  return InvalidArgument(s.key, "must be true or false (got \"" + s.text + "\")");
+}
+
+std::vector<std::string> SplitCommas(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string_view::npos) end = text.size();
+    if (end > start) out.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// Applies one setting to the config. Unknown keys are errors naming them.
+Status Apply(const Setting& s, ServeConfig* c) {
+  const std::string& k = s.key;
+  if (s.is_list && k != "tiers.redis_cluster") return InvalidArgument(k, "must be a scalar, not a list");
+  if (k == "model") {
+    c->model = s.text;
+  } else if (k == "kv_format") {
+    c->kv_format = s.text;
+  } else if (k == "block_tokens") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 1u << 20));
+    c->block_tokens = v;
+  } else if (k == "capacity_blocks") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, UINT32_MAX));
+    c->capacity_blocks = static_cast<uint32_t>(v);
+  } else if (k == "max_requests") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 1u << 20));
+    c->max_requests = static_cast<uint32_t>(v);
+  } else if (k == "http.listen") {
+    c->http_listen = s.text;
+  } else if (k == "http.max_body_bytes") {
+    TESSERA_ASSIGN_OR_RETURN(c->http_max_body_bytes, ParseByteSize(s.text, k));
+    if (c->http_max_body_bytes == 0 || c->http_max_body_bytes > (uint64_t{64} << 20)) {
+      return OutOfRange(k, "must be 1 byte .. 64 MiB");
+    }
+  } else if (k == "http.threads") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 256));
+    if (v == 0) return OutOfRange(k, "must be positive");
+    c->http_threads = static_cast<uint32_t>(v);
+  } else if (k == "events.enabled") {
+    TESSERA_ASSIGN_OR_RETURN(c->events_enabled, Bool(s));
+  } else if (k == "events.endpoint") {
+    c->events_endpoint = s.text;
+  } else if (k == "events.topic") {
+    if (s.text.size() > 256) return OutOfRange(k, "at most 256 bytes");
+    c->events_topic = s.text;
+  } else if (k == "events.data_parallel_rank") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 65535));
+    c->events_data_parallel_rank = static_cast<uint32_t>(v);
+  } else if (k == "events.hwm") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 100000000));
+    c->events_hwm = static_cast<uint32_t>(v);
+  } else if (k == "events.buffer") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 100000000));
+    if (v == 0) return OutOfRange(k, "must be positive");
+    c->events_buffer = static_cast<uint32_t>(v);
+  } else if (k == "tiers.host_bytes") {
+    TESSERA_ASSIGN_OR_RETURN(c->host_tier_bytes, ParseByteSize(s.text, k));
+  } else if (k == "tiers.disk_dir") {
+    c->disk_dir = s.text;
+  } else if (k == "tiers.disk_bytes") {
+    TESSERA_ASSIGN_OR_RETURN(c->disk_bytes, ParseByteSize(s.text, k));
+  } else if (k == "tiers.write") {
+    Result<WritePolicy> p = ParseWritePolicy(s.text);
+    if (!p.ok()) return InvalidArgument(k, "must be write-through or write-back (got \"" + s.text + "\")");
+    c->tier_write = *p;
+  } else if (k == "tiers.redis") {
+    c->redis = s.text;
+  } else if (k == "tiers.redis_cluster") {
+    c->redis_cluster = s.is_list ? s.list : SplitCommas(s.text);
+  } else if (k == "tiers.redis_secret_file") {
+    c->redis_secret_file = s.text;
+  } else if (k == "tiers.redis_namespace") {
+    c->redis_namespace = s.text;
+  } else if (k == "tiers.redis_timeout_ms") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 60000));
+    if (v == 0) return OutOfRange(k, "must be positive");
+    c->redis_timeout_ms = static_cast<uint32_t>(v);
+  } else {
+    return InvalidArgument(k, "unknown key");
+  }
+  return Status::Ok();
+}
+
+// Walks a YAML mapping into dotted keys.
+Status Collect(const YAML::Node& node, const std::string& prefix, std::vector<Setting>* out) {
+  if (!node.IsMap()) return InvalidArgument(prefix.empty() ? "config" : prefix, "must be a mapping");
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) return InvalidArgument(prefix.empty() ? "config" : prefix, "keys must be scalars");
+    const std::string key = prefix.empty() ? kv.first.Scalar() : prefix + "." + kv.first.Scalar();
+    const YAML::Node& v = kv.second;
+    if (v.IsMap()) {
+      if (prefix.empty() && (key == "http" || key == "events" || key == "tiers")) {
+        TESSERA_RETURN_IF_ERROR(Collect(v, key, out));
+        continue;
+      }
+      return InvalidArgument(key, "unknown key (or not a section)");
+    }
+    Setting s;
+    s.key = key;
+    if (v.IsSequence()) {
+      s.is_list = true;
+      for (const auto& e : v) {
+        if (!e.IsScalar()) return InvalidArgument(key, "list items must be scalars");
+        s.list.push_back(e.Scalar());
+      }
+    } else if (v.IsScalar()) {
+      s.text = v.Scalar();
+    } else if (!v.IsNull()) {
+      return InvalidArgument(key, "unsupported value");
+    }
+    out->push_back(std::move(s));
+  }
+  return Status::Ok();
+}
+
+constexpr std::string_view kEnvPrefix = "TESSERA_SERVE_";
+
+// TESSERA_SERVE_HTTP_LISTEN -> http.listen (the sections' names contain no '_').
+std::string EnvKey(std::string_view name) {
+  std::string rest(name.substr(kEnvPrefix.size()));
+  for (char& ch : rest) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (std::string_view section : {"http_", "events_", "tiers_"}) {
+    if (rest.starts_with(section)) {
+      rest[section.size() - 1] = '.';
+      break;
+    }
+  }
+  return rest;
+}
+
+}  // namespace
+
+Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::string, std::string>& env) {
+  std::vector<Setting> settings;
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument("config", "malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  if (!root.IsNull()) TESSERA_RETURN_IF_ERROR(Collect(root, "", &settings));
+  std::set<std::string> seen;
+  for (const Setting& s : settings) {
+    if (!seen.insert(s.key).second) return InvalidArgument(s.key, "given twice");
+  }
+  for (const auto& [name, value] : env) {
+    if (!name.starts_with(kEnvPrefix)) continue;
+    Setting s;
+    s.key = EnvKey(name);
+    s.text = value;
+    s.origin = name;
+    settings.push_back(std::move(s));
+  }
+  ServeConfig c;
+  for (const Setting& s : settings) {
+    Status st = Apply(s, &c);
+    if (!st.ok()) {
+      if (s.origin.empty()) return st;
+      return Status(st.code(), st.field(), st.message() + " (from " + s.origin + ")");  // names the variable
+    }
+  }
+  if (c.redis.empty() == false && !c.redis_cluster.empty()) {
+    return InvalidArgument("tiers.redis", "give tiers.redis or tiers.redis_cluster, not both");
+  }
+  if ((!c.redis.empty() || !c.redis_cluster.empty()) && c.redis_secret_file.empty()) {
+    return InvalidArgument("tiers.redis_secret_file", "a Redis tier needs the fleet's secret file");
+  }
+  if (c.tier_write == WritePolicy::kWriteThrough && c.disk_dir.empty() && c.redis.empty() && c.redis_cluster.empty() &&
+      c.host_tier_bytes > 0) {
+    return InvalidArgument("tiers.host_bytes", "needs a persistent tier below it (disk_dir or redis)");
+  }
+  return c;
+}
+
+Result<ServeConfig> LoadServeConfig(const std::string& path, const std::map<std::string, std::string>& env) {
+  TESSERA_ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, "config", 1u << 20));
+  return ParseServeConfig(text, env);
+}
+
+Result<std::pair<std::string, int>> ParseRedisAddress(std::string_view url, std::string_view field) {
+  std::string_view rest = url;
+  if (rest.starts_with("redis://")) rest.remove_prefix(8);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || colon + 1 == rest.size()) {
+    return InvalidArgument(std::string(field), "expected redis://host:port (got \"" + std::string(url) + "\")");
+  }
+  std::string host(rest.substr(0, colon));
+  for (char ch : host) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-' || ch == '_' || ch == '[' ||
+          ch == ']' || ch == ':')) {
+      return InvalidArgument(std::string(field), "host has a character outside [A-Za-z0-9.-_]");
+    }
+  }
+  TESSERA_ASSIGN_OR_RETURN(uint64_t port, ParseUnsigned(rest.substr(colon + 1), field));
+  if (port == 0 || port > 65535) return OutOfRange(std::string(field), "port must be 1..65535");
+  return std::make_pair(host, static_cast<int>(port));
+}
+
+// ---- Histograms --------------------------------------------------------------------------------
+
+void LatencyHistogram::Observe(uint64_t nanos) {
+  const double s = static_cast<double>(nanos) * 1e-9;
+  size_t i = 0;
+  while (i < kBounds.size() && s > kBounds[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(nanos, std::memory_order_relaxed);
+}
+
+void LatencyHistogram::Render(const std::string& name, const std::string& help, std::string* out) const {
+  char line[256];
+  *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= kBounds.size(); ++i) {
+    cumulative += buckets_[i].load(std::memory_order_relaxed);
+    if (i < kBounds.size()) {
+      std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name.c_str(), kBounds[i], cumulative);
+    } else {
+      std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name.c_str(), cumulative);
+    }
+    *out += line;
+  }
+  std::snprintf(line, sizeof line, "%s_sum %.9f\n%s_count %" PRIu64 "\n", name.c_str(),
+                static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) * 1e-9, name.c_str(),
+                count_.load(std::memory_order_relaxed));
+  *out += line;
+}
+
+// ---- Events on the wire -------------------------------------------------------------------------
+
+namespace {
+
+// A minimal msgpack writer for the types vLLM's events use (nil, bool-free: uint, float64, str,
+// bin, array). Big-endian as the format requires.
+class Packer {
+ public:
+  explicit Packer(std::string* out) : out_(out) {}
+  void Nil() { out_->push_back(static_cast<char>(0xc0)); }
+  void Uint(uint64_t v) {
+    if (v < 128) {
+      Byte(static_cast<uint8_t>(v));
+    } else if (v <= 0xff) {
+      Byte(0xcc);
+      Byte(static_cast<uint8_t>(v));
+    } else if (v <= 0xffff) {
+      Byte(0xcd);
+      Be(v, 2);
+    } else if (v <= 0xffffffffu) {
+      Byte(0xce);
+      Be(v, 4);
+    } else {
+      Byte(0xcf);
+      Be(v, 8);
+    }
+  }
+  void Double(double d) {
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    Byte(0xcb);
+    Be(bits, 8);
+  }
+  void Str(std::string_view s) {
+    if (s.size() < 32) {
+      Byte(static_cast<uint8_t>(0xa0 | s.size()));
+    } else if (s.size() <= 0xff) {
+      Byte(0xd9);
+      Byte(static_cast<uint8_t>(s.size()));
+    } else if (s.size() <= 0xffff) {
+      Byte(0xda);
+      Be(s.size(), 2);
+    } else {
+      Byte(0xdb);
+      Be(s.size(), 4);
+    }
+    out_->append(s);
+  }
+  void Bin16(const Hash128& h) {
+    Byte(0xc4);
+    Byte(16);
+    Be(h.hi, 8);
+    Be(h.lo, 8);
+  }
+  void Array(size_t n) {
+    if (n < 16) {
+      Byte(static_cast<uint8_t>(0x90 | n));
+    } else if (n <= 0xffff) {
+      Byte(0xdc);
+      Be(n, 2);
+    } else {
+      Byte(0xdd);
+      Be(n, 4);
+    }
+  }
+
+ private:
+  void Byte(uint8_t b) { out_->push_back(static_cast<char>(b)); }
+  void Be(uint64_t v, int bytes) {
+    for (int i = bytes - 1; i >= 0; --i) Byte(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  std::string* out_;
+};
+
+}  // namespace
+
+std::string EncodeKvEventBatch(std::span<const KvEvent> events, double ts, uint32_t data_parallel_rank) {
+  std::string out;
+  size_t tokens = 0;
+  for (const KvEvent& e : events) tokens += e.token_ids.size() + 2 * e.block_hashes.size();
+  out.reserve(32 + 24 * events.size() + 5 * tokens + 18 * tokens);
+  Packer p(&out);
+  p.Array(3);
+  p.Double(ts);
+  p.Array(events.size());
+  for (const KvEvent& e : events) {
+    switch (e.kind) {
+      case KvEventKind::kBlockStored: {
+        const bool extra = e.domain != 0;
+        p.Array(extra ? 9 : 8);
+        p.Str(KvEventKindName(e.kind));
+        p.Array(e.block_hashes.size());
+        for (const Hash128& h : e.block_hashes) p.Bin16(h);
+        if (e.parent_block_hash) {
+          p.Bin16(*e.parent_block_hash);
+        } else {
+          p.Nil();
+        }
+        p.Array(e.token_ids.size());
+        for (uint32_t t : e.token_ids) p.Uint(t);
+        p.Uint(e.block_size);
+        p.Nil();  // lora_id
+        p.Str(KvMediumName(e.medium));
+        p.Nil();  // lora_name
+        if (extra) {
+          p.Array(e.block_hashes.size());
+          for (size_t i = 0; i < e.block_hashes.size(); ++i) {
+            p.Array(2);
+            p.Str("tenant_domain");
+            p.Uint(e.domain);
+          }
+        }
+        break;
+      }
+      case KvEventKind::kBlockRemoved:
+        p.Array(3);
+        p.Str(KvEventKindName(e.kind));
+        p.Array(e.block_hashes.size());
+        for (const Hash128& h : e.block_hashes) p.Bin16(h);
+        p.Str(KvMediumName(e.medium));
+        break;
+      case KvEventKind::kAllBlocksCleared:
+        p.Array(1);
+        p.Str(KvEventKindName(e.kind));
+        break;
+    }
+  }
+  p.Uint(data_parallel_rank);
+  return out;
+}
+
+class EventPublisher {
+ public:
+  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c) {
+    auto p = std::unique_ptr<EventPublisher>(new EventPublisher());
+    p->topic_ = c.events_topic;
+    p->rank_ = c.events_data_parallel_rank;
+    try {
+      p->socket_ = zmq::socket_t(p->context_, zmq::socket_type::pub);
+      p->socket_.set(zmq::sockopt::sndhwm, static_cast<int>(c.events_hwm));
+      p->socket_.set(zmq::sockopt::linger, 1000);
+      p->socket_.bind(c.events_endpoint);
+      p->endpoint_ = p->socket_.get(zmq::sockopt::last_endpoint);
+    } catch (const zmq::error_t& e) {
+      return InvalidArgument("events.endpoint", "cannot bind \"" + c.events_endpoint + "\": " + e.what());
+    }
+    return p;
+  }
+  // Sends one batch; never blocks (a PUB socket drops at its high-water mark).
+  void Publish(std::span<const KvEvent> events) {
+    const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::string payload = EncodeKvEventBatch(events, ts, rank_);
+    char seq[8];
+    for (int i = 0; i < 8; ++i) seq[i] = static_cast<char>(seq_ >> (8 * (7 - i)));
+    ++seq_;
+    try {
+      socket_.send(zmq::buffer(topic_), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      socket_.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      socket_.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      ++failed_;
+    }
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  uint64_t failed() const { return failed_; }
+
+ private:
+  EventPublisher() = default;
+  zmq::context_t context_{1};
+  zmq::socket_t socket_;
+  std::string topic_;
+  std::string endpoint_;
+  uint32_t rank_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t failed_ = 0;
+};
+
+// Times the store's fetches (the promote latency) and forwards everything else.
+class TimedSource final : public BlockSource {
+ public:
+  TimedSource(BlockSource* inner, std::shared_ptr<LatencyHistogram> h) : inner_(inner), h_(std::move(h)) {}
+  void OnSealed(const BlockPool& pool, BlockId b, const SealedIdentity& id) override { inner_->OnSealed(pool, b, id); }
+  void OnEvicted(const BlockPool& pool, BlockId b, const SealedIdentity& id) override {
+    inner_->OnEvicted(pool, b, id);
+  }
+  void OnCheckpoint(const BlockPool& pool, BlockId b, const SealedIdentity& id) override {
+    inner_->OnCheckpoint(pool, b, id);
+  }
+  void BeginCheckpoint() override { inner_->BeginCheckpoint(); }
+  Status FinishCheckpoint() override { return inner_->FinishCheckpoint(); }
+  size_t Probe(std::span<const ChainLink> links) override { return inner_->Probe(links); }
+  size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+               std::vector<std::vector<std::byte>>* states) override {
+    const Clock::time_point t0 = Clock::now();
+    const size_t n = inner_->Fetch(pool, links, blocks, states);
+    h_->Observe(NanosSince(t0));
+    return n;
+  }
+
+ private:
+  BlockSource* inner_;
+  std::shared_ptr<LatencyHistogram> h_;
+};
+
+// ---- The core --------------------------------------------------------------------------------
+
+namespace {
+
+uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void ExtendPrefixHash(std::vector<uint64_t>* h, std::span<const uint32_t> tokens) {
+  h->reserve(h->size() + tokens.size());
+  for (uint32_t t : tokens) {
+    const uint64_t prev = h->empty() ? 0x5eedULL : h->back();
+    h->push_back(Mix(prev ^ (uint64_t{t} * 0x100000001b3ULL)));
+  }
+}
+
+KvWriters SyntheticWriters(const std::vector<uint64_t>* h) {
+  return KvWriter([h](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
+    for (uint32_t p = 0; p < view.plane_count; ++p) {
+      const uint64_t seed =
+          Mix((*h)[position] ^ (uint64_t{group} << 56) ^ (uint64_t{layer} << 40) ^ (uint64_t{p} << 32));
+      std::span<std::byte> out = view.planes[p];
+      for (size_t off = 0; off < out.size(); off += 8) {
+        const uint64_t v = Mix(seed + off);
+        std::memcpy(out.data() + off, &v, std::min<size_t>(8, out.size() - off));
+      }
+    }
+  });
+}
+
+Result<std::vector<std::byte>> ReadSecret(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return Status(StatusCode::kIoError, "tiers.redis_secret_file", "cannot open " + path + ": " + std::strerror(errno));
+  std::vector<std::byte> secret(4097);
+  size_t n = 0;
+  while (n < secret.size()) {
+    const ssize_t r = ::read(fd, secret.data() + n, secret.size() - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += static_cast<size_t>(r);
+  }
+  ::close(fd);
+  if (n > 4096) return OutOfRange("tiers.redis_secret_file", "larger than 4096 bytes");
+  while (n > 0 && (secret[n - 1] == std::byte{'\n'} || secret[n - 1] == std::byte{'\r'})) --n;
+  if (n < 16) return InvalidArgument("tiers.redis_secret_file", "the secret must be at least 16 bytes");
+  secret.resize(n);
+  return secret;
+}
+
+nlohmann::json Error(const Status& st) { return {{"error", st.ToString()}, {"field", st.field()}}; }
+
+int HttpStatusOf(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+      return 400;
+    case StatusCode::kOutOfBlocks:
+      return 503;
+    case StatusCode::kFailedPrecondition:
+      return 409;
+    default:
+      return 500;
+  }
+}
+
+// The JSON helpers: strict types, named fields.
+Result<uint64_t> UintField(const nlohmann::json& j, const char* name, uint64_t max, std::optional<uint64_t> def) {
+  auto it = j.find(name);
+  if (it == j.end()) {
+    if (def) return *def;
+    return InvalidArgument(name, "missing");
+  }
+  if (!it->is_number_unsigned()) return InvalidArgument(name, "must be a non-negative integer");
+  const uint64_t v = it->get<uint64_t>();
+  if (v > max) return OutOfRange(name, "at most " + std::to_string(max));
+  return v;
+}
+
+Result<std::vector<uint32_t>> U32Array(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end()) return InvalidArgument(name, "missing");
+  if (!it->is_array()) return InvalidArgument(name, "must be an array of unsigned 32-bit integers");
+  std::vector<uint32_t> out;
+  out.reserve(it->size());
+  for (const auto& e : *it) {
+    if (!e.is_number_unsigned() || e.get<uint64_t>() > UINT32_MAX) {
+      return InvalidArgument(name, "must be an array of unsigned 32-bit integers");
+    }
+    out.push_back(static_cast<uint32_t>(e.get<uint64_t>()));
+  }
+  return out;
+}
+
+Status OnlyKeys(const nlohmann::json& j, std::initializer_list<std::string_view> keys) {
+  if (!j.is_object()) return InvalidArgument("body", "must be a JSON object");
+  for (const auto& [k, v] : j.items()) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) return InvalidArgument(k, "unknown field");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, std::vector<std::string>* warnings) {
+  std::unique_ptr<ServeCore> core(new ServeCore());
+  core->config_ = config;
+  TESSERA_ASSIGN_OR_RETURN(Geometry g, LoadPreset(config.model));
+  if (g.is_hybrid && g.sliding_window > 0) {
+    return InvalidArgument("model", g.name + " has sliding windows: serve does not run them yet");
+  }
+  ManagerOptions mo;
+  mo.kv_format = config.kv_format;
+  mo.block_tokens = config.block_tokens;
+  mo.capacity_blocks = config.capacity_blocks;
+  mo.max_requests = config.max_requests;
+  mo.kv_events = config.events_enabled;
+  mo.kv_events_capacity = config.events_buffer;
+  // The prefix keys: the fleet's secret with Redis (every host computes the same keys), the
+  // disk directory's key otherwise, a random per-process key without a persistent tier.
+  std::vector<std::byte> secret;
+  const bool redis = !config.redis.empty() || !config.redis_cluster.empty();
+  if (redis) {
+    TESSERA_ASSIGN_OR_RETURN(secret, ReadSecret(config.redis_secret_file));
+    mo.hash_key = secret;
+  }
+  if (!config.disk_dir.empty() && !redis) {
+    TESSERA_ASSIGN_OR_RETURN(TierKey key, DiskTier::LoadOrCreateKey(config.disk_dir));
+    mo.hash_key = std::move(key.secret);
+    for (std::string& w : key.warnings) warnings->push_back(std::move(w));
+  }
+  TESSERA_ASSIGN_OR_RETURN(core->manager_, RequestManager::Create(g, mo));
+
+  std::vector<std::unique_ptr<Tier>> tiers;
+  if (config.host_tier_bytes > 0) tiers.push_back(MakeHostTier(config.host_tier_bytes));
+  if (!config.disk_dir.empty()) {
+    DiskTierOptions d;
+    d.dir = config.disk_dir;
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeDiskTier(d, config.disk_bytes));
+    tiers.push_back(std::move(t));
+  }
+  if (!config.redis.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(auto addr, ParseRedisAddress(config.redis, "tiers.redis"));
+    RedisTierOptions ro;
+    ro.host = addr.first;
+    ro.port = addr.second;
+    ro.secret = secret;
+    ro.timeout_ms = config.redis_timeout_ms;
+    ro.key_namespace = RedisNamespace(g.name, core->manager_->pool().groups()[0].format.name, 0);
+    if (config.redis_namespace != "tessera") ro.key_namespace = config.redis_namespace + ro.key_namespace.substr(7);
+    // Reachable now, or a clear error at start (later losses degrade to misses).
+    {
+      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> probe, RedisTier::Open(ro));
+      const Hash128 nothing{};
+      (void)probe->GetBatch(std::span(&nothing, 1));
+      if (!probe->stats().connected) {
+        return Status(StatusCode::kIoError, "redis", "cannot reach " + config.redis);
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeRedisTier(ro));
+    tiers.push_back(std::move(t));
+  }
+  if (!config.redis_cluster.empty()) {
+    RedisClusterOptions ro;
+    ro.seeds = config.redis_cluster;
+    ro.secret = secret;
+    ro.timeout_ms = config.redis_timeout_ms;
+    ro.key_namespace = RedisNamespace(g.name, core->manager_->pool().groups()[0].format.name, 0);
+    {
+      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisClusterTier> probe, RedisClusterTier::Open(ro));
+      if (probe->stats().slots_covered == 0) {
+        std::string seeds;
+        for (const std::string& s : config.redis_cluster) seeds += (seeds.empty() ? "" : ",") + s;
+        return Status(StatusCode::kIoError, "redis-cluster", "no node of " + seeds + " answered");
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Tier> t, MakeRedisClusterTier(ro));
+    tiers.push_back(std::move(t));
+  }
+  core->promote_latency_ = std::make_shared<LatencyHistogram>();
+  if (!tiers.empty()) {
+    TieredStoreOptions so;
+    so.write = config.tier_write;
+    TESSERA_ASSIGN_OR_RETURN(core->store_, TieredStore::Create(core->manager_->pool(), so, std::move(tiers)));
+    core->timed_ = std::make_unique<TimedSource>(core->store_.get(), core->promote_latency_);
+    core->manager_->SetBlockSource(core->timed_.get());
+  }
+  if (config.events_enabled) {
+    TESSERA_ASSIGN_OR_RETURN(core->publisher_, EventPublisher::Create(config));
+  }
+  return core;
+}
+
+ServeCore::~ServeCore() {
+  if (manager_) manager_->SetBlockSource(nullptr);
+}
+
+std::string ServeCore::events_endpoint() const { return publisher_ ? publisher_->endpoint() : std::string(); }
+
+void ServeCore::PublishLocked() {
+  if (!publisher_) return;
+  std::vector<KvEvent> events = manager_->TakeKvEvents();
+  if (events.empty() || !publish_) return;
+  publisher_->Publish(events);
+  events_published_.fetch_add(events.size(), std::memory_order_relaxed);
+  event_batches_.fetch_add(1, std::memory_order_relaxed);
+}
+
+Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point t0 = Clock::now();
+  std::vector<uint64_t> h;
+  ExtendPrefixHash(&h, prompt);
+  Result<Admission> a = manager_->Admit(prompt, spec);
+  if (a.ok()) {
+    const uint64_t have = manager_->Tokens(a->id);
+    Status st = manager_->Append(a->id, prompt.subspan(have), SyntheticWriters(&h));
+    if (!st.ok()) {
+      (void)manager_->Free(a->id);
+      PublishLocked();
+      return st;
+    }
+    prefix_hash_[a->id.value] = std::move(h);
+  }
+  admit_latency_.Observe(NanosSince(t0));
+  PublishLocked();
+  return a;
+}
+
+Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint32_t> counts,
+                       std::span<const uint32_t> tokens, std::vector<StatusCode>* codes) {
+  if (requests.size() != counts.size()) return InvalidArgument("counts", "one count per request");
+  uint64_t total = 0;
+  for (uint32_t c : counts) total += c;
+  if (total != tokens.size()) {
+    return InvalidArgument(
+        "tokens", "counts add up to " + std::to_string(total) + ", " + std::to_string(tokens.size()) + " tokens given");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const Clock::time_point t0 = Clock::now();
+  codes->assign(requests.size(), StatusCode::kOk);
+  size_t next = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::span<const uint32_t> mine = tokens.subspan(next, counts[i]);
+    next += counts[i];
+    auto it = prefix_hash_.find(requests[i].value);
+    if (it == prefix_hash_.end()) {
+      (*codes)[i] = StatusCode::kInvalidArgument;
+      continue;
+    }
+    std::vector<uint64_t>& h = it->second;
+    const size_t before = h.size();
+    Status st = manager_->AllocateSlots(requests[i], mine.size());
+    if (st.ok()) {
+      ExtendPrefixHash(&h, mine);
+      st = manager_->Append(requests[i], mine, SyntheticWriters(&h));
+    }
+    h.resize(manager_->Tokens(requests[i]));  // what was written (all, or none on a refusal)
+    (void)before;
+    (*codes)[i] = st.code();
+  }
+  step_latency_.Observe(NanosSince(t0));
+  PublishLocked();
+  return Status::Ok();
+}
+
+Status ServeCore::Free(RequestId r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = manager_->Free(r);
+  if (st.ok()) prefix_hash_.erase(r.value);
+  PublishLocked();
+  return st;
+}
+
+Status ServeCore::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status result = Status::Ok();
+  if (store_) {
+    Result<uint64_t> n = manager_->Checkpoint();
+    if (!n.ok()) result = n.status();
+    Status f = store_->Flush();
+    if (result.ok() && !f.ok()) result = f;
+  }
+  PublishLocked();
+  return result;
+}
+
+std::string ServeCore::MetricsText() const {
+  std::vector<MetricFamily> f = manager_->CollectMetrics();
+  if (store_) {
+    for (MetricFamily& m : store_->CollectMetrics()) f.push_back(std::move(m));
+  }
+  f.push_back({"tessera_serve_kv_events_published_total",
+               "KV-cache events published over ZeroMQ.",
+               "counter",
+               {{"", events_published_.load(std::memory_order_relaxed)}}});
+  f.push_back({"tessera_serve_kv_event_batches_total",
+               "KVEventBatch messages published.",
+               "counter",
+               {{"", event_batches_.load(std::memory_order_relaxed)}}});
+  f.push_back({"tessera_serve_http_errors_total",
+               "API calls refused (bad input, no room, no such request).",
+               "counter",
+               {{"", http_errors_.load(std::memory_order_relaxed)}}});
+  std::string out = PrometheusText(f);
+  admit_latency_.Render("tessera_serve_admit_seconds", "Admission latency (lookup, promotion, prefill write).", &out);
+  step_latency_.Render("tessera_serve_step_seconds", "Step latency (all requests of one step call).", &out);
+  promote_latency_->Render("tessera_serve_promote_seconds", "Tier fetch latency of one promotion.", &out);
+  return out;
+}
+
+std::pair<int, std::string> ServeCore::Handle(std::string_view path, std::string_view body) {
+  std::pair<int, std::string> r;
+  if (path == "/v1/admit") {
+    r = HandleAdmit(body);
+  } else if (path == "/v1/step") {
+    r = HandleStep(body);
+  } else if (path == "/v1/free") {
+    r = HandleFree(body);
+  } else if (path == "/v1/reset") {
+    r = HandleReset();
+  } else {
+    r = {404, Error(InvalidArgument("path", "no such endpoint")).dump()};
+  }
+  return r;
+}
+
+#define TESSERA_HTTP_ASSIGN(lhs, expr)                                       \
+  auto lhs##_result = (expr);                                                \
+  if (!lhs##_result.ok()) return {400, Error(lhs##_result.status()).dump()}; \
+  auto lhs = std::move(*lhs##_result)
+
+std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded()) return {400, Error(InvalidArgument("body", "malformed JSON")).dump()};
+  if (Status st = OnlyKeys(j, {"tokens", "tenant", "cache_salt", "priority"}); !st.ok()) {
+    return {400, Error(st).dump()};
+  }
+  TESSERA_HTTP_ASSIGN(tokens, U32Array(j, "tokens"));
+  if (tokens.empty()) return {400, Error(InvalidArgument("tokens", "empty prompt")).dump()};
+  TESSERA_HTTP_ASSIGN(tenant, UintField(j, "tenant", UINT32_MAX, 0));
+  TESSERA_HTTP_ASSIGN(salt, UintField(j, "cache_salt", UINT64_MAX, 0));
+  TESSERA_HTTP_ASSIGN(priority, UintField(j, "priority", kMaxRetentionPriority, kDefaultRetentionPriority));
+  RequestSpec spec;
+  spec.tenant = static_cast<uint32_t>(tenant);
+  spec.cache_salt = salt;
+  spec.priority = static_cast<uint8_t>(priority);
+  Result<Admission> a = Admit(tokens, spec);
+  if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
+  nlohmann::json out = {{"request", a->id.value},
+                        {"cached_tokens", a->cached_tokens},
+                        {"cached_blocks", a->cached_blocks},
+                        {"tier_blocks", a->tier_blocks}};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nlohmann::json table = nlohmann::json::array();
+    for (BlockId b : manager_->BlockTable(a->id)) table.push_back(b.value);
+    out["block_table"] = std::move(table);
+  }
+  return {200, out.dump()};
+}
+
+std::pair<int, std::string> ServeCore::HandleStep(std::string_view body) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded()) return {400, Error(InvalidArgument("body", "malformed JSON")).dump()};
+  if (Status st = OnlyKeys(j, {"requests", "counts", "tokens"}); !st.ok()) return {400, Error(st).dump()};
+  TESSERA_HTTP_ASSIGN(ids, U32Array(j, "requests"));
+  TESSERA_HTTP_ASSIGN(counts, U32Array(j, "counts"));
+  TESSERA_HTTP_ASSIGN(tokens, U32Array(j, "tokens"));
+  std::vector<RequestId> requests;
+  requests.reserve(ids.size());
+  std::set<uint32_t> unique;
+  for (uint32_t id : ids) {
+    if (!unique.insert(id).second) return {400, Error(InvalidArgument("requests", "a request given twice")).dump()};
+    requests.push_back(RequestId{id});
+  }
+  std::vector<StatusCode> codes;
+  Status st = Step(requests, counts, tokens, &codes);
+  if (!st.ok()) return {400, Error(st).dump()};
+  nlohmann::json out = {{"codes", nlohmann::json::array()}, {"block_tables", nlohmann::json::array()}};
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    out["codes"].push_back(std::string(StatusCodeName(codes[i])));
+    nlohmann::json table = nlohmann::json::array();
+    for (BlockId b : manager_->BlockTable(requests[i])) table.push_back(b.value);
+    out["block_tables"].push_back(std::move(table));
+  }
+  return {200, out.dump()};
+}
+
+std::pair<int, std::string> ServeCore::HandleFree(std::string_view body) {
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded()) return {400, Error(InvalidArgument("body", "malformed JSON")).dump()};
+  if (Status st = OnlyKeys(j, {"request"}); !st.ok()) return {400, Error(st).dump()};
+  TESSERA_HTTP_ASSIGN(id, UintField(j, "request", UINT32_MAX, std::nullopt));
+  Status st = Free(RequestId{static_cast<uint32_t>(id)});
+  if (!st.ok()) return {HttpStatusOf(st.code()), Error(st).dump()};
+  return {200, "{}"};
+}
+
+std::pair<int, std::string> ServeCore::HandleReset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = manager_->ResetPrefixCache();
+  PublishLocked();
+  if (!st.ok()) return {HttpStatusOf(st.code()), Error(st).dump()};
+  return {200, "{}"};
+}
+
+// ---- HTTP ------------------------------------------------------------------------------------
+
+namespace {
+
+void Reply(mg_connection* conn, int status, const char* type, const std::string& body) {
+  const char* reason = status == 200   ? "OK"
+                       : status == 400 ? "Bad Request"
+                       : status == 404 ? "Not Found"
+                       : status == 405 ? "Method Not Allowed"
+                       : status == 409 ? "Conflict"
+                       : status == 411 ? "Length Required"
+                       : status == 413 ? "Payload Too Large"
+                       : status == 503 ? "Service Unavailable"
+                                       : "Internal Server Error";
+  mg_printf(conn, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", status,
+            reason, type, body.size());
+  mg_write(conn, body.data(), body.size());
+}
+
+// Runs the API calls on one thread of its own: the manager has one owner at a time, and
+// civetweb's workers have small stacks (the Redis client's buffers live on the caller's stack).
+class OwnerThread {
+ public:
+  OwnerThread() : thread_([this] { Loop(); }) {}
+  ~OwnerThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void Run(const std::function<void()>& f) {
+    std::promise<void> done;
+    std::future<void> finished = done.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back([&] {
+        f();
+        done.set_value();
+      });
+    }
+    cv_.notify_one();
+    finished.wait();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::function<void()> job = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+struct HttpContext {
+  ServeCore* core;
+  OwnerThread* owner;
+};
+
+}  // namespace
+
+class ServeHttp {
+ public:
+  static int Metrics(mg_connection* conn, void* data) {
+    ServeCore* core = static_cast<HttpContext*>(data)->core;
+    if (std::strcmp(mg_get_request_info(conn)->request_method, "GET") != 0) {
+      Reply(conn, 405, "text/plain", "GET only\n");
+      return 405;
+    }
+    Reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", core->MetricsText());
+    return 200;
+  }
+  static int Health(mg_connection* conn, void*) {
+    Reply(conn, 200, "text/plain", "ok\n");
+    return 200;
+  }
+  static int Api(mg_connection* conn, void* data) {
+    const int status = ApiCall(conn, static_cast<HttpContext*>(data));
+    if (status != 200) static_cast<HttpContext*>(data)->core->http_errors_.fetch_add(1, std::memory_order_relaxed);
+    return status;
+  }
+  static int ApiCall(mg_connection* conn, HttpContext* http) {
+    ServeCore* core = http->core;
+    const mg_request_info* ri = mg_get_request_info(conn);
+    if (std::strcmp(ri->request_method, "POST") != 0) {
+      Reply(conn, 405, "application/json", Error(InvalidArgument("method", "POST only")).dump());
+      return 405;
+    }
+    if (ri->content_length < 0) {
+      Reply(conn, 411, "application/json", Error(InvalidArgument("body", "Content-Length required")).dump());
+      return 411;
+    }
+    if (static_cast<uint64_t>(ri->content_length) > core->config_.http_max_body_bytes) {
+      Reply(conn, 413, "application/json",
+            Error(OutOfRange("body", "larger than http.max_body_bytes (" +
+                                         std::to_string(core->config_.http_max_body_bytes) + ")"))
+                .dump());
+      return 413;
+    }
+    std::string body(static_cast<size_t>(ri->content_length), '\0');
+    size_t got = 0;
+    while (got < body.size()) {
+      const int n = mg_read(conn, body.data() + got, body.size() - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got != body.size()) {
+      Reply(conn, 400, "application/json", Error(InvalidArgument("body", "shorter than its Content-Length")).dump());
+      return 400;
+    }
+    const std::string path = ri->local_uri;
+    std::pair<int, std::string> r;
+    http->owner->Run([&] { r = core->Handle(path, body); });
+    Reply(conn, r.first, "application/json", r.second);
+    return r.first;
+  }
+};
+
+int RunServe(const ServeConfig& config) {
+  // SIGTERM and SIGINT are taken by sigwait below: blocked before any thread starts, so every
+  // thread (civetweb's, ZeroMQ's, the store's) inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> core = ServeCore::Create(config, &warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (!core.ok()) {
+    std::fprintf(stderr, "tessera: error: %s\n", core.status().ToString().c_str());
+    const StatusCode c = core.status().code();
+    return c == StatusCode::kInvalidArgument || c == StatusCode::kOutOfRange || c == StatusCode::kNotFound ? 2 : 1;
+  }
+  OwnerThread owner;
+  HttpContext http{core->get(), &owner};
+  mg_init_library(0);
+  const std::string threads = std::to_string(config.http_threads);
+  const std::string listen = config.http_listen;
+  const char* options[] = {"listening_ports",    listen.c_str(), "num_threads", threads.c_str(),
+                           "request_timeout_ms", "10000",        nullptr};
+  mg_callbacks callbacks{};
+  mg_context* ctx = mg_start(&callbacks, nullptr, options);
+  if (ctx == nullptr) {
+    std::fprintf(stderr, "tessera: error: http.listen: cannot listen on %s\n", listen.c_str());
+    mg_exit_library();
+    return 2;
+  }
+  ServeCore* c = core->get();
+  mg_set_request_handler(ctx, "/metrics$", &ServeHttp::Metrics, &http);
+  mg_set_request_handler(ctx, "/health$", &ServeHttp::Health, &http);
+  mg_set_request_handler(ctx, "/v1/", &ServeHttp::Api, &http);
+  mg_server_port ports[1];
+  const int n = mg_get_server_ports(ctx, 1, ports);
+  const size_t colon = listen.rfind(':');
+  const std::string host = colon == std::string::npos ? "0.0.0.0" : listen.substr(0, colon);
+  std::printf("tessera serve: ready http=%s:%d events=%s\n", host.c_str(), n > 0 ? ports[0].port : 0,
+              c->events_endpoint().empty() ? "off" : c->events_endpoint().c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::fprintf(stderr, "tessera serve: %s: checkpointing\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  mg_stop(ctx);  // no request runs past this point
+  mg_exit_library();
+  Status st = c->Shutdown();
+  if (!st.ok()) {
+    std::fprintf(stderr, "tessera: error: checkpoint: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "tessera serve: stopped\n");
+  return 0;
+}
+
+}  // namespace tessera
