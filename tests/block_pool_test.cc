@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <random>
 #include <vector>
@@ -279,6 +280,139 @@ TEST(BlockPool, FreeBlocksAreTakenBeforeCachedOnes) {
   EXPECT_EQ(out[0].value, 2u);
   EXPECT_EQ(out[1].value, 3u);
   EXPECT_EQ(pool->cached_count(), 2u);
+}
+
+// BlockReuse::kReleaseOrder (vLLM's free block queue): never-used blocks first, then every
+// released block in release order, free or cached alike; a cached block evicted only at its turn.
+TEST(BlockPool, ReleaseOrderReusesBlocksInTheOrderTheyWereReleased) {
+  BlockPoolOptions o;
+  o.groups = {TinyGroup("a", 8, 2, 4)};
+  o.capacity_blocks = 5;
+  o.reuse = BlockReuse::kReleaseOrder;
+  std::unique_ptr<BlockPool> pool = MustPool(std::move(o));
+  ASSERT_NE(pool, nullptr);
+  std::vector<BlockId> sealed = SealedBlocks(*pool, 2);  // 0, 1
+  std::vector<BlockId> filling;
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &filling).ok());  // 2, never sealed
+  Peer::Unref(*pool, sealed[1]);                         // cached first
+  Peer::Unref(*pool, filling[0]);                        // then free
+  Peer::Unref(*pool, sealed[0]);                         // then cached
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(pool->free_count(), 3u);  // 3, 4 never used; 2 released
+  EXPECT_EQ(pool->cached_count(), 2u);
+  EXPECT_EQ(pool->Available(), 5u);
+  EXPECT_EQ(pool->bytes_held(), 2 * (pool->block_bytes() + pool->metadata_bytes_per_block()));
+  std::vector<BlockId> evicted;
+  pool->AddEvictionListener([&](BlockId b) { evicted.push_back(b); });
+  std::vector<BlockId> out;
+  ASSERT_TRUE(Peer::Allocate(*pool, 3, &out).ok());
+  // The never-used blocks, then block 1 — cached, released before block 2 — is evicted.
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].value, 3u);
+  EXPECT_EQ(out[1].value, 4u);
+  EXPECT_EQ(out[2].value, 1u);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0].value, 1u);
+  EXPECT_EQ(pool->stats().evictions.load(), 1u);
+  EXPECT_INVARIANTS(*pool);
+  out.clear();
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
+  EXPECT_EQ(out[0].value, 2u);  // the released free block: reused, not an eviction
+  EXPECT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(pool->cached_count(), 1u);
+  EXPECT_INVARIANTS(*pool);
+  // A hit on the cached block takes it off the queue; released again, it goes to the back.
+  Peer::Ref(*pool, sealed[0]);
+  Peer::Unref(*pool, out[0]);
+  Peer::Unref(*pool, sealed[0]);
+  EXPECT_INVARIANTS(*pool);
+  out.clear();
+  ASSERT_TRUE(Peer::Allocate(*pool, 1, &out).ok());
+  EXPECT_EQ(out[0].value, 2u);
+  EXPECT_EQ(evicted.size(), 1u);
+  EXPECT_INVARIANTS(*pool);
+  // EvictAllCached evicts the cached block and only it; the released free block stays free.
+  Peer::Unref(*pool, out[0]);
+  EXPECT_EQ(pool->EvictAllCached(), 1u);
+  EXPECT_EQ(evicted.size(), 2u);
+  EXPECT_EQ(pool->free_count(), 2u);
+  EXPECT_EQ(pool->cached_count(), 0u);
+  EXPECT_INVARIANTS(*pool);
+}
+
+// kReleaseOrder against a model of vLLM's free block queue: never-used blocks in id order, then
+// every block whose last reference went, in that order; an allocation takes the queue's head,
+// a hit takes a cached block out of it. Random operations; every allocation's blocks and
+// evictions are predicted.
+TEST(BlockPoolProperty, ReleaseOrderIsAFifoOfReleasedBlocks) {
+  BlockPoolOptions o;
+  o.groups = {TinyGroup("a", 8, 2, 4)};
+  o.capacity_blocks = 16;
+  o.reuse = BlockReuse::kReleaseOrder;
+  std::unique_ptr<BlockPool> pool = MustPool(std::move(o));
+  ASSERT_NE(pool, nullptr);
+  std::deque<uint32_t> queue;
+  for (uint32_t i = 0; i < 16; ++i) queue.push_back(i);
+  std::vector<uint32_t> refs(16, 0);
+  std::vector<bool> sealed(16, false);
+  std::vector<uint32_t> evicted;
+  pool->AddEvictionListener([&](BlockId b) { evicted.push_back(b.value); });
+  std::mt19937 rng(7);
+  auto pick = [&](auto pred) {
+    std::vector<uint32_t> c;
+    for (uint32_t i = 0; i < 16; ++i) {
+      if (pred(i)) c.push_back(i);
+    }
+    return c.empty() ? UINT32_MAX : c[std::uniform_int_distribution<size_t>(0, c.size() - 1)(rng)];
+  };
+  for (int op = 0; op < 4000; ++op) {
+    const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+    if (kind <= 2) {
+      const uint32_t n = std::uniform_int_distribution<uint32_t>(1, 3)(rng);
+      std::vector<BlockId> out;
+      evicted.clear();
+      Status st = Peer::Allocate(*pool, n, &out);
+      if (n > queue.size()) {
+        ASSERT_EQ(st.code(), StatusCode::kOutOfBlocks);
+        continue;
+      }
+      ASSERT_TRUE(st.ok());
+      std::vector<uint32_t> want_evicted;
+      for (uint32_t k = 0; k < n; ++k) {
+        const uint32_t b = queue.front();
+        queue.pop_front();
+        ASSERT_EQ(out[k].value, b) << "op " << op;
+        if (sealed[b]) want_evicted.push_back(b);
+        sealed[b] = false;
+        refs[b] = 1;
+      }
+      ASSERT_EQ(evicted, want_evicted) << "op " << op;
+    } else if (kind <= 4) {  // seal a filling block
+      const uint32_t b = pick([&](uint32_t i) { return refs[i] > 0 && !sealed[i]; });
+      if (b == UINT32_MAX) continue;
+      pool->MarkSealed(BlockId{b});
+      sealed[b] = true;
+    } else if (kind <= 6) {  // a hit: ref a sealed block (cached ones leave the queue)
+      const uint32_t b = pick([&](uint32_t i) { return sealed[i]; });
+      if (b == UINT32_MAX) continue;
+      if (refs[b] == 0) queue.erase(std::find(queue.begin(), queue.end(), b));
+      Peer::Ref(*pool, BlockId{b});
+      ++refs[b];
+    } else {  // release a reference
+      const uint32_t b = pick([&](uint32_t i) { return refs[i] > 0; });
+      if (b == UINT32_MAX) continue;
+      Peer::Unref(*pool, BlockId{b});
+      if (--refs[b] == 0) queue.push_back(b);
+    }
+    ASSERT_EQ(pool->Available(), queue.size());
+    Status inv = pool->CheckInvariants();
+    ASSERT_TRUE(inv.ok()) << inv.ToString();
+  }
+}
+
+TEST(BlockPool, FreeFirstIsTheDefault) {
+  BlockPoolOptions o;
+  EXPECT_EQ(o.reuse, BlockReuse::kFreeFirst);
 }
 
 TEST(BlockPool, EvictionOrderIsLowestPriorityThenLeastRecentlyCached) {

@@ -19,6 +19,13 @@
 //
 // Eviction takes the least recently cached block of the lowest non-empty retention priority
 // (0..100, higher is kept longer), O(1): 101 intrusive lists and an occupancy bitmap.
+//
+// Reuse order (BlockReuse): by default an allocation takes a free block while there is one and
+// evicts a cached block only when none is left (kFreeFirst). kReleaseOrder reuses blocks in the
+// order they were released, free or cached alike, after the blocks never used — vLLM's free
+// block queue (vllm/v1/core/block_pool.py, FreeKVCacheBlockQueue), for an engine adapter that
+// must evict what vLLM evicts: a released unsealed block then waits on the LRU list of its
+// priority (still kFree, counted free) behind the cached blocks released before it.
 // Eviction listeners run before the block's pages can be reused (the tier layer demotes there).
 //
 // Allocation is all-or-nothing: Allocate(n) either returns n blocks or kOutOfBlocks with the
@@ -64,10 +71,13 @@ struct PoolGroup {
   PageLayout page;  // from layout::ComputePageLayout
 };
 
+enum class BlockReuse : uint8_t { kFreeFirst, kReleaseOrder };
+
 struct BlockPoolOptions {
   std::vector<PoolGroup> groups;  // all with the same page.block_tokens
   uint32_t capacity_blocks = 0;
   RegionKind region_kind = RegionKind::kHost;
+  BlockReuse reuse = BlockReuse::kFreeFirst;
 };
 
 struct PoolStats {
@@ -165,6 +175,7 @@ class BlockPool {
   std::vector<uint64_t> group_block_bytes_;
   RegionTable regions_;
   RegionKind kind_ = RegionKind::kHost;
+  BlockReuse reuse_ = BlockReuse::kFreeFirst;
   uint32_t capacity_ = 0;
   uint32_t block_tokens_ = 0;
   uint64_t block_bytes_ = 0;

@@ -83,6 +83,9 @@ struct ManagerOptions {
   // their blocks apart.
   std::string weights_revision;
   bool content_dedup = true;
+  // Which block an allocation reuses (block_pool.h): free blocks first (default), or blocks in
+  // the order they were released, as vLLM's free block queue (tessera.vllm.KVCacheManager).
+  BlockReuse block_reuse = BlockReuse::kFreeFirst;
   // Tenants mapped to one shared domain; a tenant not listed is its own domain.
   std::unordered_map<uint32_t, uint32_t> tenant_domain;
   // KV-cache events (kv_events.h): recorded for TakeKvEvents when set, at most

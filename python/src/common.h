@@ -28,6 +28,7 @@ Geometry LoadModelArg(const py::object& model, const py::object& config);
 
 // One per binding file; module.cc calls them in order.
 void BindErrors(py::module_& m);
+void BindTierRecords(py::module_& m);  // bind_tier_records.cc (engine adapters)
 void BindLedger(py::module_& m);
 void BindManager(py::module_& m);
 void BindStore(py::module_& m);

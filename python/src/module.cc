@@ -9,6 +9,7 @@
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Tessera: KV-cache ledger and request manager for MLA models (C++ core)";
   tessera::py_bind::BindErrors(m);
+  tessera::py_bind::BindTierRecords(m);
   tessera::py_bind::BindLedger(m);
   tessera::py_bind::BindManager(m);
   tessera::py_bind::BindStore(m);

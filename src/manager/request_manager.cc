@@ -91,6 +91,7 @@ Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
   Plan plan;
   plan.pool.capacity_blocks = o.capacity_blocks;
   plan.pool.region_kind = o.region_kind;
+  plan.pool.reuse = o.block_reuse;
   PageSlots slots;
   bool compressed = false;
   uint64_t window_record_bytes = 0;

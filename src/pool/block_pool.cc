@@ -34,6 +34,7 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(BlockPoolOptions options) {
   pool->block_tokens_ = options.groups[0].page.block_tokens;
   pool->capacity_ = options.capacity_blocks;
   pool->kind_ = options.region_kind;
+  pool->reuse_ = options.reuse;
   Checked block_bytes(0);
   for (const PoolGroup& g : options.groups) {
     if (g.page.block_tokens != pool->block_tokens_) {
@@ -92,7 +93,8 @@ void BlockPool::LruPush(BlockId b) {
   }
   lru_tail_[p] = b.value;
   lru_occupied_[p / 64] |= 1ULL << (p % 64);
-  ++cached_count_;
+  // kReleaseOrder: a released unsealed block waits here too, still free.
+  ++(state_[b.value] == BlockState::kFree ? free_count_ : cached_count_);
 }
 
 void BlockPool::LruRemove(BlockId b) {
@@ -111,7 +113,7 @@ void BlockPool::LruRemove(BlockId b) {
   prev_[b.value] = kNil;
   next_[b.value] = kNil;
   if (lru_head_[p] == kNil) lru_occupied_[p / 64] &= ~(1ULL << (p % 64));
-  --cached_count_;
+  --(state_[b.value] == BlockState::kFree ? free_count_ : cached_count_);
 }
 
 BlockId BlockPool::LruPopVictim() {
@@ -144,10 +146,12 @@ Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
     } else {
       b = LruPopVictim();
       assert(b.valid());
-      // Listeners see the block while its bytes are intact (tier demotion, index removal).
-      for (const auto& listener : eviction_listeners_) listener(b);
-      ++generation_[b.value];
-      Bump(stats_.evictions, 1);
+      if (state_[b.value] == BlockState::kCached) {
+        // Listeners see the block while its bytes are intact (tier demotion, index removal).
+        for (const auto& listener : eviction_listeners_) listener(b);
+        ++generation_[b.value];
+        Bump(stats_.evictions, 1);
+      }  // else kReleaseOrder: a released free block's turn came (its generation moved on release)
     }
     next_[b.value] = kNil;
     refcount_[b.value] = 1;
@@ -179,10 +183,15 @@ void BlockPool::Unref(BlockId b) {
   assert(state_[b.value] == BlockState::kFilling);
   SetState(b, BlockState::kFree);
   ++generation_[b.value];
+  Bump(stats_.frees, 1);
+  if (reuse_ == BlockReuse::kReleaseOrder) {
+    priority_[b.value] = kDefaultRetentionPriority;
+    LruPush(b);  // behind the blocks released before it
+    return;
+  }
   next_[b.value] = free_head_;
   free_head_ = b.value;
   ++free_count_;
-  Bump(stats_.frees, 1);
 }
 
 void BlockPool::MarkSealed(BlockId b) {
@@ -209,14 +218,18 @@ void BlockPool::AddEvictionListener(std::function<void(BlockId)> listener) {
 uint32_t BlockPool::EvictAllCached() {
   uint32_t n = 0;
   for (BlockId b = LruPopVictim(); b.valid(); b = LruPopVictim()) {
-    for (const auto& listener : eviction_listeners_) listener(b);
-    ++generation_[b.value];
-    Bump(stats_.evictions, 1);
-    SetState(b, BlockState::kFree);
+    // kReleaseOrder: a released free block on the LRU lists just moves to the free list.
+    const bool cached = state_[b.value] == BlockState::kCached;
+    if (cached) {
+      for (const auto& listener : eviction_listeners_) listener(b);
+      ++generation_[b.value];
+      Bump(stats_.evictions, 1);
+      SetState(b, BlockState::kFree);
+      ++n;
+    }
     next_[b.value] = free_head_;
     free_head_ = b.value;
     ++free_count_;
-    ++n;
   }
   return n;
 }
@@ -270,23 +283,26 @@ Status BlockPool::CheckInvariants() const {
     if (state_[i] != BlockState::kFree || refcount_[i] != 0) return fail("block on free list is not free");
     ++n;
   }
-  if (n != free_count_) return fail("free count mismatch");
   uint32_t cached = 0;
   for (uint32_t p = 0; p <= kMaxRetentionPriority; ++p) {
     uint32_t prev = kNil;
     for (uint32_t i = lru_head_[p]; i != kNil; i = next_[i]) {
       if (i >= capacity_ || seen[i]) return fail("LRU list is corrupt");
       seen[i] = 1;
-      if (state_[i] != BlockState::kCached || refcount_[i] != 0 || priority_[i] != p || prev_[i] != prev) {
+      // kReleaseOrder keeps released free blocks on the LRU lists as well.
+      const bool released_free = reuse_ == BlockReuse::kReleaseOrder && state_[i] == BlockState::kFree;
+      if ((state_[i] != BlockState::kCached && !released_free) || refcount_[i] != 0 || priority_[i] != p ||
+          prev_[i] != prev) {
         return fail("block on LRU list " + std::to_string(p) + " is inconsistent");
       }
       prev = i;
-      ++cached;
+      ++(released_free ? n : cached);
     }
     if (lru_tail_[p] != prev) return fail("LRU tail mismatch");
     bool occupied = (lru_occupied_[p / 64] >> (p % 64)) & 1;
     if (occupied != (lru_head_[p] != kNil)) return fail("LRU occupancy bit mismatch");
   }
+  if (n != free_count_) return fail("free count mismatch");
   if (cached != cached_count_) return fail("cached count mismatch");
   std::array<uint64_t, 4> counts{};
   for (uint32_t i = 0; i < capacity_; ++i) {

@@ -1,0 +1,418 @@
+"""tessera.vllm.KVCacheManager: the KV-cache manager surface vLLM v1's scheduler calls, over a
+Tessera RequestManager.
+
+The surface and its semantics are those of ``vllm/v1/core/kv_cache_manager.py``
+(github.com/local-inference-lab/vllm 28be48fa944d8c58aeffd1ab1b56e27828c6b268, whose v1/core files
+equal upstream 9aaf83ef502fc37bc647f6e474314d48ba36cd1c) for a model with one KV-cache group
+(DeepSeek-V2/V3/V3.2 MLA; every layer's page of a block shares one block id):
+
+- ``get_computed_blocks(request) -> (blocks, num_computed_tokens)``: the longest cached prefix in
+  whole blocks, at most ``request.num_tokens - 1`` tokens (the last prompt token is computed);
+  records the prefix-cache stats.
+- ``allocate_slots(request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+  num_lookahead_tokens=0, ..., full_sequence_must_fit=False) -> blocks | None``: slots for
+  ``computed + new + lookahead`` tokens (capped at ``max_model_len``), all or nothing; None when
+  the pool cannot hold them (nothing changes). The request's full blocks among its computed and
+  new tokens (never past ``request.num_tokens``: drafts are not cached) are cached at once, so a
+  request scheduled later in the same step hits them, as in vLLM.
+- ``free(request)``: the request's blocks are released, last block first; full blocks stay
+  cached (evictable) for later hits.
+- ``get_block_ids(request_id)``, ``get_blocks``, ``usage``, ``block_pool.get_num_free_blocks()``,
+  ``make_prefix_cache_stats()``, ``reset_prefix_cache()``, ``take_events()``
+  (``BlockStored``/``BlockRemoved``/``AllBlocksCleared``), ``get_num_common_prefix_blocks``,
+  ``cache_blocks``, ``new_step_starts``, ``take_new_block_ids``.
+
+Block ids are Tessera's pool ids plus one: id 0 is never handed out, as vLLM's null block, so an
+engine sizes its paged buffer with ``num_gpu_blocks = capacity + 1``.
+
+How it maps (docs/adr/0024-engine-adapters.md): ``get_computed_blocks`` admits the request into
+Tessera with no slots reserved (``admit(prompt, reserve_tokens=0)``: the hit blocks are pinned,
+nothing allocated); ``allocate_slots`` then checks vLLM's conditions against the pool's
+available blocks and reserves (``allocate``) and appends the tokens (``append``: full blocks are
+sealed and indexed); a refusal releases the admission. A scheduler that calls
+``get_computed_blocks`` and then not ``allocate_slots`` for that request leaves a pending
+admission, released by the next call for any other request. The pool holds no bytes here
+(``backed=False``): the KV lives in the engine's buffer.
+"""
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+from . import _core
+from ._core import OutOfBlocksError
+
+
+@dataclass
+class PrefixCacheStats:
+    """vLLM's PrefixCacheStats: queries and hits in tokens, per make_prefix_cache_stats() period."""
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens, num_hits, preempted):
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+# KV events in the shape vLLM publishes them (vllm/distributed/kv_events.py).
+@dataclass
+class BlockStored:
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object = None
+    medium: str = "GPU"
+    lora_name: object = None
+    extra_keys: object = None
+    group_idx: int = 0
+    kv_cache_spec_kind: str = "mla_attention"
+    kv_cache_spec_sliding_window: object = None
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list
+    medium: str = "GPU"
+    group_idx: int = 0
+
+
+@dataclass
+class AllBlocksCleared:
+    pass
+
+
+class KVCacheBlocks:
+    """vLLM's KVCacheBlocks for one group: ``get_block_ids()`` -> ``([ids],)``."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, ids):
+        self.blocks = (list(ids),)
+
+    def get_block_ids(self, allow_none=False):
+        if allow_none and not self.blocks[0]:
+            return None
+        return (list(self.blocks[0]),)
+
+    def __add__(self, other):
+        return KVCacheBlocks(self.blocks[0] + other.blocks[0])
+
+    def new_empty(self):
+        return KVCacheBlocks(())
+
+    def __len__(self):
+        return len(self.blocks[0])
+
+
+class _BlockPoolView:
+    """The parts of vLLM's BlockPool a scheduler reads."""
+
+    def __init__(self, owner):
+        self._o = owner
+
+    @property
+    def num_gpu_blocks(self):
+        return self._o._capacity + 1
+
+    def get_num_free_blocks(self):
+        return self._o._core.available_blocks
+
+    def get_usage(self):
+        return self._o.usage
+
+
+class _Req:
+    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks")
+
+    def __init__(self, rid, salt):
+        self.rid = rid            # Tessera request id
+        self.salt = salt
+        self.hashes = []          # chain hashes of the request's sealed blocks (events)
+        self.cached_upto = 0      # blocks [0, cached_upto) sealed
+
+
+def _int(v, arg, lo=0):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%s: must be an int (got %s)" % (arg, type(v).__name__))
+    if v < lo:
+        raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
+    return v
+
+
+class KVCacheManager:
+    """vLLM v1's KVCacheManager over Tessera (see the module's doc).
+
+    ``num_gpu_blocks``: as vLLM's (its null block included): Tessera's pool holds
+    ``num_gpu_blocks - 1`` blocks. ``block_size``: tokens per block. ``model``: a Tessera preset
+    with one KV-cache group (DeepSeek-V3 family; a model with sliding windows is refused).
+    ``block_reuse``: "release-order" (default) reuses blocks in the order they were released,
+    free or cached alike, as vLLM's free block queue, so that the same cached blocks are evicted
+    and the same prefixes hit as in vLLM; "free-first" is Tessera's own order (a cached block is
+    evicted only when no free block is left: never fewer cached blocks, and under pressure more
+    hits than vLLM).
+    """
+
+    def __init__(self, *, num_gpu_blocks, block_size, max_model_len, model="deepseek-v3", enable_caching=True,
+                 log_stats=False, enable_kv_cache_events=False, max_requests=None, max_num_batched_tokens=None,
+                 use_eagle=False, hash_block_size=None, dcp_world_size=1, pcp_world_size=1,
+                 block_reuse="release-order"):
+        _int(num_gpu_blocks, "num_gpu_blocks", 2)
+        _int(block_size, "block_size", 1)
+        _int(max_model_len, "max_model_len", 1)
+        if use_eagle:
+            raise ValueError("use_eagle: EAGLE's dropped last hit block is not modelled (use False)")
+        if hash_block_size not in (None, block_size):
+            raise ValueError("hash_block_size: must equal block_size (one group)")
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise ValueError("dcp_world_size: context parallelism is not modelled (use 1)")
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = bool(enable_caching)
+        self.log_stats = bool(log_stats)
+        self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self.num_kv_cache_groups = 1
+        self._capacity = num_gpu_blocks - 1
+        if not isinstance(model, str):
+            raise TypeError("model: must be a str (got %s)" % type(model).__name__)
+        if block_reuse not in ("release-order", "free-first"):
+            raise ValueError("block_reuse: must be 'release-order' (vLLM's) or 'free-first' (got %r)" % (block_reuse,))
+        self._model = model
+        self._block_reuse = block_reuse
+        self._max_requests = max_requests if max_requests is not None else max(64, self._capacity)
+        self._core = self._new_core()
+        self.block_pool = _BlockPoolView(self)
+        self.prefix_cache_stats = PrefixCacheStats() if self.log_stats else None
+        self._reqs = {}           # vLLM request id -> _Req (admitted: holds blocks)
+        self._pending = None      # (request id, _Req, hit tokens): admitted by get_computed_blocks
+        self._block_hash = {}     # pool block id -> chain hash of the sealed block (for events)
+        self._events = []
+        self._salt = 0            # caching off: every admission its own salt (no hits, ever)
+        self._new_block_ids = []
+        self.empty_kv_cache_blocks = KVCacheBlocks(())
+
+    def _new_core(self):
+        core = _core._engine_request_manager(self._model, block_tokens=self.block_size,
+                                             capacity_blocks=self._capacity, max_requests=self._max_requests,
+                                             block_reuse=self._block_reuse)
+        if core.has_windows:
+            raise ValueError("model: %s has sliding windows (several groups); this adapter serves one group"
+                             % self._model)
+        return core
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _release_pending(self, keep=None):
+        if self._pending is not None and self._pending[0] != keep:
+            self._core.free(self._pending[1].rid)
+            self._pending = None
+
+    def _ids(self, r):
+        return [int(b) + 1 for b in self._core.block_table(r.rid)]
+
+    def _note_new_blocks(self, before, r):
+        """Blocks a call handed the request: a block that was cached before is an eviction."""
+        table = self._core.block_table(r.rid)
+        for b in table[before:]:
+            b = int(b)
+            self._new_block_ids.append(b + 1)
+            h = self._block_hash.pop(b, None)
+            if h is not None and self.enable_kv_cache_events:
+                self._events.append(BlockRemoved(block_hashes=[h]))
+
+    def _chain_hash(self, parent, tokens):
+        return hashlib.blake2b((parent or b"") + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
+
+    def _append(self, request, r, upto):
+        """Appends the request's tokens up to `upto` (sealing its full blocks) and records them."""
+        have = self._core.tokens(r.rid)
+        if upto <= have:
+            return
+        toks = request.all_token_ids
+        self._core.append(r.rid, toks[have:upto])
+        full = upto // self.block_size
+        if full > r.cached_upto:
+            table = self._core.block_table(r.rid)
+            bs = self.block_size
+            new_hashes, first = [], r.cached_upto
+            for i in range(r.cached_upto, full):
+                parent = r.hashes[i - 1] if i else None
+                h = self._chain_hash(parent, toks[i * bs:(i + 1) * bs])
+                r.hashes.append(h)
+                if self.enable_caching:
+                    self._block_hash[int(table[i])] = h
+                new_hashes.append(h)
+            r.cached_upto = full
+            if self.enable_kv_cache_events and self.enable_caching:
+                self._events.append(BlockStored(block_hashes=new_hashes,
+                                                parent_block_hash=r.hashes[first - 1] if first else None,
+                                                token_ids=list(toks[first * bs:full * bs]), block_size=bs))
+
+    # --- vLLM's surface ------------------------------------------------------------------------
+    @property
+    def usage(self):
+        return 1.0 - self._core.available_blocks / self._capacity
+
+    def make_prefix_cache_stats(self):
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request):
+        rid = request.request_id
+        if rid in self._reqs:
+            raise ValueError("request: %r already holds blocks (free it first)" % (rid,))
+        self._release_pending()
+        skip = not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False)
+        if skip:
+            self._salt += 1
+        salt = self._salt if skip else 0
+        a = self._core.admit(request.all_token_ids, cache_salt=salt, reserve_tokens=0)
+        r = _Req(a.request_id, salt)
+        hit = a.cached_tokens
+        r.cached_upto = a.cached_blocks
+        if hit:
+            table = self._core.block_table(r.rid)
+            for i in range(a.cached_blocks):
+                r.hashes.append(self._block_hash.get(int(table[i])))
+        self._pending = (rid, r, hit)
+        if skip:
+            return self.empty_kv_cache_blocks, 0
+        if self.log_stats:
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
+                                           preempted=getattr(request, "num_preemptions", 0) > 0)
+        return KVCacheBlocks(self._ids(r)) if hit else self.empty_kv_cache_blocks, hit
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                       num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
+                       num_encoder_tokens=0, full_sequence_must_fit=False):
+        _int(num_new_tokens, "num_new_tokens")
+        _int(num_new_computed_tokens, "num_new_computed_tokens")
+        _int(num_lookahead_tokens, "num_lookahead_tokens")
+        _int(num_external_computed_tokens, "num_external_computed_tokens")
+        if num_encoder_tokens:
+            raise ValueError("num_encoder_tokens: encoder-decoder models are not modelled")
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no external computed tokens")
+        rid = request.request_id
+        self._release_pending(keep=rid)
+        r = self._reqs.get(rid)
+        fresh = r is None
+        if fresh:
+            if self._pending is None or self._pending[0] != rid:
+                raise ValueError("request: %r was not looked up: call get_computed_blocks first (as vLLM's "
+                                 "scheduler does for a waiting request)" % (rid,))
+            _, r, hit = self._pending
+            if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.salt):
+                raise ValueError("num_new_computed_tokens: %d, but get_computed_blocks found %d"
+                                 % (num_new_computed_tokens, hit))
+        held = len(self._core.block_table(r.rid))
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(local + num_external_computed_tokens, self.max_model_len)
+        avail = self._core.available_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if -(-full // self.block_size) - held > avail:
+                return self._refuse(fresh)
+        need_slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        more = -(-need_slots // self.block_size) - held
+        if more > avail:
+            return self._refuse(fresh)
+        before = held
+        have = self._core.tokens(r.rid)
+        if need_slots > have:
+            try:
+                self._core.allocate(r.rid, need_slots - have)
+            except OutOfBlocksError:  # cannot happen after the check above; keep vLLM's contract
+                return self._refuse(fresh)
+        if fresh:
+            self._reqs[rid] = r
+            self._pending = None
+        self._note_new_blocks(before, r)
+        if not delay_cache_blocks:
+            self._append(request, r, min(total_computed + num_new_tokens, request.num_tokens))
+        new_ids = [b + 1 for b in map(int, self._core.block_table(r.rid)[before:])]
+        return KVCacheBlocks(new_ids) if new_ids else self.empty_kv_cache_blocks
+
+    def _refuse(self, fresh):
+        if fresh and self._pending is not None:
+            self._core.free(self._pending[1].rid)
+            self._pending = None
+        return None
+
+    def free(self, request):
+        rid = request.request_id if not isinstance(request, str) else request
+        self._release_pending()
+        r = self._reqs.pop(rid, None)
+        if r is None:
+            return
+        self._core.free(r.rid)
+
+    def remove_skipped_blocks(self, request_id, total_computed_tokens):
+        return None  # one full-attention group: nothing is skipped
+
+    def evict_blocks(self, block_ids):
+        raise NotImplementedError("evict_blocks: Tessera evicts by LRU only")
+
+    def reset_prefix_cache(self):
+        self._release_pending()
+        if self._core.available_blocks != self._capacity or self._reqs:
+            return False
+        self._core = self._new_core()
+        self._block_hash.clear()
+        if self.enable_kv_cache_events:
+            self._events.append(AllBlocksCleared())
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id):
+        r = self._reqs.get(running_request_id)
+        if r is None:
+            return [0]
+        n = len(self._reqs)
+        common = 0
+        tables = [list(map(int, self._core.block_table(q.rid))) for q in self._reqs.values()]
+        mine = list(map(int, self._core.block_table(r.rid)))
+        for i, b in enumerate(mine):
+            if sum(1 for t in tables if i < len(t) and t[i] == b) != n:
+                break
+            common += 1
+        return [common]
+
+    def take_events(self):
+        ev, self._events = self._events, []
+        return ev
+
+    def get_blocks(self, request_id):
+        r = self._reqs.get(request_id)
+        return KVCacheBlocks(self._ids(r)) if r is not None else self.empty_kv_cache_blocks
+
+    def get_block_ids(self, request_id):
+        return self.get_blocks(request_id).get_block_ids()
+
+    def cache_blocks(self, request, num_computed_tokens):
+        r = self._reqs.get(request.request_id)
+        if r is not None and self.enable_caching:
+            self._append(request, r, min(num_computed_tokens, request.num_tokens))
+
+    def create_kv_cache_blocks(self, blocks):
+        return KVCacheBlocks(blocks[0]) if blocks and blocks[0] else self.empty_kv_cache_blocks
+
+    def take_new_block_ids(self):
+        ids, self._new_block_ids = self._new_block_ids, []
+        return ids
+
+    def new_step_starts(self):
+        self._release_pending()

@@ -1,0 +1,19 @@
+"""vLLM-shaped adapters over Tessera (docs/PYTHON.md, "Engine adapters"; ADR 0024).
+
+- ``KVCacheManager``: the method surface vLLM v1's scheduler calls on its KV-cache manager,
+  with vLLM's semantics, over a Tessera ``RequestManager``.
+- ``Connector``: the shape of vLLM's ``KVConnectorBase_V1`` over Tessera's tiers.
+"""
+
+from ._vllm_connector import BlockTransfer, Connector, ConnectorMetadata  # noqa: F401
+from ._vllm_manager import (  # noqa: F401
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheBlocks,
+    KVCacheManager,
+    PrefixCacheStats,
+)
+
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
+           "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]

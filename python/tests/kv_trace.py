@@ -1,0 +1,137 @@
+"""Replays a scheduler trace (docs/ENGINES.md, "Scheduler traces") against any object with the
+method surface of vLLM v1's KVCacheManager, and records what the scheduler would observe.
+
+The replay is the scheduler's side only: requests, their tokens and their computed counts, in the
+order vLLM's scheduler calls the manager (get_computed_blocks then allocate_slots for a waiting
+request; allocate_slots for a running one; free; reset_prefix_cache), and after every step the
+pool's free blocks, each running request's block count, the prefix-cache stats and the KV events.
+It imports nothing but the standard library, so the same file drives Tessera's adapter (the tests)
+and any other manager with that surface.
+"""
+
+TRACE_FORMAT = "tessera-kv-trace/1"
+
+
+def prompt_tokens(runs):
+    """A prompt from its runs: [[first, count], ...] -> first, first + 1, ... for each run."""
+    out = []
+    for first, count in runs:
+        out.extend(range(first, first + count))
+    return out
+
+
+def decode_token(out_seed, num_tokens):
+    """The token a request samples when it holds `num_tokens` tokens (deterministic)."""
+    return 50000 + (out_seed * 131 + num_tokens) % 10000
+
+
+class TraceRequest:
+    """The fields of vLLM's Request that a KV-cache manager reads."""
+
+    def __init__(self, request_id, prompt, block_hasher=None):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt)
+        self.all_token_ids = list(prompt)
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.skip_reading_prefix_cache = False
+        self.lora_request = None
+        self.cache_salt = None
+        self.mm_features = []
+        self.prompt_embeds = None
+        self.block_hashes = []
+        self._block_hasher = block_hasher
+        if block_hasher is not None:
+            self.block_hashes = block_hasher(self)
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+    def append_output_token_ids(self, token):
+        self.all_token_ids.append(token)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
+
+
+def replay(trace, manager, block_hasher=None):
+    """Runs `trace` (a parsed trace file) through `manager`; returns the observations per step."""
+    if trace.get("format") != TRACE_FORMAT:
+        raise ValueError("trace: format must be %r" % TRACE_FORMAT)
+    cfg = trace["config"]
+    usable = cfg["num_gpu_blocks"] - 1
+    must_fit = cfg.get("full_sequence_must_fit", True)
+    specs = trace["requests"]
+    reqs = {}      # id -> TraceRequest (not finished)
+    running = {}   # id -> True while it holds blocks
+    out = []
+    for step in trace["steps"]:
+        ops = []
+        for op in step:
+            if "run" in op:
+                rid = op["run"]
+                chunk = op.get("chunk", 1 << 30)
+                lookahead = op.get("lookahead", 0)
+                if rid not in reqs:
+                    reqs[rid] = TraceRequest(rid, prompt_tokens(specs[rid]["prompt"]), block_hasher)
+                r = reqs[rid]
+                if rid not in running:
+                    blocks, hit = manager.get_computed_blocks(r)
+                    n = min(chunk, r.num_tokens - hit)
+                    got = manager.allocate_slots(r, n, hit, blocks, num_lookahead_tokens=lookahead,
+                                                 full_sequence_must_fit=must_fit)
+                    ok = got is not None
+                    if ok:
+                        running[rid] = True
+                        r.num_computed_tokens = hit + n
+                    ops.append({"run": rid, "kind": "admit", "hit": hit, "ok": ok})
+                    continue
+                if r.num_computed_tokens < r.num_tokens:
+                    kind = "prefill"
+                    n = min(chunk, r.num_tokens - r.num_computed_tokens)
+                else:
+                    kind = "decode"
+                    r.append_output_token_ids(decode_token(specs[rid].get("out_seed", 0), r.num_tokens))
+                    n = 1
+                got = manager.allocate_slots(r, n, num_lookahead_tokens=lookahead)
+                ok = got is not None
+                if ok:
+                    r.num_computed_tokens += n
+                else:  # preempted: its blocks go, it waits to be admitted again
+                    manager.free(r)
+                    del running[rid]
+                    r.num_computed_tokens = 0
+                    r.num_preemptions += 1
+                ops.append({"run": rid, "kind": kind, "ok": ok})
+            elif "free" in op:
+                rid = op["free"]
+                r = reqs.pop(rid)
+                if running.pop(rid, None):
+                    manager.free(r)
+                ops.append({"free": rid})
+            elif "reset_prefix_cache" in op:
+                ops.append({"reset_prefix_cache": bool(manager.reset_prefix_cache())})
+            else:
+                raise ValueError("trace: unknown op %r" % (op,))
+        free = manager.block_pool.get_num_free_blocks()
+        stats = manager.make_prefix_cache_stats()
+        events = {"stored": 0, "removed": 0, "cleared": 0}
+        for e in manager.take_events():
+            name = type(e).__name__
+            if name == "BlockStored":
+                events["stored"] += len(e.block_hashes)
+            elif name == "BlockRemoved":
+                events["removed"] += len(e.block_hashes)
+            elif name == "AllBlocksCleared":
+                events["cleared"] += 1
+        out.append({
+            "ops": ops,
+            "blocks_in_use": usable - free,
+            "usage": round(manager.usage, 9),
+            "held": {rid: len(manager.get_block_ids(rid)[0]) for rid in sorted(running)},
+            "stats": None if stats is None else {
+                k: getattr(stats, k) for k in ("requests", "queries", "hits", "preempted_requests",
+                                               "preempted_queries", "preempted_hits", "reset")},
+            "events": events,
+        })
+    return out

@@ -1,0 +1,145 @@
+"""Writes the scheduler traces under tests/data/engine_traces/ (format: docs/ENGINES.md).
+
+    /usr/bin/python3 python/tests/make_kv_traces.py tests/data/engine_traces
+
+Each trace is written as NAME.trace.json. The figures vLLM's own KVCacheManager gives for a trace
+(NAME.vllm.json) were obtained outside this repository (provenance in each file); this script
+neither needs nor loads vLLM.
+"""
+import json
+import os
+import random
+import sys
+
+FORMAT = "tessera-kv-trace/1"
+
+
+def trace(name, about, config, requests, steps):
+    return {"format": FORMAT, "name": name, "about": about, "config": config,
+            "requests": requests, "steps": steps}
+
+
+def prefix_sharing():
+    # 16-token blocks, 64 usable blocks: chunked prefill, hits on a prefix another request is
+    # still prefilling, the prompt-1 cap (a prompt of whole blocks), identical prompts.
+    reqs = {
+        "a": {"prompt": [[1000, 100]], "out_seed": 1},
+        "b": {"prompt": [[1000, 64], [5000, 40]], "out_seed": 2},
+        "c": {"prompt": [[1000, 100]], "out_seed": 3},
+        "d": {"prompt": [[1000, 96]], "out_seed": 4},
+        "e": {"prompt": [[1000, 100], [7000, 30]], "out_seed": 5},
+    }
+    steps = [
+        [{"run": "a", "chunk": 64}],
+        [{"run": "a", "chunk": 64}, {"run": "b", "chunk": 512}],
+        [{"run": "a"}, {"run": "b"}, {"run": "c", "chunk": 512}],
+    ]
+    for _ in range(14):
+        steps.append([{"run": "a"}, {"run": "b"}, {"run": "c"}])
+    steps.append([{"free": "a"}, {"run": "b"}, {"run": "c"}, {"run": "d", "chunk": 512}])
+    steps.append([{"run": "b"}, {"run": "c"}, {"run": "d"}, {"run": "e", "chunk": 32}])
+    for _ in range(4):
+        steps.append([{"run": "b"}, {"run": "c"}, {"run": "d"}, {"run": "e", "chunk": 32}])
+    steps.append([{"free": "b"}, {"free": "c"}, {"free": "d"}, {"free": "e"}])
+    return trace("prefix-sharing", "chunked prefill, hits on a prefix still being prefilled, the "
+                 "prompt-1 cap, identical prompts", {"block_size": 16, "num_gpu_blocks": 65,
+                 "max_model_len": 4096, "enable_caching": True}, reqs, steps)
+
+
+def eviction_pressure():
+    # 12 usable blocks of 16 tokens: requests fill the pool, finish, and later prompts evict
+    # cached blocks; earlier prompts come back to see which prefixes survived; one admission is
+    # refused (the whole prompt does not fit) and one decode is preempted.
+    reqs = {
+        "a": {"prompt": [[100, 70]], "out_seed": 1},
+        "b": {"prompt": [[300, 50]], "out_seed": 2},
+        "c": {"prompt": [[500, 90]], "out_seed": 3},
+        "a2": {"prompt": [[100, 70]], "out_seed": 4},
+        "b2": {"prompt": [[300, 50]], "out_seed": 5},
+        "big": {"prompt": [[900, 250]], "out_seed": 6},
+        "d": {"prompt": [[100, 48], [2000, 60]], "out_seed": 7},
+        "e": {"prompt": [[3000, 60]], "out_seed": 8},
+    }
+    steps = [
+        [{"run": "a"}, {"run": "b"}],
+        [{"run": "a"}, {"run": "b"}],
+        [{"run": "a"}, {"run": "b"}],
+        [{"free": "a"}, {"run": "b"}],
+        [{"free": "b"}, {"run": "c"}],
+        [{"run": "c"}, {"run": "big"}],
+        [{"run": "c"}],
+        [{"free": "c"}, {"run": "a2"}, {"run": "b2"}],
+        [{"run": "a2"}, {"run": "b2"}],
+        [{"free": "a2"}, {"free": "b2"}, {"run": "d", "chunk": 32}, {"run": "e"}],
+    ]
+    for _ in range(12):
+        steps.append([{"run": "d", "chunk": 32}, {"run": "e"}])
+    steps.append([{"free": "e"}, {"run": "d", "chunk": 32}])
+    steps.append([{"free": "d"}, {"run": "big"}])
+    return trace("eviction-pressure", "a small pool: eviction of cached blocks, a refused "
+                 "admission, a preempted decode, prefixes coming back", {"block_size": 16,
+                 "num_gpu_blocks": 13, "max_model_len": 4096, "enable_caching": True}, reqs, steps)
+
+
+def lookahead_reset():
+    # Lookahead slots (speculative decoding's drafts), reset_prefix_cache refused while blocks
+    # are in use and honoured once all are free, then no hits.
+    reqs = {
+        "a": {"prompt": [[10, 40]], "out_seed": 1},
+        "b": {"prompt": [[10, 32], [800, 9]], "out_seed": 2},
+        "c": {"prompt": [[10, 40]], "out_seed": 3},
+    }
+    steps = [[{"run": "a", "lookahead": 0}], [{"run": "a", "lookahead": 3}, {"run": "b"}]]
+    for _ in range(10):
+        steps.append([{"run": "a", "lookahead": 3}, {"run": "b", "lookahead": 3}])
+    steps.append([{"reset_prefix_cache": True}, {"free": "a"}])
+    steps.append([{"free": "b"}, {"reset_prefix_cache": True}])
+    steps.append([{"run": "c"}])
+    steps.append([{"run": "c", "lookahead": 3}])
+    steps.append([{"free": "c"}])
+    return trace("lookahead-reset", "lookahead slots, reset_prefix_cache refused then honoured",
+                 {"block_size": 16, "num_gpu_blocks": 41, "max_model_len": 4096,
+                  "enable_caching": True}, reqs, steps)
+
+
+def mixed(name, seed, caching, blocks):
+    # Random arrivals from four prompt families (a shared system prompt of 1-6 blocks, then a
+    # private tail), chunked prefill, decodes, finishes after a random number of steps.
+    rng = random.Random(seed)
+    families = [(10000 * (f + 1), 16 * rng.randint(1, 6)) for f in range(4)]
+    reqs, live, steps = {}, [], []
+    n = 0
+    for s in range(80):
+        step = []
+        if s < 60 and rng.random() < 0.45:
+            base, shared = families[rng.randrange(4)]
+            rid = "r%d" % n
+            tail = rng.randint(1, 70)
+            reqs[rid] = {"prompt": [[base, shared], [100000 + 1000 * n, tail]], "out_seed": n}
+            live.append([rid, rng.randint(3, 18)])
+            n += 1
+        for item in list(live):
+            if item[1] == 0:
+                step.append({"free": item[0]})
+                live.remove(item)
+            else:
+                step.append({"run": item[0], "chunk": 48, "lookahead": rng.choice([0, 0, 2])})
+                item[1] -= 1
+        steps.append(step)
+    steps.append([{"free": rid} for rid, _ in live])
+    return trace(name, "seeded random mix (seed %d): four prompt families, chunked prefill, "
+                 "decodes, lookahead, finishes" % seed, {"block_size": 16, "num_gpu_blocks": blocks + 1,
+                 "max_model_len": 4096, "enable_caching": caching}, reqs, steps)
+
+
+def main():
+    out = sys.argv[1]
+    for t in [prefix_sharing(), eviction_pressure(), lookahead_reset(), mixed("mixed", 7, True, 40),
+              mixed("mixed-no-caching", 7, False, 40)]:
+        with open(os.path.join(out, t["name"] + ".trace.json"), "w") as f:
+            json.dump(t, f, indent=1, sort_keys=True)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
