@@ -52,7 +52,7 @@ BENCHMARK(BM_Ledger1M)->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kP
 
 // `tessera plan` without the CLI: config text to weight shapes, geometry and the plan on
 // 8 x H200 at 128K for all three engines. Arg 1 = 1 adds the longest-context search at
-// concurrency 4 (a bisection per engine and phase, each step a ledger).
+// concurrency 4 (a search per engine and phase, each probe a context priced by LedgerSweep).
 void BM_Plan(benchmark::State& state) {
   const char* name = kPresets[state.range(0)];
   std::string text = *PresetConfigText(name);

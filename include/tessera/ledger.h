@@ -191,6 +191,7 @@ class LedgerSweep {
   // error is returned by every call, as ComputeLedger would return it.
   LedgerSweep(const Geometry& g, const LedgerOptions& options);
   ~LedgerSweep();
+  // A moved-from sweep may only be destroyed or assigned to.
   LedgerSweep(LedgerSweep&&) noexcept;
   LedgerSweep& operator=(LedgerSweep&&) noexcept;
 
