@@ -52,7 +52,7 @@ BENCHMARK(BM_Ledger1M)->ArgsProduct({benchmark::CreateDenseRange(0, std::size(kP
 
 // `tessera plan` without the CLI: config text to weight shapes, geometry and the plan on
 // 8 x H200 at 128K for all three engines. Arg 1 = 1 adds the longest-context search at
-// concurrency 4 (a bisection per engine and phase, each step a ledger).
+// concurrency 4 (a search per engine and phase, each probe a context priced by LedgerSweep).
 void BM_Plan(benchmark::State& state) {
   const char* name = kPresets[state.range(0)];
   std::string text = *PresetConfigText(name);
@@ -65,12 +65,42 @@ void BM_Plan(benchmark::State& state) {
     Result<Geometry> g = GeometryFromConfigJson(text, name);
     Result<WeightShapes> shapes = WeightShapesFromConfigJson(text, name);
     Result<Plan> p = ComputePlan(*g, *shapes, o);
+    if (!p.ok()) {
+      state.SkipWithError(p.status().ToString().c_str());
+      break;
+    }
     benchmark::DoNotOptimize(p);
   }
   state.SetLabel(std::string(name) + (state.range(1) == 1 ? "/max-context" : ""));
 }
 // deepseek-v3.2 (5) and deepseek-v4-pro (8), with and without the context search.
 BENCHMARK(BM_Plan)->ArgsProduct({{5, 8}, {0, 1}})->Unit(benchmark::kMicrosecond);
+
+// One probe of the longest-context search: a context's phase bytes on DeepSeek-V4-Pro (tp 8),
+// vLLM. Arg 0: a whole ledger per context (how the search probed before LedgerSweep; the
+// baseline); arg 1: the context priced over the profile planned once (LedgerSweep::PhasesAt).
+// Contexts cycle through 64 values so that nothing is cached.
+void BM_PlanProbe(benchmark::State& state) {
+  Geometry g = *LoadPreset("deepseek-v4-pro");
+  LedgerOptions o;
+  o.tp = 8;
+  o.engine = Engine::kVllm;
+  LedgerSweep sweep(g, o);
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const uint64_t context = 131072 + 4099 * (i++ % 64);
+    if (state.range(0) == 0) {
+      o.context_tokens = context;
+      Result<Ledger> l = ComputeLedger(g, o);
+      benchmark::DoNotOptimize(l);
+    } else {
+      Result<PhaseTotals> b = sweep.PhasesAt(context);
+      benchmark::DoNotOptimize(b);
+    }
+  }
+  state.SetLabel(state.range(0) == 0 ? "ComputeLedger" : "LedgerSweep::PhasesAt");
+}
+BENCHMARK(BM_PlanProbe)->Arg(0)->Arg(1);
 
 // `tessera price` at batch 64, 128K on 8 x H200 (two crossover bisections included).
 void BM_Price(benchmark::State& state) {

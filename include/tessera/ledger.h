@@ -14,7 +14,9 @@
 // Thread-safety: pure functions over values.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -168,7 +170,40 @@ struct Ledger {
 };
 
 // Computes the ledger. Errors name the offending option or config field ("context", "batch",
-// "kv-format", "block-tokens", "tp", "dcp", ...).
+// "kv-format", "block-tokens", "tp", "dcp", ...). Same as LedgerSweep(g, options).LedgerAt(
+// options.context_tokens).
 Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options);
+
+// Bytes one rank holds or reserves per phase, indexed by LedgerPhase.
+using PhaseTotals = std::array<uint64_t, 3>;
+
+// The ledger of one model and engine at many contexts (capacity planning searches contexts).
+// Mapping the caches and planning the engine's pages do not depend on the context: they are done
+// once, here; each context then prices only what does (blocks, phases, terms, totals, checks).
+// For every context c, LedgerAt(c) is ComputeLedger(g, options with context_tokens = c), figures
+// and errors alike; PhasesAt(c) is its phases, without copying the ledger out.
+//
+// `g` must outlive the sweep. Thread-safety: a sweep reuses one ledger between calls; use it
+// from one thread at a time (distinct sweeps are independent).
+class LedgerSweep {
+ public:
+  // options.context_tokens is not used: each call gives its context. Never fails; an option
+  // error is returned by every call, as ComputeLedger would return it.
+  LedgerSweep(const Geometry& g, const LedgerOptions& options);
+  ~LedgerSweep();
+  // A moved-from sweep may only be destroyed or assigned to.
+  LedgerSweep(LedgerSweep&&) noexcept;
+  LedgerSweep& operator=(LedgerSweep&&) noexcept;
+
+  Result<Ledger> LedgerAt(uint64_t context);
+  Result<PhaseTotals> PhasesAt(uint64_t context);
+  // The main record format as the ledger resolves it (empty when the options are refused).
+  const std::string& kv_format() const;
+
+ private:
+  struct State;
+  Status Price(uint64_t context);
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace tessera

@@ -6,7 +6,8 @@
 //   kv_budget   = usable - weights_per_rank - reserve        (per rank; 0 when negative)
 //   concurrency = floor(kv_budget / phase_bytes(context))    per phase, per engine
 //   max context = the longest context c <= max_position_embeddings with
-//                 concurrency x phase_bytes(c) <= kv_budget  (bisection over c, each step a ledger)
+//                 concurrency x phase_bytes(c) <= kv_budget  (a search over c, each probe the
+//                 ledger at c priced over the engine profile planned once: LedgerSweep)
 //
 // Left out of the budget unless given as --reserve-bytes: activations, CUDA graphs, NCCL and
 // allocator workspaces (ADR 0019). The ledger's per-request bytes scale linearly with the batch

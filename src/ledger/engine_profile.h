@@ -9,7 +9,7 @@
 // shared with the pools). Sources for the vLLM and SGLang rules are in docs/ENGINES.md.
 //
 // Internal to the ledger module. Thread-safety: a profile is built, planned and used by one
-// ComputeLedger call.
+// ComputeLedger call or one LedgerSweep (one thread at a time).
 #pragma once
 
 #include <cstdint>
@@ -78,7 +78,11 @@ Result<BoundaryBytes> WindowBoundaryBytes(const std::vector<CacheLine>& lines);
 // The layout options the ledger's options imply.
 CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& options);
 
-// What every profile is given, fixed for one ComputeLedger call (the profile keeps references).
+// What every profile is given (the profile keeps references). Fixed for the profile's life but
+// for options.context_tokens: a LedgerSweep plans a profile once and prices many contexts over
+// it, setting the context before each. So Plan must not read the context, and the per-context
+// figures (CostPerRank, Admission, PrefillPeak, AllRanks) read it at call time, never a copy
+// Plan made (tests/ledger_sweep_test.cc compares every engine against fresh ledgers).
 struct EngineInputs {
   const Geometry& g;
   const LedgerOptions& options;

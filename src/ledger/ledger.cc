@@ -302,31 +302,111 @@ Status SummarizeKinds(const Geometry& g, const LedgerOptions& o, Ledger& ledger)
 
 }  // namespace
 
-Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
-  TESSERA_RETURN_IF_ERROR(ValidateOptions(options));
-  Ledger ledger;
+// What a sweep plans once. The profile keeps references to `options` and `caches`: a State is
+// never moved (the sweep holds it by pointer).
+struct LedgerSweep::State {
+  State(const Geometry& geometry, const LedgerOptions& o) : g(geometry), options(o) {}
+  const Geometry& g;
+  LedgerOptions options;  // context_tokens: the context being priced
+  CacheMap caches;
+  Ledger ledger;  // planned; Price overwrites every figure that depends on the context
+  std::unique_ptr<detail::EngineProfile> profile;
+  Status planned;  // validating the options (but the context), mapping the caches, planning
+  Status kinds;    // SummarizeKinds (context-independent, but ComputeLedger reports it last)
+};
+
+LedgerSweep::LedgerSweep(const Geometry& g, const LedgerOptions& options) : s_(std::make_unique<State>(g, options)) {
+  State& s = *s_;
+  // Every check but the context's: ComputeLedger makes them all before any other step. The
+  // profile is planned with the options as given (a profile that read the context in Plan would
+  // then differ from ComputeLedger in tests/ledger_sweep_test.cc, whose sweeps start at 0).
+  LedgerOptions checked = s.options;
+  checked.context_tokens = 1;
+  s.planned = ValidateOptions(checked);
+  if (!s.planned.ok()) return;
+  Ledger& ledger = s.ledger;
   ledger.model = g.name;
   ledger.model_type = g.model_type;
   ledger.config_sha256 = g.config_sha256;
-  ledger.options = options;
+  ledger.options = s.options;
   ledger.notes = g.notes;
-  TESSERA_ASSIGN_OR_RETURN(CacheMap caches, MapCaches(g, LayoutOptionsOf(options)));
-  ledger.kv_format = caches.kv_format;
-  ledger.indexer_format = caches.indexer_format;
-  ledger.layers_counted = caches.layers_counted;
-  for (const CacheLineSpec& spec : caches.lines) ledger.lines.push_back(LineOf(spec));
+  Result<CacheMap> caches = MapCaches(g, LayoutOptionsOf(s.options));
+  if (!caches.ok()) {
+    s.planned = caches.status();
+    return;
+  }
+  s.caches = std::move(*caches);
+  ledger.kv_format = s.caches.kv_format;
+  ledger.indexer_format = s.caches.indexer_format;
+  ledger.layers_counted = s.caches.layers_counted;
+  for (const CacheLineSpec& spec : s.caches.lines) ledger.lines.push_back(LineOf(spec));
 
-  // The engine: block span, page layouts, then what one request holds per rank and phase.
-  std::unique_ptr<detail::EngineProfile> profile = detail::MakeEngineProfile(options.engine, {g, options, caches});
-  TESSERA_RETURN_IF_ERROR(profile->Plan(ledger));
-  TESSERA_RETURN_IF_ERROR(ReportWindowStrategies(ledger));
-  TESSERA_ASSIGN_OR_RETURN(detail::RankCost busiest, PriceRanks(*profile, options, ledger));
-  TESSERA_RETURN_IF_ERROR(PriceLines(g, options, busiest, ledger));
+  // The engine: block span, page layouts (a profile's Plan does not read the context).
+  s.profile = detail::MakeEngineProfile(s.options.engine, {g, s.options, s.caches});
+  s.planned = s.profile->Plan(ledger);
+  if (s.planned.ok()) s.planned = ReportWindowStrategies(ledger);
+  if (s.planned.ok()) s.kinds = SummarizeKinds(g, s.options, ledger);
+}
 
-  TESSERA_RETURN_IF_ERROR(PriceRequested(g, options, ledger));
-  TESSERA_RETURN_IF_ERROR(PriceMhaBaseline(g, options, ledger));
-  TESSERA_RETURN_IF_ERROR(SummarizeKinds(g, options, ledger));
-  return ledger;
+LedgerSweep::~LedgerSweep() = default;
+LedgerSweep::LedgerSweep(LedgerSweep&&) noexcept = default;
+LedgerSweep& LedgerSweep::operator=(LedgerSweep&&) noexcept = default;
+
+const std::string& LedgerSweep::kv_format() const { return s_->ledger.kv_format; }
+
+// ComputeLedger's steps that depend on the context, on the planned ledger: every figure they
+// set is reset first, so that nothing of an earlier context remains.
+Status LedgerSweep::Price(uint64_t context) {
+  State& s = *s_;
+  LedgerOptions checked = s.options;
+  checked.context_tokens = context;
+  TESSERA_RETURN_IF_ERROR(ValidateOptions(checked));
+  TESSERA_RETURN_IF_ERROR(s.planned);
+  s.options.context_tokens = context;
+  Ledger& ledger = s.ledger;
+  ledger.options.context_tokens = context;
+  ledger.tokens_per_rank = 0;
+  ledger.terms.clear();
+  ledger.requested_bytes = 0;
+  ledger.committed_bytes = 0;
+  ledger.committed_bytes_all_ranks = 0;
+  ledger.reserved_at_admission_bytes = 0;
+  ledger.phases.clear();
+  ledger.cached_boundaries = 0;
+  ledger.read_bytes_per_token = 0;
+  ledger.read_bytes_per_token_all_ranks = 0;
+  ledger.mha_equivalent_bytes = 0;
+  ledger.mha_bytes_per_token_per_layer = 0;
+  ledger.mha_ratio = Fraction();
+  for (CacheLine& line : ledger.lines) {
+    line.shape.clear();
+    line.shape_unit.clear();
+    line.requested_bytes = 0;
+    line.committed_bytes = 0;
+    line.terms.clear();
+    line.read_bytes_per_token = 0;
+  }
+  TESSERA_ASSIGN_OR_RETURN(detail::RankCost busiest, PriceRanks(*s.profile, s.options, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceLines(s.g, s.options, busiest, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceRequested(s.g, s.options, ledger));
+  TESSERA_RETURN_IF_ERROR(PriceMhaBaseline(s.g, s.options, ledger));
+  return s.kinds;
+}
+
+Result<Ledger> LedgerSweep::LedgerAt(uint64_t context) {
+  TESSERA_RETURN_IF_ERROR(Price(context));
+  return s_->ledger;
+}
+
+Result<PhaseTotals> LedgerSweep::PhasesAt(uint64_t context) {
+  TESSERA_RETURN_IF_ERROR(Price(context));
+  PhaseTotals totals{};
+  for (const PhaseBytes& p : s_->ledger.phases) totals[static_cast<size_t>(p.phase)] = p.bytes;
+  return totals;
+}
+
+Result<Ledger> ComputeLedger(const Geometry& g, const LedgerOptions& options) {
+  return LedgerSweep(g, options).LedgerAt(options.context_tokens);
 }
 
 }  // namespace tessera

@@ -151,7 +151,6 @@ class VllmProfile final : public EngineProfile {
 
   Status Plan(Ledger& ledger) override {
     const Geometry& g = in_.g;
-    max_len_ = std::max<uint64_t>(g.max_position_embeddings, in_.options.context_tokens);
     if (g.is_hybrid && in_.options.kernel != Kernel::kFlashMla && in_.options.kernel != Kernel::kGeneric) {
       return InvalidArgument("kernel", "vLLM serves DeepSeek-V4 with FlashMLA sparse only, not " +
                                            std::string(KernelName(in_.options.kernel)));
@@ -202,7 +201,7 @@ class VllmProfile final : public EngineProfile {
   // cost, the difference from the lines' own pages being uniform_block_padding.
   RankCost CostPerRank(const Ledger& ledger, uint64_t tokens) const override {
     const uint64_t n = Global(tokens);
-    const uint64_t computed = std::min(n, max_len_);
+    const uint64_t computed = std::min(n, MaxLen());
     const uint64_t slots_n = Cap(Checked(n) + 1);
     const uint64_t slots_nk = Cap(Checked(n) + 1 + uint64_t{in_.options.spec_tokens} * 2);
     RankCost rc;
@@ -224,21 +223,21 @@ class VllmProfile final : public EngineProfile {
 
   // The whole prompt's blocks, every sliding-window group at most its admission cap.
   Checked Admission(const Ledger&, uint64_t tokens) const override {
-    const uint64_t a = std::min(Global(tokens), max_len_);
+    const uint64_t a = std::min(Global(tokens), MaxLen());
     Checked blocks = Checked(CeilDiv(a, full_block_tokens_));
     for (const VllmWindowBucket& b : buckets_) {
       Checked span = Checked(b.window) - 1 + Chunk();
-      const uint64_t cap = CeilDiv(span.overflowed() ? max_len_ : std::min(span.value(), max_len_), b.block_tokens) + 1;
+      const uint64_t cap = CeilDiv(span.overflowed() ? MaxLen() : std::min(span.value(), MaxLen()), b.block_tokens) + 1;
       blocks += Checked(b.groups) * std::min(CeilDiv(a, b.block_tokens), cap);
     }
     return blocks * block_cost_;
   }
 
   Checked PrefillPeak(const Ledger&, uint64_t tokens) const override {
-    const VllmPrefill prefill{.n = std::min(Global(tokens), max_len_),
+    const VllmPrefill prefill{.n = std::min(Global(tokens), MaxLen()),
                               .chunk = Chunk(),
                               .spec = in_.options.spec_tokens,
-                              .max_len = max_len_};
+                              .max_len = MaxLen()};
     return VllmPrefillPeakBlocks(prefill, full_block_tokens_, buckets_) * block_cost_;
   }
 
@@ -263,11 +262,14 @@ class VllmProfile final : public EngineProfile {
     }
     return k;
   }
+  // max_model_len. Read at each call, not planned: the context is not the profile's (a ledger
+  // sweep prices many contexts over one planned profile).
+  uint64_t MaxLen() const { return std::max<uint64_t>(in_.g.max_position_embeddings, in_.options.context_tokens); }
   uint64_t Chunk() const { return std::max<uint64_t>(1, in_.options.prefill_chunk_tokens); }
   // vLLM counts the whole sequence (DCP multiplies the block size instead); the ledger passes the
   // busiest rank's tokens, cdiv(context, dcp).
   uint64_t Global(uint64_t tokens) const { return in_.options.dcp > 1 ? in_.options.context_tokens : tokens; }
-  uint64_t Cap(Checked slots) const { return slots.overflowed() ? max_len_ : std::min(slots.value(), max_len_); }
+  uint64_t Cap(Checked slots) const { return slots.overflowed() ? MaxLen() : std::min(slots.value(), MaxLen()); }
   // One line's blocks after an allocation of `slots` slots with `computed` tokens cached.
   uint64_t LineBlocks(const Policy& p, uint64_t computed, uint64_t slots) const {
     if (p.window == 0) return CeilDiv(slots, p.block_tokens * uint64_t{in_.options.dcp});
@@ -275,7 +277,6 @@ class VllmProfile final : public EngineProfile {
     return CeilDiv(slots, p.block_tokens) - skipped / p.block_tokens;
   }
 
-  uint64_t max_len_ = 0;                   // max_model_len
   uint64_t full_block_tokens_ = 1;         // the full group's block span (x dcp)
   uint64_t block_cost_ = 0;                // bytes of one block id
   std::vector<VllmWindowBucket> buckets_;  // DeepSeek-V4 only

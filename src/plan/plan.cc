@@ -4,6 +4,7 @@
 #include <array>
 #include <map>
 
+#include "context_search.h"
 #include "tessera/checked.h"
 
 namespace tessera {
@@ -50,70 +51,24 @@ namespace {
 constexpr LedgerPhase kPhases[] = {LedgerPhase::kAdmission, LedgerPhase::kPrefillPeak, LedgerPhase::kDecode};
 
 // Per-request bytes per phase (one rank) at a context, memoized: the three bisections of an
-// engine share their first midpoints.
+// engine share their first midpoints. Each probe prices one context over the engine's profile
+// planned once (LedgerSweep: the same figures as a ledger at that context).
 class PhaseBytesAt {
  public:
-  PhaseBytesAt(const Geometry& g, LedgerOptions o) : g_(g), o_(std::move(o)) {}
-  const std::string& kv_format() const { return kv_format_; }  // of the last ledger computed
-  Result<std::array<uint64_t, 3>> At(uint64_t context) {
+  PhaseBytesAt(const Geometry& g, const LedgerOptions& o) : sweep_(g, o) {}
+  const std::string& kv_format() const { return sweep_.kv_format(); }
+  Result<PhaseTotals> At(uint64_t context) {
     auto it = memo_.find(context);
     if (it != memo_.end()) return it->second;
-    o_.context_tokens = context;
-    TESSERA_ASSIGN_OR_RETURN(Ledger l, ComputeLedger(g_, o_));
-    std::array<uint64_t, 3> b{};
-    for (const PhaseBytes& p : l.phases) b[static_cast<size_t>(p.phase)] = p.bytes;
-    kv_format_ = l.kv_format;
+    TESSERA_ASSIGN_OR_RETURN(PhaseTotals b, sweep_.PhasesAt(context));
     memo_.emplace(context, b);
     return b;
   }
 
  private:
-  const Geometry& g_;
-  LedgerOptions o_;
-  std::string kv_format_;
-  std::map<uint64_t, std::array<uint64_t, 3>> memo_;
+  LedgerSweep sweep_;
+  std::map<uint64_t, PhaseTotals> memo_;
 };
-
-// The longest context in [0, hi] whose phase bytes x n fit the budget; assumes the bytes never
-// shrink as the context grows (tests check the answer's neighbours). The bytes are close to
-// linear in the context, so each round probes the linear interpolation between the bracket's
-// ends, then a point just across it, and bisects when that did not halve the bracket: a few
-// ledgers instead of log2(hi).
-Result<uint64_t> LongestContext(PhaseBytesAt& at, size_t phase, uint64_t n, uint64_t budget, uint64_t hi) {
-  const uint64_t limit = budget / n;  // fits <=> bytes <= limit
-  TESSERA_ASSIGN_OR_RETURN(auto top, at.At(hi));
-  if (top[phase] <= limit) return hi;
-  // Anchored at one token: when that does not fit nothing does, and the interpolation starts
-  // from a real point (through zero, a fixed per-request cost would put the line far off).
-  TESSERA_ASSIGN_OR_RETURN(auto first, at.At(1));
-  if (first[phase] > limit) return 0;
-  uint64_t lo = 1, b_lo = first[phase], b_hi = top[phase];  // lo fits; hi does not
-  auto probe = [&](uint64_t c) -> Status {
-    if (c <= lo || c >= hi) return Status::Ok();
-    TESSERA_ASSIGN_OR_RETURN(auto b, at.At(c));
-    if (b[phase] <= limit) {
-      lo = c;
-      b_lo = b[phase];
-    } else {
-      hi = c;
-      b_hi = b[phase];
-    }
-    return Status::Ok();
-  };
-  while (hi - lo > 1) {
-    const uint64_t width = hi - lo;
-    uint64_t guess = lo + width / 2;
-    if (b_hi > b_lo && limit >= b_lo) {
-      guess = lo + static_cast<uint64_t>(static_cast<Int128>(limit - b_lo) * width / (b_hi - b_lo));
-      guess = std::clamp<uint64_t>(guess, lo + 1, hi - 1);
-    }
-    TESSERA_RETURN_IF_ERROR(probe(guess));
-    const uint64_t step = std::max<uint64_t>(1, width >> 6);
-    TESSERA_RETURN_IF_ERROR(probe(lo == guess ? guess + step : guess > step ? guess - step : 0));
-    if (hi - lo > width / 2) TESSERA_RETURN_IF_ERROR(probe(lo + (hi - lo) / 2));
-  }
-  return lo;
-}
 
 }  // namespace
 
@@ -175,7 +130,8 @@ Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const Pl
       pp.bytes_per_request = bytes[i];
       pp.max_concurrency = bytes[i] == 0 ? UINT64_MAX : p.kv_budget_bytes / bytes[i];
       if (o.concurrency) {
-        TESSERA_ASSIGN_OR_RETURN(uint64_t c, LongestContext(at, i, *o.concurrency, p.kv_budget_bytes, hi));
+        TESSERA_ASSIGN_OR_RETURN(uint64_t c, detail::LongestContext([&at](uint64_t context) { return at.At(context); },
+                                                                    i, *o.concurrency, p.kv_budget_bytes, hi));
         pp.max_context = c;
         e.max_context = std::min(e.max_context.value_or(UINT64_MAX), c);
       }
