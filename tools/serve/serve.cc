@@ -702,6 +702,11 @@ Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, con
                                                      const std::vector<std::byte>& secret,
                                                      const std::string& key_namespace, std::string_view model,
                                                      std::string_view format, uint32_t timeout_ms) {
+#if !TESSERA_HAVE_REDIS
+  (void)url, (void)cluster, (void)secret, (void)key_namespace, (void)model, (void)format, (void)timeout_ms;
+  return Status(StatusCode::kFailedPrecondition, url.empty() ? "redis-cluster" : "redis",
+                "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
+#else
   std::string ns = RedisNamespace(model, format, 0);
   if (key_namespace != "tessera") ns = key_namespace + ns.substr(std::string_view("tessera").size());
   if (!url.empty()) {
@@ -734,6 +739,7 @@ Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, con
     }
   }
   return MakeRedisClusterTier(ro);
+#endif  // TESSERA_HAVE_REDIS
 }
 
 Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, std::vector<std::string>* warnings) {
