@@ -338,20 +338,6 @@ py::array StepLoopNs(PyManager& pm, const py::object& request_ids, const py::obj
   return out;
 }
 
-py::dict MetricsDict(const std::vector<MetricFamily>& families) {
-  py::dict out;
-  for (const MetricFamily& f : families) {
-    py::dict samples;
-    for (const auto& [labels, value] : f.samples) samples[py::str(labels)] = py::int_(value);
-    py::dict fam;
-    fam["type"] = f.type;
-    fam["help"] = f.help;
-    fam["samples"] = samples;
-    out[py::str(f.name)] = fam;
-  }
-  return out;
-}
-
 std::vector<MetricFamily> AllMetrics(PyManager& pm) {
   std::vector<MetricFamily> f = pm.m->CollectMetrics();
   if (pm.store) {
@@ -381,7 +367,38 @@ void RequireBacked(const PyManager& pm) {
   if (!pm.backed) ThrowValue("backed", "an unbacked manager holds no KV bytes to view");
 }
 
+// append and recompute: the tokens checked, then the manager call without the GIL.
+void WriteTokens(PyManager& pm, Status (RequestManager::*call)(RequestId, std::span<const uint32_t>, const KvWriters&),
+                 const py::object& request_id, const py::object& tokens, const py::object& writer) {
+  U32Array t;
+  ToU32Array(tokens, "tokens", &t);
+  const KvWriters& w = Writers(ParseWriter(writer));
+  ManagerLock lk(pm);
+  const RequestId r = pm.Live(request_id);
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = (pm.m.get()->*call)(r, std::span<const uint32_t>(t.data, t.size), w);
+  }
+  Check(st);
+}
+
 }  // namespace
+
+// Declared in manager.h: the store's metrics use it too.
+py::dict MetricsDict(const std::vector<MetricFamily>& families) {
+  py::dict out;
+  for (const MetricFamily& f : families) {
+    py::dict samples;
+    for (const auto& [labels, value] : f.samples) samples[py::str(labels)] = py::int_(value);
+    py::dict fam;
+    fam["type"] = f.type;
+    fam["help"] = f.help;
+    fam["samples"] = samples;
+    out[py::str(f.name)] = fam;
+  }
+  return out;
+}
 
 void BindManager(py::module_& m) {
   py::class_<PageBuffer>(m, "PageBuffer", py::buffer_protocol(),
@@ -459,33 +476,13 @@ void BindManager(py::module_& m) {
       .def(
           "append",
           [](PyManager& pm, const py::object& request_id, const py::object& tokens, const py::object& writer) {
-            U32Array t;
-            ToU32Array(tokens, "tokens", &t);
-            const KvWriters& w = Writers(ParseWriter(writer));
-            ManagerLock lk(pm);
-            const RequestId r = pm.Live(request_id);
-            Status st;
-            {
-              py::gil_scoped_release nogil;
-              st = pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), w);
-            }
-            Check(st);
+            WriteTokens(pm, &RequestManager::Append, request_id, tokens, writer);
           },
           py::arg("request_id"), py::arg("tokens"), py::kw_only(), py::arg("writer") = py::none())
       .def(
           "recompute",
           [](PyManager& pm, const py::object& request_id, const py::object& tokens, const py::object& writer) {
-            U32Array t;
-            ToU32Array(tokens, "tokens", &t);
-            const KvWriters& w = Writers(ParseWriter(writer));
-            ManagerLock lk(pm);
-            const RequestId r = pm.Live(request_id);
-            Status st;
-            {
-              py::gil_scoped_release nogil;
-              st = pm.m->Recompute(r, std::span<const uint32_t>(t.data, t.size), w);
-            }
-            Check(st);
+            WriteTokens(pm, &RequestManager::Recompute, request_id, tokens, writer);
           },
           py::arg("request_id"), py::arg("tokens"), py::kw_only(), py::arg("writer") = py::none())
       .def("step", &Step, py::arg("request_ids"), py::arg("counts"), py::arg("tokens"), py::kw_only(),

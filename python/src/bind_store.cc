@@ -257,17 +257,7 @@ void BindStore(py::module_& m) {
            })
       .def("metrics", [](PyStore& s) {
         ManagerLock lk(*s.pm);
-        py::dict out;
-        for (const MetricFamily& f : s.store->CollectMetrics()) {
-          py::dict samples;
-          for (const auto& [labels, value] : f.samples) samples[py::str(labels)] = py::int_(value);
-          py::dict fam;
-          fam["type"] = f.type;
-          fam["help"] = f.help;
-          fam["samples"] = samples;
-          out[py::str(f.name)] = fam;
-        }
-        return out;
+        return MetricsDict(s.store->CollectMetrics());
       });
 }
 

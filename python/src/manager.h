@@ -64,4 +64,7 @@ class ManagerLock {
   PyManager& pm_;
 };
 
+// Metric families as {name: {type, help, samples: {labels: value}}} (the manager's and the store's).
+py::dict MetricsDict(const std::vector<MetricFamily>& families);
+
 }  // namespace tessera::py_bind
