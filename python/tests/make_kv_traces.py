@@ -13,6 +13,13 @@ import sys
 
 FORMAT = "tessera-kv-trace/1"
 
+# DeepSeek-V4 traces: the models (Tessera presets, data/models) and the usable blocks of each
+# trace's pool (vLLM's blocks are shared by all KV-cache groups; sizes chosen so that each trace
+# shows what its name says: pressure where the original had it, none where it had none).
+V4_MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
+V4_BLOCKS = {m: {"prefix-sharing": 1000, "eviction-pressure": 800, "lookahead-reset": 600, "mixed": 1000,
+                 "mixed-no-caching": 1000, "window": 1500} for m in V4_MODELS}
+
 
 def trace(name, about, config, requests, steps):
     return {"format": FORMAT, "name": name, "about": about, "config": config,
@@ -132,10 +139,75 @@ def mixed(name, seed, caching, blocks):
                  "max_model_len": 4096, "enable_caching": caching}, reqs, steps)
 
 
+def v4(t, model, blocks, scale=16):
+    """A trace of DeepSeek-V4 (several KV-cache groups: ADR 0028) from one of the traces above:
+    every token count (prompt runs, chunks) times `scale`, so that its 16-token blocks become
+    vLLM's 256-token blocks of V4's compressed (full-attention) group; lookahead unchanged."""
+    name = "v4-%s-%s" % (model.split("-")[-1], t["name"])
+    reqs = {rid: dict(r, prompt=[[first * scale, count * scale] for first, count in r["prompt"]])
+            for rid, r in t["requests"].items()}
+    steps = [[dict(op, chunk=op["chunk"] * scale) if "chunk" in op else dict(op) for op in step]
+             for step in t["steps"]]
+    config = dict(t["config"], model=model, block_size=t["config"]["block_size"] * scale,
+                  max_model_len=t["config"]["max_model_len"] * scale, num_gpu_blocks=blocks + 1,
+                  max_num_batched_tokens=8192)
+    return trace(name, t["about"] + " (token counts x%d, DeepSeek-V4 groups)" % scale, config, reqs, steps)
+
+
+def v4_window(model, blocks):
+    # DeepSeek-V4's sliding-window groups (window 128 in 64-token blocks, compressor states in 4-
+    # and 8-token blocks) beside its compressed group (256-token blocks): prompts far past the
+    # window, whose window blocks are released while they prefill and are then evicted; prefixes
+    # shared at and off the 256-token alignment; a prefix whose full-attention blocks survive but
+    # whose window blocks do not; decodes across block boundaries; a refused admission.
+    reqs = {
+        "long": {"prompt": [[1, 3000]], "out_seed": 1},
+        "same": {"prompt": [[1, 3000], [90000, 100]], "out_seed": 2},
+        "mid": {"prompt": [[1, 1100], [91000, 500]], "out_seed": 3},
+        "off": {"prompt": [[1, 1000], [92000, 37]], "out_seed": 4},
+        "short": {"prompt": [[1, 200]], "out_seed": 5},
+        "fill": {"prompt": [[200000, 2600]], "out_seed": 6},
+        "fill2": {"prompt": [[300000, 2600]], "out_seed": 7},
+        "back": {"prompt": [[1, 2900], [93000, 300]], "out_seed": 8},
+        "huge": {"prompt": [[400000, 9000]], "out_seed": 9},
+    }
+    steps = [[{"run": "long", "chunk": 1024}], [{"run": "long", "chunk": 1024}]]
+    steps.append([{"run": "long", "chunk": 1024}, {"run": "same", "chunk": 700}])
+    for _ in range(6):
+        steps.append([{"run": "long"}, {"run": "same", "chunk": 700}, {"run": "short"}])
+    steps.append([{"free": "short"}, {"run": "long"}, {"run": "same"}, {"run": "mid", "chunk": 512},
+                  {"run": "off", "chunk": 333}])
+    for _ in range(5):
+        steps.append([{"run": "long", "lookahead": 2}, {"run": "same"}, {"run": "mid", "chunk": 512},
+                      {"run": "off", "chunk": 333}])
+    steps.append([{"free": "long"}, {"free": "same"}, {"run": "mid"}, {"run": "off"}])
+    steps.append([{"free": "mid"}, {"free": "off"}, {"run": "fill", "chunk": 1024}])
+    for _ in range(3):
+        steps.append([{"run": "fill", "chunk": 1024}, {"run": "fill2", "chunk": 1024}])
+    steps.append([{"run": "fill"}, {"run": "fill2"}, {"run": "back", "chunk": 1024}])
+    for _ in range(4):
+        steps.append([{"run": "fill"}, {"run": "fill2"}, {"run": "back", "chunk": 1024}])
+    steps.append([{"free": "fill"}, {"free": "fill2"}, {"run": "back"}, {"run": "huge", "chunk": 2048}])
+    steps.append([{"run": "back"}, {"run": "long", "chunk": 2048}])
+    for _ in range(3):
+        steps.append([{"run": "back"}, {"run": "long", "chunk": 2048}])
+    steps.append([{"free": "back"}, {"free": "long"}])
+    steps.append([{"reset_prefix_cache": True}])
+    return trace("v4-%s-window" % model.split("-")[-1], "DeepSeek-V4 groups: prompts past the window, "
+                 "window blocks released while prefilling and evicted later, prefixes shared on and "
+                 "off the 256-token alignment, a refused admission", {"model": model, "block_size": 256,
+                 "num_gpu_blocks": blocks + 1, "max_model_len": 65536, "max_num_batched_tokens": 8192,
+                 "enable_caching": True}, reqs, steps)
+
+
 def main():
     out = sys.argv[1]
-    for t in [prefix_sharing(), eviction_pressure(), lookahead_reset(), mixed("mixed", 7, True, 40),
-              mixed("mixed-no-caching", 7, False, 40)]:
+    traces = [prefix_sharing(), eviction_pressure(), lookahead_reset(), mixed("mixed", 7, True, 40),
+              mixed("mixed-no-caching", 7, False, 40)]
+    for model in V4_MODELS:
+        traces += [v4(t, model, V4_BLOCKS[model][t["name"]]) for t in traces[:5]]
+        traces.append(v4_window(model, V4_BLOCKS[model]["window"]))
+    for t in traces:
         with open(os.path.join(out, t["name"] + ".trace.json"), "w") as f:
             json.dump(t, f, indent=1, sort_keys=True)
             f.write("\n")

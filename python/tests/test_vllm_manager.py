@@ -17,11 +17,13 @@ DATA = os.path.join(os.environ.get("TESSERA_SOURCE_DIR", os.path.join(os.path.di
                     "tests", "data", "engine_traces")
 
 
-def manager_for(trace):
+def manager_for(trace, **kw):
     c = trace["config"]
+    extra = {k: c[k] for k in ("model", "max_num_batched_tokens") if k in c}  # DeepSeek-V4 traces
+    extra.update(kw)
     return KVCacheManager(num_gpu_blocks=c["num_gpu_blocks"], block_size=c["block_size"],
                           max_model_len=c["max_model_len"], enable_caching=c["enable_caching"], log_stats=True,
-                          enable_kv_cache_events=True)
+                          enable_kv_cache_events=True, **extra)
 
 
 class TracesEqualVllm(unittest.TestCase):
@@ -134,7 +136,7 @@ class Surface(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "num_gpu_blocks"):
             self.make(num_gpu_blocks=1)
         with self.assertRaisesRegex(ValueError, "model"):
-            self.make(model="deepseek-v4-flash", block_size=256)
+            self.make(model="no-such-model")
         with self.assertRaisesRegex(ValueError, "use_eagle"):
             self.make(use_eagle=True)
 
