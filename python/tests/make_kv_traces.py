@@ -18,7 +18,8 @@ FORMAT = "tessera-kv-trace/1"
 # shows what its name says: pressure where the original had it, none where it had none).
 V4_MODELS = ("deepseek-v4-flash", "deepseek-v4-pro")
 V4_BLOCKS = {m: {"prefix-sharing": 1000, "eviction-pressure": 800, "lookahead-reset": 600, "mixed": 1000,
-                 "mixed-no-caching": 1000, "window": 1500} for m in V4_MODELS}
+                 "mixed-no-caching": 1000, "window": 1400,
+                 "preempt": 1200, "returns": 500, "edge": 2000} for m in V4_MODELS}
 
 
 def trace(name, about, config, requests, steps):
@@ -169,7 +170,7 @@ def v4_window(model, blocks):
         "fill": {"prompt": [[200000, 2600]], "out_seed": 6},
         "fill2": {"prompt": [[300000, 2600]], "out_seed": 7},
         "back": {"prompt": [[1, 2900], [93000, 300]], "out_seed": 8},
-        "huge": {"prompt": [[400000, 9000]], "out_seed": 9},
+        "huge": {"prompt": [[400000, 6000]], "out_seed": 9},
     }
     steps = [[{"run": "long", "chunk": 1024}], [{"run": "long", "chunk": 1024}]]
     steps.append([{"run": "long", "chunk": 1024}, {"run": "same", "chunk": 700}])
@@ -196,7 +197,83 @@ def v4_window(model, blocks):
     return trace("v4-%s-window" % model.split("-")[-1], "DeepSeek-V4 groups: prompts past the window, "
                  "window blocks released while prefilling and evicted later, prefixes shared on and "
                  "off the 256-token alignment, a refused admission", {"model": model, "block_size": 256,
-                 "num_gpu_blocks": blocks + 1, "max_model_len": 65536, "max_num_batched_tokens": 8192,
+                 "num_gpu_blocks": blocks + 1, "max_model_len": 65536, "max_num_batched_tokens": 2048,
+                 "enable_caching": True}, reqs, steps)
+
+
+def v4_preempt(model, blocks):
+    # DeepSeek-V4 without the whole-sequence admission check (full_sequence_must_fit false, as a
+    # scheduler that admits on the first chunk): prompts admitted on a small first chunk run out
+    # of blocks in their larger later chunks and are preempted, then admitted again with what
+    # survived of their prefix.
+    reqs = {rid: {"prompt": [[1, 1500], [10000 * (i + 1), 1500 + 300 * i]], "out_seed": i}
+            for i, rid in enumerate(("p", "q", "r", "s"))}
+    first = [{"run": rid, "chunk": 512} for rid in ("p", "q", "r", "s")]
+    steps = [first]
+    for _ in range(12):
+        steps.append([{"run": rid, "chunk": 2048} for rid in ("p", "q", "r", "s")])
+    steps.append([{"free": "p"}, {"free": "q"}, {"run": "r"}, {"run": "s"}])
+    steps.append([{"free": "r"}, {"free": "s"}])
+    return trace("v4-%s-preempt" % model.split("-")[-1], "DeepSeek-V4 groups, admission on the first "
+                 "chunk only: preempted prefills, admitted again with the prefix that survived",
+                 {"model": model, "block_size": 256, "num_gpu_blocks": blocks + 1, "max_model_len": 65536,
+                  "max_num_batched_tokens": 8192, "enable_caching": True, "full_sequence_must_fit": False},
+                 reqs, steps)
+
+
+def v4_returns(model, seed, blocks):
+    # DeepSeek-V4 groups, seeded: prompts from three families (a shared prefix of 1-4 blocks of
+    # 256 tokens, then a private tail) that come back after they finish, so admissions hit
+    # blocks that are cached and not in use (taking them removes them from the free queue, and
+    # vLLM counts them against the free blocks), in a pool that is nearly full.
+    rng = random.Random(seed)
+    families = [(1000000 * (f + 1), 256 * rng.randint(1, 4)) for f in range(3)]
+    reqs, live, steps, done = {}, [], [], []
+    n = 0
+    for s in range(60):
+        step = []
+        if s < 45 and rng.random() < 0.6:
+            rid = "r%d" % n
+            if done and rng.random() < 0.5:
+                reqs[rid] = dict(reqs[rng.choice(done)], out_seed=n)  # a prompt seen before
+            else:
+                base, shared = families[rng.randrange(3)]
+                tail = rng.randint(1, 600)
+                reqs[rid] = {"prompt": [[base, shared], [5000000 + 10000 * n, tail]], "out_seed": n}
+            live.append([rid, rng.randint(2, 8)])
+            n += 1
+        for item in list(live):
+            if item[1] == 0:
+                step.append({"free": item[0]})
+                live.remove(item)
+                done.append(item[0])
+            else:
+                step.append({"run": item[0], "chunk": rng.choice([256, 512, 1024])})
+                item[1] -= 1
+        steps.append(step)
+    steps.append([{"free": rid} for rid, _ in live])
+    return trace("v4-%s-returns" % model.split("-")[-1], "DeepSeek-V4 groups, seeded (seed %d): prompts "
+                 "that come back after they finish, hitting cached blocks in a nearly full pool" % seed,
+                 {"model": model, "block_size": 256, "num_gpu_blocks": blocks + 1, "max_model_len": 65536,
+                  "max_num_batched_tokens": 2048, "enable_caching": True}, reqs, steps)
+
+
+def v4_edge(model, blocks, filler):
+    # DeepSeek-V4 groups at the edge of the pool: a prompt whose first 4096 tokens were computed
+    # by a request that finished hits them (blocks cached, not in use), while another request
+    # fills the pool so that the free blocks would cover its new blocks but not also the cached
+    # blocks the hit takes off the free queue: vLLM refuses it (those count), then admits it
+    # once the filler is gone.
+    reqs = {"a": {"prompt": [[7000000, 4097]], "out_seed": 1}, "b": {"prompt": [[8000000, filler]], "out_seed": 2},
+            "a2": {"prompt": [[7000000, 4096], [9000000, 8000]], "out_seed": 3}}
+    steps = [[{"run": "a", "chunk": 8192}], [{"run": "a"}], [{"free": "a"}, {"run": "b", "chunk": 8192}],
+             [{"run": "a2", "chunk": 1}], [{"free": "b"}, {"run": "a2", "chunk": 1}]]
+    for _ in range(4):
+        steps.append([{"run": "a2", "chunk": 2048}])
+    steps.append([{"free": "a2"}])
+    return trace("v4-%s-edge" % model.split("-")[-1], "DeepSeek-V4 groups: an admission refused only because "
+                 "the cached blocks it hits count against the free blocks", {"model": model, "block_size": 256,
+                 "num_gpu_blocks": blocks + 1, "max_model_len": 65536, "max_num_batched_tokens": 2048,
                  "enable_caching": True}, reqs, steps)
 
 
@@ -207,6 +284,9 @@ def main():
     for model in V4_MODELS:
         traces += [v4(t, model, V4_BLOCKS[model][t["name"]]) for t in traces[:5]]
         traces.append(v4_window(model, V4_BLOCKS[model]["window"]))
+        traces.append(v4_preempt(model, V4_BLOCKS[model]["preempt"]))
+        traces.append(v4_returns(model, 1, V4_BLOCKS[model]["returns"]))
+        traces.append(v4_edge(model, V4_BLOCKS[model]["edge"], 4740))
     for t in traces:
         with open(os.path.join(out, t["name"] + ".trace.json"), "w") as f:
             json.dump(t, f, indent=1, sort_keys=True)
