@@ -210,7 +210,12 @@ class HybridMixin:
         for k in range(len(hashes), len(toks) // hbs):
             parent = hashes[k - 1] if k else b""
             chunk = toks[k * hbs:(k + 1) * hbs]
-            hashes.append(hashlib.blake2b(parent + struct.pack("<%dI" % hbs, *chunk), digest_size=16).digest())
+            try:
+                packed = struct.pack("<%dI" % hbs, *chunk)
+            except struct.error:
+                raise ValueError("request.all_token_ids: tokens must be ints in [0, 2^32) (tokens %d..%d)"
+                                 % (k * hbs, (k + 1) * hbs - 1)) from None
+            hashes.append(hashlib.blake2b(parent + packed, digest_size=16).digest())
         return hashes
 
     def _key(self, g, hashes, i):
@@ -388,9 +393,9 @@ class HybridMixin:
                 raise ValueError("new_computed_blocks: %d groups, the manager has %d" % (len(hit), n_groups))
         rid = request.request_id
         r = self._hreqs.get(rid)
-        if r is not None and r.allocated and any(hit):
-            raise ValueError("new_computed_blocks: request %r is running; a running request has no new hits" % (rid,))
-        local = request.num_computed_tokens + num_new_computed_tokens
+        if any(hit):
+            self._check_hit(r, hit, num_new_computed_tokens)
+        local = _int(request.num_computed_tokens, "request.num_computed_tokens") + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
         free = self._pool.available
         if full_sequence_must_fit:
@@ -439,6 +444,23 @@ class HybridMixin:
         if self.enable_caching and not delay_cache_blocks:
             self._cache(request, r, min(total_computed + num_new_tokens, request.num_tokens))
         return KVCacheBlocks.of_groups(new) if any(new) else self.empty_kv_cache_blocks
+
+    def _check_hit(self, r, hit, num_new_computed_tokens):
+        """Hit blocks as get_computed_blocks gives them, or a ValueError before anything changes."""
+        if r is not None and r.allocated:
+            raise ValueError("new_computed_blocks: the request is running; a running request has no new hits")
+        for g in self._groups:
+            ids = hit[g.index]
+            if len(ids) * g.block_size != num_new_computed_tokens:
+                raise ValueError("new_computed_blocks: group %d has %d blocks of %d tokens for %d computed tokens"
+                                 % (g.index, len(ids), g.block_size, num_new_computed_tokens))
+            for b in ids:
+                if b == NULL:
+                    continue
+                if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self._capacity:
+                    raise ValueError("new_computed_blocks: block id %r is not one of the pool's" % (b,))
+                if self._key_of.get(b - 1, (None,))[0] != g.index:
+                    raise ValueError("new_computed_blocks: block %d is not a cached block of group %d" % (b, g.index))
 
     def _take(self, n):
         ids = self._pool.allocate(n)

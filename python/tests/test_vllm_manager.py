@@ -280,7 +280,9 @@ class DeepSeekV4(unittest.TestCase):
         # where vLLM finds the window blocks cached.
         self.assertEqual((b.recompute_from, b.recompute_tokens), (2816 - 128, 128))
         self.assertEqual(sum(real for _, real in admit["hit_blocks"][1:]), 2 + 2 + 2 + 16)
-        self.assertEqual(sum(g["layers"] for g in m.groups), want["provenance"]["inputs"]["kv_cache_groups"][0]["layers"])
+        # Tessera's paged groups are vLLM's group 0: the 62 CSA, indexer and HCA layers.
+        vllm_g0 = want["provenance"]["inputs"]["kv_cache_groups"][0]["layers"]
+        self.assertEqual(sum(g["layers"] for g in m.groups), vllm_g0)
 
     def test_arguments(self):
         with self.assertRaisesRegex(ValueError, "block_size"):
@@ -303,6 +305,16 @@ class DeepSeekV4(unittest.TestCase):
             m.allocate_slots(r, 100, 0, tessera.vllm.KVCacheBlocks([1]))
         with self.assertRaisesRegex(ValueError, "blocks"):
             m.create_kv_cache_blocks(([1],))
+        blocks = tessera.vllm.KVCacheBlocks.of_groups([[5], [9] * 4, [0] * 4, [0] * 64, [0] * 32])
+        with self.assertRaisesRegex(ValueError, "not a cached block"):
+            m.allocate_slots(r, 44, 256, blocks)  # made-up hit blocks
+        with self.assertRaisesRegex(ValueError, "group 0 has 1 blocks"):
+            m.allocate_slots(r, 44, 512, blocks)
+        with self.assertRaisesRegex(ValueError, "request.all_token_ids"):
+            m.get_computed_blocks(kv_trace.TraceRequest("t", [1, 2, -3, 4]))
+        with self.assertRaisesRegex(ValueError, "request.all_token_ids"):
+            m.get_computed_blocks(kv_trace.TraceRequest("t", [1, 2, 3, 1 << 32]))
+        self.assertEqual((m.usage, m.get_block_ids("a")), (0.0, ([], [], [], [], [])))  # nothing changed
 
     def test_explicit_groups(self):
         # The same layout given explicitly gives the same figures as the preset's.
