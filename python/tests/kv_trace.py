@@ -147,7 +147,13 @@ def replay(trace, manager, block_hasher=None):
                     events["removed_by_group"][e.group_idx] += len(e.block_hashes)
             elif name == "AllBlocksCleared":
                 events["cleared"] += 1
+        extra = {}
+        if groups > 1:  # several KV-cache groups: cascade-attention prefixes and new block ids too
+            extra["common_prefix_blocks"] = {rid: list(manager.get_num_common_prefix_blocks(rid))
+                                             for rid in sorted(running)}
+            extra["new_block_ids"] = len(manager.take_new_block_ids())
         out.append({
+            **extra,
             "ops": ops,
             "blocks_in_use": usable - free,
             "usage": round(manager.usage, 9),
