@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cinttypes>
 #include <condition_variable>
@@ -367,9 +368,28 @@ class Packer {
 
  private:
   void Byte(uint8_t b) { *p_++ = static_cast<char>(b); }
+  // The low `bytes` (2, 4 or 8) bytes of v, big-endian.
   void Be(uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; --i) *p_++ = static_cast<char>(v >> (8 * i));
+    switch (bytes) {
+      case 2:
+        Store(static_cast<uint16_t>(v));
+        break;
+      case 4:
+        Store(static_cast<uint32_t>(v));
+        break;
+      default:
+        Store(v);
+    }
   }
+  template <class U>
+  void Store(U v) {
+    if constexpr (std::endian::native == std::endian::little) v = Swap(v);
+    std::memcpy(p_, &v, sizeof v);
+    p_ += sizeof v;
+  }
+  static uint16_t Swap(uint16_t v) { return __builtin_bswap16(v); }
+  static uint32_t Swap(uint32_t v) { return __builtin_bswap32(v); }
+  static uint64_t Swap(uint64_t v) { return __builtin_bswap64(v); }
   char* p_;
 };
 
