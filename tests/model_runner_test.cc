@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -166,7 +167,7 @@ TEST(TinyRunnerGenerate, PastThePoolsCapacityFailsCleanlyAndTheRunnerRecovers) {
   EXPECT_EQ(g->tokens.size(), 23u);
 }
 
-class IdentityForward : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
+class IdentityForward : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(IdentityForward, LogitsFollowByHandAndGreedyRepeatsTheLastToken) {
   const auto [model, kv_format] = GetParam();
@@ -204,7 +205,14 @@ TEST_P(IdentityForward, LogitsFollowByHandAndGreedyRepeatsTheLastToken) {
 INSTANTIATE_TEST_SUITE_P(Models, IdentityForward,
                          ::testing::Values(std::make_tuple("tiny-mla", "mla-bf16"),
                                            std::make_tuple("tiny-mla", "fp8_ds_mla"),
-                                           std::make_tuple("tiny-dsa", "mla-bf16")));
+                                           std::make_tuple("tiny-dsa", "mla-bf16")),
+                         [](const ::testing::TestParamInfo<IdentityForward::ParamType>& param_info) {
+                           std::string name = std::get<0>(param_info.param) + "_" + std::get<1>(param_info.param);
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
 
 // A head of zeros: every logit ties at 0 and greedy takes the lowest id, 0, each step.
 TEST(TinyRunnerGenerate, TiesGoToTheLowestIdAndForcedTokensAreFed) {
