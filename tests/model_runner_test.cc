@@ -147,18 +147,18 @@ TEST(TinyRunnerStep, ArgumentsAreCheckedAndAnUnknownRequestIsAnError) {
 }
 
 TEST(TinyRunnerGenerate, PastThePoolsCapacityFailsCleanlyAndTheRunnerRecovers) {
-  auto r = Seeded("tiny-mla", 2);  // 2 blocks of 64 tokens
+  auto r = Seeded("tiny-mla", 1);  // 1 block of 64 tokens
   ASSERT_NE(r, nullptr);
-  // 100 prompt tokens, then decoding: token 128 needs a third block.
-  Result<Generation> g = r->Generate(Prompt(100), 100);
+  // 40 prompt tokens, then decoding: token 64 needs a second block.
+  Result<Generation> g = r->Generate(Prompt(40), 40);
   ASSERT_FALSE(g.ok());
   EXPECT_FALSE(g.status().message().empty());
-  EXPECT_EQ(r->manager().Tokens(*r->request()), 128u);  // every block filled, no more
+  EXPECT_EQ(r->manager().Tokens(*r->request()), 64u);  // the block filled, no more
   ASSERT_TRUE(r->Release().ok());
   EXPECT_FALSE(r->request().has_value());
   ASSERT_TRUE(r->Release().ok());  // twice: nothing to release
   // A prompt longer than the pool: refused at admission.
-  EXPECT_FALSE(r->Generate(Prompt(200), 1).ok());
+  EXPECT_FALSE(r->Generate(Prompt(65), 1).ok());
   // The runner is usable again, and a new Generate releases the last request itself.
   g = r->Generate(Prompt(20), 3);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
