@@ -49,12 +49,21 @@ def mismatches(m, rid, tokens):
 class ClusterStoreTest(unittest.TestCase):
     # Redis tests fail rather than skip without redis-server (as the C++ ones do, and
     # test_store.py's): RedisCluster raises, naming scripts/install-deps.sh.
-    def setUp(self):
-        self.cluster = RedisCluster()
-        self.p = prompt(BLOCKS * BT + 1)
+    # One cluster for the class (forming one takes ~2 s), emptied before each test; the test that
+    # kills its nodes forms its own.
+    @classmethod
+    def setUpClass(cls):
+        cls.shared = RedisCluster()
 
-    def tearDown(self):
-        self.cluster.close()
+    @classmethod
+    def tearDownClass(cls):
+        cls.shared.close()
+
+    def setUp(self):
+        self.cluster = self.shared
+        for n in self.cluster.nodes:
+            n.command("FLUSHALL")
+        self.p = prompt(BLOCKS * BT + 1)
 
     def store(self, m, secret=SECRET, **kw):
         return tessera.TieredStore(m, redis_cluster=self.cluster.seeds(), redis_secret=secret, **kw)
@@ -113,6 +122,8 @@ class ClusterStoreTest(unittest.TestCase):
         self.assertEqual(c.admit(self.p).tier_blocks, BLOCKS)
 
     def test_a_lost_cluster_is_misses(self):
+        self.cluster = RedisCluster()
+        self.addCleanup(self.cluster.close)
         self.write()
         b = manager()
         sb = self.store(b, redis_timeout_ms=100, write_policy="write-through")
