@@ -21,6 +21,7 @@ namespace tessera {
 namespace {
 
 using testing::Preset;
+using testing::RandomFloats;
 
 // A manager holding one request of `n` tokens whose records are random but valid for their
 // format (fp8 records quantized from random floats, so no NaN codes).
@@ -43,38 +44,12 @@ RandomPages MakePages(const Geometry& g, const std::string& kv_format, uint64_t 
   EXPECT_TRUE(a.ok()) << a.status().ToString();
   p.id = a->id;
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const RequestManager& mr = *p.manager;
   auto writer = [&](uint32_t group, uint32_t, uint64_t, const RecordView& view) {
-    const RecordFormat& f = mr.pool().groups()[group].format;
-    std::span<std::byte> rec = view.planes[0];
-    if (f.family == FormatFamily::kFp8DsMla) {
-      std::vector<float> lat(512), rope(64);
-      for (float& x : lat) x = u(rng);
-      for (float& x : rope) x = u(rng);
-      ASSERT_TRUE(QuantizeFp8DsMla(lat, rope, rec.first(656)).ok());
-    } else if (f.use == FormatUse::kIndexer) {
-      std::vector<float> key(f.regions[0].count);
-      for (float& x : key) x = u(rng);
-      ASSERT_TRUE(QuantizeIndexerFp8(key, rec.first(key.size() + 4)).ok());
-    } else {  // bf16 latent + rope
-      for (uint64_t i = 0; i + 1 < f.record_bytes(); i += 2) {
-        const uint16_t b = FloatToBf16(u(rng));
-        rec[i] = static_cast<std::byte>(b & 0xff);
-        rec[i + 1] = static_cast<std::byte>(b >> 8);
-      }
-    }
+    testing::WriteRandomRecord(mr.pool().groups()[group].format, view.planes[0], rng);
   };
   EXPECT_TRUE(p.manager->Append(p.id, prompt, KvWriters(writer)).ok());
   return p;
-}
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
 }
 
 std::vector<uint64_t> AllPositions(uint64_t n) {
@@ -89,8 +64,9 @@ std::vector<uint64_t> AllPositions(uint64_t n) {
 AttentionCounters DecodeAllLayers(const RandomPages& p, const Geometry& g, MlaDims dims, AttentionForm form) {
   AttentionCounters c;
   const uint64_t n = p.manager->Tokens(p.id);
-  const std::vector<float> q_nope = Random(dims.heads * dims.nope, 1), q_pe = Random(dims.heads * dims.rope, 2);
-  const std::vector<float> wkv_b = Random(size_t{dims.heads} * (dims.nope + dims.v) * dims.latent, 3, 0.05f);
+  const std::vector<float> q_nope = RandomFloats(dims.heads * dims.nope, 1),
+                           q_pe = RandomFloats(dims.heads * dims.rope, 2);
+  const std::vector<float> wkv_b = RandomFloats(size_t{dims.heads} * (dims.nope + dims.v) * dims.latent, 3, 0.05f);
   std::vector<float> out(dims.heads * dims.v);
   for (uint32_t l = 0; l < g.num_layers; ++l) {
     auto pages = PagedLayer::Of(*p.manager, p.id, l);
@@ -99,7 +75,7 @@ AttentionCounters DecodeAllLayers(const RandomPages& p, const Geometry& g, MlaDi
     if (pages->indexer_format() != nullptr) {
       auto idims = IndexerDims::Of(g);
       EXPECT_TRUE(idims.ok());
-      const std::vector<float> iq = Random(idims->heads * idims->head_dim, 4), iw = Random(idims->heads, 5);
+      const std::vector<float> iq = RandomFloats(idims->heads * idims->head_dim, 4), iw = RandomFloats(idims->heads, 5);
       EXPECT_TRUE(IndexerSelect(*pages, n, IndexerQuery{iq, iw}, *idims, &positions, &c).ok());
     }
     Status st = MlaDecode(*pages, positions, MlaQuery{q_nope, q_pe}, wkv_b, dims, form, out, &c);
@@ -160,8 +136,10 @@ TEST(AttentionFlops, CountersEqualClosedForms) {
     ASSERT_TRUE(dims.ok());
     const auto pages = PagedLayer::Of(*p.manager, p.id, 0);
     ASSERT_TRUE(pages.ok());
-    const std::vector<float> q_nope = Random(dims->heads * dims->nope, 1), q_pe = Random(dims->heads * dims->rope, 2);
-    const std::vector<float> wkv_b = Random(size_t{dims->heads} * (dims->nope + dims->v) * dims->latent, 3, 0.05f);
+    const std::vector<float> q_nope = RandomFloats(dims->heads * dims->nope, 1),
+                             q_pe = RandomFloats(dims->heads * dims->rope, 2);
+    const std::vector<float> wkv_b =
+        RandomFloats(size_t{dims->heads} * (dims->nope + dims->v) * dims->latent, 3, 0.05f);
     std::vector<float> out(dims->heads * dims->v);
     for (AttentionForm form : {AttentionForm::kAbsorbed, AttentionForm::kNaive}) {
       AttentionCounters c;
@@ -185,7 +163,7 @@ TEST(AttentionFlops, IndexerCounterEqualsClosedForm) {
   ASSERT_TRUE(idims.ok());
   auto pages = PagedLayer::Of(*p.manager, p.id, 2);
   ASSERT_TRUE(pages.ok());
-  const std::vector<float> iq = Random(idims->heads * idims->head_dim, 4), iw = Random(idims->heads, 5);
+  const std::vector<float> iq = RandomFloats(idims->heads * idims->head_dim, 4), iw = RandomFloats(idims->heads, 5);
   AttentionCounters c;
   std::vector<uint64_t> sel;
   ASSERT_TRUE(IndexerSelect(*pages, 90, IndexerQuery{iq, iw}, *idims, &sel, &c).ok());
@@ -210,9 +188,9 @@ TEST(MlaDecode, AbsorbedEqualsNaiveOnRandomPages) {
     ASSERT_TRUE(dims.ok());
     auto pages = PagedLayer::Of(*p.manager, p.id, 1);
     ASSERT_TRUE(pages.ok());
-    const std::vector<float> q_nope = Random(dims->heads * dims->nope, 1, 4.0f),
-                             q_pe = Random(dims->heads * dims->rope, 2, 4.0f);
-    const std::vector<float> wkv_b = Random(size_t{dims->heads} * (dims->nope + dims->v) * dims->latent, 3, 0.1f);
+    const std::vector<float> q_nope = RandomFloats(dims->heads * dims->nope, 1, 4.0f),
+                             q_pe = RandomFloats(dims->heads * dims->rope, 2, 4.0f);
+    const std::vector<float> wkv_b = RandomFloats(size_t{dims->heads} * (dims->nope + dims->v) * dims->latent, 3, 0.1f);
     std::vector<float> a(dims->heads * dims->v), n(dims->heads * dims->v);
     // A subset in scrambled order too (the sparse path's selection).
     std::vector<uint64_t> subset = {149, 3, 77, 0, 64, 65, 120};

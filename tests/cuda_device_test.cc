@@ -25,6 +25,7 @@ namespace tessera::cuda {
 namespace {
 
 using testing::Preset;
+using testing::RandomFloats;
 
 #define REQUIRE_GPU()                                                          \
   do {                                                                         \
@@ -78,14 +79,6 @@ TEST(CudaRuntime, RefusesDimsBeyondTheKernel) {
 
 // ---- Parity --------------------------------------------------------------------------------------
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
 // A host manager holding requests of the given lengths with random records in `layer` (others
 // zero): fp8 records quantized from random floats, bf16 records random bf16 values.
 struct Pages {
@@ -105,24 +98,10 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   Pages p{std::move(*m), {}};
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const RequestManager& mr = *p.manager;
   auto writer = [&](uint32_t group, uint32_t l, uint64_t, const RecordView& view) {
     const RecordFormat& f = mr.pool().groups()[group].format;
-    if (l != layer || f.use != FormatUse::kLatent) return;
-    std::span<std::byte> rec = view.planes[0];
-    if (f.family == FormatFamily::kFp8DsMla) {
-      std::vector<float> lat(512), rope(64);
-      for (float& x : lat) x = u(rng);
-      for (float& x : rope) x = u(rng);
-      ASSERT_TRUE(QuantizeFp8DsMla(lat, rope, rec.first(656)).ok());
-    } else {
-      for (uint64_t i = 0; i + 1 < f.record_bytes(); i += 2) {
-        const uint16_t b = FloatToBf16(u(rng));
-        rec[i] = static_cast<std::byte>(b & 0xff);
-        rec[i + 1] = static_cast<std::byte>(b >> 8);
-      }
-    }
+    if (l == layer && f.use == FormatUse::kLatent) testing::WriteRandomRecord(f, view.planes[0], rng);
   };
   uint32_t next = 1;
   for (uint64_t n : lengths) {
@@ -173,8 +152,8 @@ TEST_P(DecodeParity, MatchesTheCpuReference) {
   ASSERT_TRUE(dev->CopyFromHost(*host).ok());
 
   const size_t B = c.lengths.size();
-  const std::vector<float> q_nope = Random(B * d.heads * d.nope, 1), q_pe = Random(B * d.heads * d.rope, 2);
-  const std::vector<float> wkv_b = Random(size_t{d.heads} * (d.nope + d.v) * d.latent, 3, 0.05f);
+  const std::vector<float> q_nope = RandomFloats(B * d.heads * d.nope, 1), q_pe = RandomFloats(B * d.heads * d.rope, 2);
+  const std::vector<float> wkv_b = RandomFloats(size_t{d.heads} * (d.nope + d.v) * d.latent, 3, 0.05f);
   auto decoder = MlaDecoder::Create(d);
   ASSERT_TRUE(decoder.ok()) << decoder.status().ToString();
   ASSERT_TRUE((*decoder)->SetWeights(wkv_b).ok());
@@ -274,8 +253,8 @@ TEST(Transfer, PromotedPagesDecodeLikeTheHostPages) {
 
   MlaDims d = *MlaDims::Of(g);
   const size_t B = lengths.size();
-  const std::vector<float> q_nope = Random(B * d.heads * d.nope, 1), q_pe = Random(B * d.heads * d.rope, 2);
-  const std::vector<float> wkv_b = Random(size_t{d.heads} * (d.nope + d.v) * d.latent, 3, 0.05f);
+  const std::vector<float> q_nope = RandomFloats(B * d.heads * d.nope, 1), q_pe = RandomFloats(B * d.heads * d.rope, 2);
+  const std::vector<float> wkv_b = RandomFloats(size_t{d.heads} * (d.nope + d.v) * d.latent, 3, 0.05f);
   auto decoder = MlaDecoder::Create(d);
   ASSERT_TRUE(decoder.ok());
   ASSERT_TRUE((*decoder)->SetWeights(wkv_b).ok());

@@ -24,6 +24,7 @@ namespace tessera::cuda {
 namespace {
 
 using testing::Preset;
+using testing::RandomFloats;
 namespace k = kernels;
 
 TEST(KernelDecode, E4M3MatchesTheCodecForEveryCode) {
@@ -81,24 +82,10 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   Pages p{std::move(*m), {}};
   std::mt19937 rng(23);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const RequestManager& mr = *p.manager;
   auto writer = [&](uint32_t group, uint32_t l, uint64_t, const RecordView& view) {
     const RecordFormat& f = mr.pool().groups()[group].format;
-    if (l != layer || f.use != FormatUse::kLatent) return;
-    std::span<std::byte> rec = view.planes[0];
-    if (f.family == FormatFamily::kFp8DsMla) {
-      std::vector<float> lat(512), rope(64);
-      for (float& x : lat) x = u(rng);
-      for (float& x : rope) x = u(rng);
-      ASSERT_TRUE(QuantizeFp8DsMla(lat, rope, rec.first(656)).ok());
-    } else {
-      for (uint64_t i = 0; i + 1 < f.record_bytes(); i += 2) {
-        const uint16_t b = FloatToBf16(u(rng));
-        rec[i] = static_cast<std::byte>(b & 0xff);
-        rec[i + 1] = static_cast<std::byte>(b >> 8);
-      }
-    }
+    if (l == layer && f.use == FormatUse::kLatent) testing::WriteRandomRecord(f, view.planes[0], rng);
   };
   // A throwaway request first, freed: the batch's blocks are not 0, 1, 2, ... in order.
   std::vector<uint32_t> junk(130, 999999);
@@ -115,14 +102,6 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   }
   EXPECT_TRUE(p.manager->Free(j->id).ok());
   return p;
-}
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
 }
 
 struct EmulationCase {
@@ -155,8 +134,8 @@ TEST_P(KernelEmulation, MatchesTheCpuReference) {
                          DeviceLimits{c.sm_count, 2});
   ASSERT_TRUE(plan.ok());
   const size_t B = c.lengths.size(), H = d.heads, L = d.latent;
-  const std::vector<float> q_nope = Random(B * H * d.nope, 1), q_pe = Random(B * H * d.rope, 2);
-  const std::vector<float> wkv_b = Random(H * (d.nope + d.v) * L, 3, 0.05f);
+  const std::vector<float> q_nope = RandomFloats(B * H * d.nope, 1), q_pe = RandomFloats(B * H * d.rope, 2);
+  const std::vector<float> wkv_b = RandomFloats(H * (d.nope + d.v) * L, 3, 0.05f);
 
   // Absorb.
   std::vector<float> q_lat(B * H * L);

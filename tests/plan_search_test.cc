@@ -17,14 +17,7 @@ namespace tessera {
 namespace {
 
 using testing::Preset;
-
-WeightShapes Shapes(const std::string& name) {
-  Result<std::string> text = PresetConfigText(name);
-  EXPECT_TRUE(text.ok());
-  Result<WeightShapes> s = WeightShapesFromConfigJson(*text, name);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return *s;
-}
+using testing::PresetShapes;
 
 PlanOptions H200x8(uint64_t context) {
   PlanOptions o;
@@ -81,7 +74,7 @@ TEST(PlanSearch, EqualsTheSearchOverFreshLedgers) {
   size_t compared = 0, inside = 0, refused = 0;
   for (const Case& c : cases) {
     const Geometry g = Preset(c.model);
-    const WeightShapes shapes = Shapes(c.model);
+    const WeightShapes shapes = PresetShapes(c.model);
     for (uint64_t n : {uint64_t{1}, uint64_t{4}, uint64_t{37}, uint64_t{512}, uint64_t{100000}}) {
       PlanOptions o = H200x8(131072);
       o.concurrency = n;
@@ -144,7 +137,7 @@ TEST(PlanSearch, MatchesBruteForceOnAShortRange) {
   for (const char* model : {"deepseek-v4-flash", "deepseek-v3.2", "llama-3.1-8b"}) {
     Geometry g = Preset(model);
     g.max_position_embeddings = kRange;
-    const WeightShapes shapes = Shapes(model);
+    const WeightShapes shapes = PresetShapes(model);
     Result<Plan> base = ComputePlan(g, shapes, H200x8(1024));
     ASSERT_TRUE(base.ok()) << base.status().ToString();
     const uint64_t budget = base->kv_budget_bytes;

@@ -12,14 +12,7 @@ namespace tessera {
 namespace {
 
 using testing::Preset;
-
-WeightShapes Shapes(const std::string& name) {
-  Result<std::string> text = PresetConfigText(name);
-  EXPECT_TRUE(text.ok());
-  Result<WeightShapes> s = WeightShapesFromConfigJson(*text, name);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return *s;
-}
+using testing::PresetShapes;
 
 WeightBytes Bytes(const WeightShapes& s, WeightDtype d, uint32_t tp, bool mtp) {
   Result<WeightBytes> w = ComputeWeightBytes(s, d, tp, mtp);
@@ -57,7 +50,7 @@ TEST(Weights, ParameterCountsMatchPublishedTotals) {
       {"deepseek-v4-flash", false, 284, 0.002, "DeepSeek-V4-Flash model card"},
   };
   for (const Case& c : cases) {
-    WeightShapes s = Shapes(c.model);
+    WeightShapes s = PresetShapes(c.model);
     uint64_t n = ParameterCount(s, false) + (c.mtp ? ParameterCount(s, true) : 0);
     EXPECT_NEAR(Billions(n), c.published_b, c.published_b * c.tolerance) << c.model << " vs " << c.source;
   }
@@ -68,7 +61,7 @@ TEST(Weights, ExactCountsWhereTheSourcesAreExact) {
   // params"): BF16 3,918,786,560, F8_E4M3 680,571,043,840 and F32 41,555,600 elements, total
   // 684,531,386,000. F32 is the float32 weight_scale_inv (one per 128x128 block of each fp8
   // tensor) plus the routers' e_score_correction_bias. The same three counts from the shapes:
-  WeightShapes v3 = Shapes("deepseek-v3");
+  WeightShapes v3 = PresetShapes("deepseek-v3");
   uint64_t bf16 = 0, fp8 = 0, f32 = 0;
   for (const WeightTensor& t : v3.tensors) {
     uint64_t n = t.rows * t.cols * t.copies;
@@ -83,13 +76,13 @@ TEST(Weights, ExactCountsWhereTheSourcesAreExact) {
   EXPECT_EQ(w.bytes_per_rank, fp8 + 2 * bf16 + 4 * (f32 + w.scale_bytes_per_rank / 4));
   // meta-llama/Llama-3.1-8B and -70B: model.safetensors.index.json total_size 16,060,522,496 and
   // 141,107,412,992 bytes of bf16, i.e. 8,030,261,248 and 70,553,706,496 parameters.
-  EXPECT_EQ(ParameterCount(Shapes("llama-3.1-8b"), false), 8030261248ULL);
-  EXPECT_EQ(ParameterCount(Shapes("llama-3.1-70b"), false), 70553706496ULL);
+  EXPECT_EQ(ParameterCount(PresetShapes("llama-3.1-8b"), false), 8030261248ULL);
+  EXPECT_EQ(ParameterCount(PresetShapes("llama-3.1-70b"), false), 70553706496ULL);
 }
 
 TEST(Weights, Bf16IsTwoBytesPerParameterWhenNothingIsFloat32) {
   // DeepSeek-V2-Lite: greedy routing (no float32 router bias), no quantization_config.
-  WeightShapes s = Shapes("deepseek-v2-lite");
+  WeightShapes s = PresetShapes("deepseek-v2-lite");
   WeightBytes w = Bytes(s, WeightDtype::kBf16, 1, false);
   EXPECT_EQ(w.bytes_per_rank, 2 * ParameterCount(s, false));
   EXPECT_EQ(w.scale_bytes_per_rank, 0u);
@@ -97,7 +90,7 @@ TEST(Weights, Bf16IsTwoBytesPerParameterWhenNothingIsFloat32) {
 
 TEST(Weights, Fp8ScalesOnePerBlock) {
   // DeepSeek-V3 q_b_proj: [128 x 192, 1536] = 24576 x 1536: 192 x 12 blocks, float32 scales.
-  WeightShapes s = Shapes("deepseek-v3");
+  WeightShapes s = PresetShapes("deepseek-v3");
   WeightShapes one = s;
   one.tensors.clear();
   for (const WeightTensor& t : s.tensors) {
@@ -115,7 +108,7 @@ TEST(Weights, Fp8ScalesOnePerBlock) {
 }
 
 TEST(Weights, Fp4ExpertsHalfAByteAndAScalePer32) {
-  WeightShapes s = Shapes("deepseek-v4-flash");
+  WeightShapes s = PresetShapes("deepseek-v4-flash");
   EXPECT_EQ(s.checkpoint_dtype, WeightDtype::kFp4);
   WeightBytes fp4 = Bytes(s, WeightDtype::kFp4, 1, false);
   WeightBytes fp8 = Bytes(s, WeightDtype::kFp8, 1, false);
@@ -134,7 +127,7 @@ TEST(Weights, Fp4ExpertsHalfAByteAndAScalePer32) {
 }
 
 TEST(Weights, ShardingRule) {
-  WeightShapes s = Shapes("deepseek-v3");
+  WeightShapes s = PresetShapes("deepseek-v3");
   WeightBytes one = Bytes(s, WeightDtype::kBf16, 1, false);
   WeightBytes eight = Bytes(s, WeightDtype::kBf16, 8, false);
   auto group = [](const WeightBytes& w, const std::string& name) {
@@ -159,7 +152,7 @@ TEST(Weights, ShardingRule) {
 }
 
 TEST(Weights, MtpLayersCountOnlyWhenAsked) {
-  WeightShapes s = Shapes("deepseek-v3");
+  WeightShapes s = PresetShapes("deepseek-v3");
   WeightBytes without = Bytes(s, WeightDtype::kBf16, 1, false);
   WeightBytes with = Bytes(s, WeightDtype::kBf16, 1, true);
   EXPECT_EQ(without.params, ParameterCount(s, false));
@@ -175,13 +168,13 @@ TEST(Weights, MtpLayersCountOnlyWhenAsked) {
 
 TEST(Weights, RefusesWhatTheConfigCannotHave) {
   // Kimi-K2's preset carries no quantization_config (data/models/README.md).
-  Result<WeightBytes> w = ComputeWeightBytes(Shapes("kimi-k2"), WeightDtype::kFp8, 8, false);
+  Result<WeightBytes> w = ComputeWeightBytes(PresetShapes("kimi-k2"), WeightDtype::kFp8, 8, false);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().field(), "weights-dtype");
-  w = ComputeWeightBytes(Shapes("deepseek-v3"), WeightDtype::kFp4, 8, false);
+  w = ComputeWeightBytes(PresetShapes("deepseek-v3"), WeightDtype::kFp4, 8, false);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().field(), "weights-dtype");
-  w = ComputeWeightBytes(Shapes("deepseek-v3"), WeightDtype::kFp8, 3, false);
+  w = ComputeWeightBytes(PresetShapes("deepseek-v3"), WeightDtype::kFp8, 3, false);
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().field(), "tp");
   EXPECT_FALSE(ParseWeightDtype("int4").ok());
@@ -223,7 +216,7 @@ PlanOptions H200x8(uint64_t context) {
 }
 
 Plan MustPlan(const std::string& model, const PlanOptions& o) {
-  Result<Plan> p = ComputePlan(Preset(model), Shapes(model), o);
+  Result<Plan> p = ComputePlan(Preset(model), PresetShapes(model), o);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   return *p;
 }
@@ -340,16 +333,16 @@ TEST(Plan, WeightsThatDoNotFitRejectEveryEngine) {
 TEST(Plan, InputErrorsNameTheField) {
   PlanOptions o = H200x8(131072);
   o.tp = 3;
-  Result<Plan> p = ComputePlan(Preset("deepseek-v3"), Shapes("deepseek-v3"), o);
+  Result<Plan> p = ComputePlan(Preset("deepseek-v3"), PresetShapes("deepseek-v3"), o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().field(), "tp");
   o = H200x8(0);
-  p = ComputePlan(Preset("deepseek-v3"), Shapes("deepseek-v3"), o);
+  p = ComputePlan(Preset("deepseek-v3"), PresetShapes("deepseek-v3"), o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().field(), "context");
   o = H200x8(1024);
   o.concurrency = 0;
-  p = ComputePlan(Preset("deepseek-v3"), Shapes("deepseek-v3"), o);
+  p = ComputePlan(Preset("deepseek-v3"), PresetShapes("deepseek-v3"), o);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().field(), "concurrency");
   Result<GpuSpec> gpu = LoadGpu("A100");

@@ -610,27 +610,15 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
 // The cluster tier of one rank, counting what it writes. `before_put` (when set) runs before each
 // PutBatch: the baseline's barrier, which makes every rank's existence check of a batch precede
 // any rank's write of it, as when ranks run in step (so today's code writes N copies, always).
-class RankTier final : public Tier {
+class RankTier final : public testing::ForwardingTier {
  public:
   RankTier(std::unique_ptr<Tier> under, std::function<void()> before_put)
-      : under_(std::move(under)), before_put_(std::move(before_put)) {}
-  std::string_view name() const override { return under_->name(); }
-  bool in_memory() const override { return under_->in_memory(); }
-  bool persistent() const override { return under_->persistent(); }
-  bool shared() const override { return under_->shared(); }
+      : ForwardingTier(std::move(under)), before_put_(std::move(before_put)) {}
   Status PutBatch(std::span<const TierRecord* const> records) override {
     if (before_put_) before_put_();
     for (const TierRecord* r : records) payloads[r->key] = r->payload;
-    return under_->PutBatch(records);
+    return ForwardingTier::PutBatch(records);
   }
-  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
-    return under_->GetBatch(keys);
-  }
-  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
-  std::vector<Hash128> Keys() const override { return under_->Keys(); }
-  Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
-  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
-  TierCounters counters() const override { return under_->counters(); }
   // Every record this rank handed the cluster (written under the store's tier mutex; read after
   // the store is flushed).
   std::map<std::pair<uint64_t, uint64_t>, std::vector<std::byte>> payloads_by_key() const {
@@ -641,7 +629,6 @@ class RankTier final : public Tier {
   std::unordered_map<Hash128, std::vector<std::byte>, Hash128Hasher> payloads;
 
  private:
-  std::unique_ptr<Tier> under_;
   std::function<void()> before_put_;
 };
 

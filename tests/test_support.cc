@@ -1,5 +1,7 @@
 #include "test_support.h"
 
+#include "tessera/codec.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #if TESSERA_HAVE_REDIS
@@ -75,6 +77,44 @@ LedgerOptions LedgerOptionsFor(const ManagerOptions& options, uint64_t context, 
   o.swa_strategy = options.window_strategy;
   o.engine = Engine::kTessera;
   return o;
+}
+
+WeightShapes PresetShapes(const std::string& name) {
+  Result<std::string> text = PresetConfigText(name);
+  EXPECT_TRUE(text.ok()) << text.status().ToString();
+  if (!text.ok()) return WeightShapes{};
+  Result<WeightShapes> s = WeightShapesFromConfigJson(*text, name);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? *s : WeightShapes{};
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+void WriteRandomRecord(const RecordFormat& f, std::span<std::byte> rec, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  if (f.family == FormatFamily::kFp8DsMla) {
+    std::vector<float> lat(512), rope(64);
+    for (float& x : lat) x = u(rng);
+    for (float& x : rope) x = u(rng);
+    ASSERT_TRUE(QuantizeFp8DsMla(lat, rope, rec.first(656)).ok());
+  } else if (f.use == FormatUse::kIndexer) {
+    std::vector<float> key(f.regions[0].count);
+    for (float& x : key) x = u(rng);
+    ASSERT_TRUE(QuantizeIndexerFp8(key, rec.first(key.size() + 4)).ok());
+  } else {  // bf16 latent + rope
+    ASSERT_GE(rec.size(), f.record_bytes());
+    for (uint64_t i = 0; i + 1 < f.record_bytes(); i += 2) {
+      const uint16_t b = FloatToBf16(u(rng));
+      rec[i] = static_cast<std::byte>(b & 0xff);
+      rec[i + 1] = static_cast<std::byte>(b >> 8);
+    }
+  }
 }
 
 TempDir::TempDir() {

@@ -7,6 +7,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -17,6 +20,8 @@
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
 #include "tessera/request_manager.h"
+#include "tessera/tier.h"
+#include "tessera/weights.h"
 
 namespace tessera {
 
@@ -44,6 +49,41 @@ LedgerOptions Context(uint64_t tokens, const std::string& kv_format = "", Engine
 // The ledger options (engine tessera) that describe the same state as a manager built with
 // `options` holding `batch` requests of `context` tokens each.
 LedgerOptions LedgerOptionsFor(const ManagerOptions& options, uint64_t context, uint64_t batch);
+
+// A preset's weight shapes (its config.json through WeightShapesFromConfigJson) or fails the test.
+WeightShapes PresetShapes(const std::string& name);
+
+// `n` floats uniform in [-scale, scale), drawn from std::mt19937(seed).
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f);
+// Random KV into one record `rec` of format `f`, drawing from `rng` (uniform in [-1, 1)): an
+// fp8_ds_mla record quantized from 512 latent then 64 rope values; an indexer record quantized
+// (fp8) from its key; any other record filled with random bf16 values (little-endian pairs).
+void WriteRandomRecord(const RecordFormat& f, std::span<std::byte> rec, std::mt19937& rng);
+
+// A tier that forwards every call to another (owned or borrowed): tests derive from it and
+// override the calls they watch or change.
+class ForwardingTier : public Tier {
+ public:
+  explicit ForwardingTier(Tier* under) : under_(under) {}
+  explicit ForwardingTier(std::unique_ptr<Tier> under) : owned_(std::move(under)), under_(owned_.get()) {}
+  std::string_view name() const override { return under_->name(); }
+  bool in_memory() const override { return under_->in_memory(); }
+  bool persistent() const override { return under_->persistent(); }
+  bool shared() const override { return under_->shared(); }
+  Status PutBatch(std::span<const TierRecord* const> records) override { return under_->PutBatch(records); }
+  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
+    return under_->GetBatch(keys);
+  }
+  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
+  std::vector<Hash128> Keys() const override { return under_->Keys(); }
+  Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
+  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
+  TierCounters counters() const override { return under_->counters(); }
+
+ private:
+  std::unique_ptr<Tier> owned_;
+  Tier* under_;
+};
 
 // A fresh directory under the system temp dir, removed by the destructor.
 class TempDir {

@@ -664,29 +664,18 @@ TEST(TieredStore, RedisDownIsAMissAndRecoveryIsServed) {
 // A tier the ranks of a tensor-parallel group share, in one thread: a host tier seen through a
 // shared, persistent face, so the store writes it as it writes Redis (one batch per record here,
 // the stores being synchronous). Records the keys written, in order, and every payload.
-class SharedTier final : public Tier {
+class SharedTier final : public testing::ForwardingTier {
  public:
-  explicit SharedTier(Tier* under) : under_(under) {}
+  explicit SharedTier(Tier* under) : ForwardingTier(under) {}
   std::string_view name() const override { return "shared"; }
   bool in_memory() const override { return false; }
   bool persistent() const override { return true; }
   bool shared() const override { return true; }
   Status PutBatch(std::span<const TierRecord* const> records) override {
     for (const TierRecord* r : records) written.push_back(r->key);
-    return under_->PutBatch(records);
+    return ForwardingTier::PutBatch(records);
   }
-  std::vector<std::optional<TierRecord>> GetBatch(std::span<const Hash128> keys) override {
-    return under_->GetBatch(keys);
-  }
-  std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
-  std::vector<Hash128> Keys() const override { return under_->Keys(); }
-  Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
-  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
-  TierCounters counters() const override { return under_->counters(); }
   std::vector<Hash128> written;
-
- private:
-  Tier* under_;
 };
 
 std::unique_ptr<TieredStore> RankStore(const RequestManager& m, std::vector<std::unique_ptr<Tier>> tiers, uint32_t rank,

@@ -48,7 +48,7 @@ std::vector<std::string> TinyModelNames();
 struct TensorSpec {
   std::string name;
   std::vector<uint64_t> shape;
-  uint64_t elements() const;
+  uint64_t elements() const;  // UINT64_MAX when the product leaves 64 bits
 };
 // Every tensor of the weight file, in generation and file order (ADR 0017).
 std::vector<TensorSpec> WeightSpecs(const TinyConfig& c);

@@ -69,10 +69,12 @@ struct WeightShapes {
   std::vector<std::string> notes;
 };
 
-// Reads the shapes from config.json text; errors name the config field.
+// Reads the shapes from config.json text; errors name the config field ("config" when the
+// parameter count would leave 64 bits).
 Result<WeightShapes> WeightShapesFromConfigJson(std::string_view json_text, std::string_view source);
 
-// Element count of the whole model (unsharded), main and MTP layers apart.
+// Element count of the whole model (unsharded), main and MTP layers apart. UINT64_MAX when it
+// leaves 64 bits (only shapes built by hand can: the reader refuses such a config).
 uint64_t ParameterCount(const WeightShapes& shapes, bool mtp);
 
 struct WeightGroupBytes {
@@ -93,7 +95,8 @@ struct WeightBytes {
 
 // Bytes per rank. Errors: "tp" (zero, or not dividing the attention heads), "weights-dtype" (a
 // dtype the config cannot have: fp8 without an fp8 quantization_config, fp4 without
-// expert_dtype fp4).
+// expert_dtype fp4), "weight_block_size" (fp8/fp4 with an fp8_block of 0), "config" (bytes
+// leaving 64 bits).
 Result<WeightBytes> ComputeWeightBytes(const WeightShapes& shapes, WeightDtype dtype, uint32_t tp, bool include_mtp);
 
 }  // namespace tessera

@@ -25,6 +25,7 @@ struct PyStore {
 std::vector<std::byte> SecretBytes(const py::object& v, const char* arg) {
   if (!PyBytes_Check(v.ptr()) && !PyByteArray_Check(v.ptr())) ThrowType(arg, "must be bytes");
   const std::string s = py::bytes(v).cast<std::string>();
+  if (s.size() < 16) ThrowValue(arg, "the fleet secret needs at least 16 bytes (got " + std::to_string(s.size()) + ")");
   std::vector<std::byte> out(s.size());
   std::memcpy(out.data(), s.data(), s.size());
   return out;
@@ -56,6 +57,20 @@ void ParseRedisUrl(const std::string& url, RedisTierOptions* o) {
   }
   o->host = host;
   o->port = port;
+}
+
+// A Redis tier's refusal of one of its options, named by the Python argument that carried it.
+Status AsArgument(const Status& s) {
+  static const std::pair<std::string_view, const char*> kArgs[] = {{"seeds", "redis_cluster"},
+                                                                   {"host", "redis_url"},
+                                                                   {"port", "redis_url"},
+                                                                   {"timeout_ms", "redis_timeout_ms"},
+                                                                   {"key_namespace", "redis_namespace"},
+                                                                   {"secret", "redis_secret"}};
+  for (const auto& [field, arg] : kArgs) {
+    if (s.field() == field) return Status(s.code(), arg, s.message());
+  }
+  return s;
 }
 
 std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::object& host_bytes,
@@ -143,14 +158,14 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
       if (r.ok())
         tiers.push_back(std::move(*r));
       else
-        st = r.status();
+        st = AsArgument(r.status());
     }
     if (st.ok() && co) {
       Result<std::unique_ptr<Tier>> r = MakeRedisClusterTier(*co);
       if (r.ok())
         tiers.push_back(std::move(*r));
       else
-        st = r.status();
+        st = AsArgument(r.status());
     }
     if (st.ok()) {
       Result<std::unique_ptr<TieredStore>> s = TieredStore::Create(pm->m->pool(), so, std::move(tiers));

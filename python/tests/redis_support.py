@@ -18,17 +18,25 @@ def _free_port():
 
 
 class RedisServer:
-    def __init__(self):
+    def __init__(self, cluster=False):
+        """cluster: cluster mode, its config file in the fresh --dir and the cluster bus on a free
+        port of its own (a client port above 55535 has no +10000 one)."""
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not on PATH: run scripts/install-deps.sh")
         self.dir = tempfile.mkdtemp(prefix="tessera-redis-")
         self.proc = None
+        self.bus_port = None
         for _ in range(8):
             self.port = _free_port()
-            self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                 "no", "--dir", self.dir, "--loglevel", "warning"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                    "no", "--dir", self.dir, "--loglevel", "warning"]
+            if cluster:
+                self.bus_port = _free_port()
+                while self.bus_port == self.port:
+                    self.bus_port = _free_port()
+                args += ["--cluster-enabled", "yes", "--cluster-config-file", os.path.join(self.dir, "nodes.conf"),
+                         "--cluster-port", str(self.bus_port), "--cluster-require-full-coverage", "no"]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if self._wait_up():
                 return
             self.stop()
@@ -87,3 +95,50 @@ class RedisServer:
     def close(self):
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisCluster:
+    """Three redis-server processes in cluster mode on 127.0.0.1, one master per third of the
+    slots (as tests/redis_cluster_test.cc forms its cluster): slots assigned, nodes introduced,
+    ready once every node reports cluster_state:ok with all 16384 slots and 3 nodes known."""
+
+    RANGES = ((0, 5460), (5461, 10922), (10923, 16383))
+
+    def __init__(self):
+        self.nodes = []
+        try:
+            for _ in range(3):
+                self.nodes.append(RedisServer(cluster=True))
+            for i, (n, (lo, hi)) in enumerate(zip(self.nodes, self.RANGES)):
+                n.command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
+                n.command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            for n in self.nodes[1:]:
+                self.nodes[0].command("CLUSTER", "MEET", "127.0.0.1", n.port, n.bus_port)
+            deadline = time.monotonic() + 10
+            for n in self.nodes:
+                while True:
+                    info = n.command("CLUSTER", "INFO")
+                    if (b"cluster_state:ok" in info and b"cluster_slots_assigned:16384" in info
+                            and b"cluster_known_nodes:3" in info):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("node %d never reported cluster_state:ok" % n.port)
+                    time.sleep(0.02)
+        except BaseException:
+            self.close()
+            raise
+
+    def seeds(self):
+        """The seed list a client is given: two of the three nodes."""
+        return ",".join("127.0.0.1:%d" % n.port for n in self.nodes[:2])
+
+    def dbsizes(self):
+        return [n.command("DBSIZE") for n in self.nodes]
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()
+
+    def close(self):
+        for n in self.nodes:
+            n.close()

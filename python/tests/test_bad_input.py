@@ -162,6 +162,9 @@ class BadInputTest(unittest.TestCase):
         self.assertNames(ValueError, "redis_url", S, self.m, redis_url="redis://h:99999", redis_secret=b"0" * 16)
         self.assertNames(ValueError, "redis_url", S, self.m, redis_url="redis://a b:1", redis_secret=b"0" * 16)
         self.assertNames(TypeError, "redis_secret", S, self.m, redis_url="redis://h:1", redis_secret="0" * 16)
+        self.assertNames(ValueError, "redis_secret", S, self.m, redis_url="redis://h:1", redis_secret=b"0" * 15)
+        self.assertNames(ValueError, "redis_timeout_ms", S, self.m, redis_url="redis://h:1", redis_secret=b"0" * 16,
+                         redis_timeout_ms=0)
         self.assertNames(ValueError, "disk_dir", S, self.m, disk_dir="")
         self.assertNames(ValueError, "disk_fsync", S, self.m, disk_dir="/tmp/x", disk_fsync="never-ever")
         self.assertNames(TypeError, "manager", S, None, host_bytes=1)

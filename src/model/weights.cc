@@ -78,6 +78,24 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 
 Status Bad(const std::string& what) { return InvalidArgument("weights", what); }
 
+// The F32 bytes of a tensor of `t`'s shape, checked: a shape whose bytes leave 64 bits is an
+// error naming the tensor.
+Result<uint64_t> DataBytes(const TensorSpec& t) {
+  Checked n(4);
+  for (uint64_t d : t.shape) n *= d;
+  if (n.overflowed()) return Bad(t.name + ": shape's bytes overflow 64 bits");
+  return n.value();
+}
+
+// At most 40 characters of a name from outside, control characters shown as '?'.
+std::string Shown(std::string_view name) {
+  std::string s(name.substr(0, 40));
+  for (char& c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return s;
+}
+
 }  // namespace
 
 double NextWeightDraw(uint64_t& state) {
@@ -90,7 +108,7 @@ std::vector<std::string> TinyModelNames() { return {"tiny-dsa", "tiny-mla"}; }
 Result<TinyConfig> LoadTinyConfig(std::string_view model) {
   bool known = false;
   for (const std::string& n : TinyModelNames()) known = known || n == model;
-  if (!known) return NotFound("model", "unknown tiny model \"" + std::string(model) + "\" (known: tiny-mla, tiny-dsa)");
+  if (!known) return NotFound("model", "unknown tiny model \"" + Shown(model) + "\" (known: tiny-mla, tiny-dsa)");
   TinyConfig c;
   c.name = std::string(model);
   TESSERA_ASSIGN_OR_RETURN(c.geometry, LoadPreset(model));
@@ -130,9 +148,9 @@ Result<TinyConfig> LoadTinyConfig(std::string_view model) {
 }
 
 uint64_t TensorSpec::elements() const {
-  uint64_t n = 1;
+  Checked n(1);
   for (uint64_t d : shape) n *= d;
-  return n;
+  return n.overflowed() ? UINT64_MAX : n.value();
 }
 
 std::vector<TensorSpec> WeightSpecs(const TinyConfig& c) {
@@ -193,9 +211,10 @@ Result<std::string> SerializeWeightFile(std::string_view model, std::span<const 
   uint64_t offset = 0;
   std::string data;
   for (const TensorSpec& t : specs) {
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t bytes, DataBytes(t));
     auto it = w.tensors.find(t.name);
     if (it == w.tensors.end() || it->second.size() != t.elements()) return Bad(t.name + ": missing or mis-sized");
-    const uint64_t bytes = 4 * t.elements();
+    // The tensors are in memory: their bytes sum inside 64 bits.
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
     for (float f : it->second) {
@@ -300,10 +319,12 @@ Result<Weights> ParseWeightFile(std::string_view bytes, std::string_view model_n
       return Bad(t.name + ": data_offsets is not [begin, end]");
     }
     const uint64_t begin = e["data_offsets"][0].get<uint64_t>(), end = e["data_offsets"][1].get<uint64_t>();
-    const uint64_t size = 4 * t.elements();
+    TESSERA_ASSIGN_OR_RETURN(const uint64_t size, DataBytes(t));
     if (begin != offset || end < begin || end - begin != size) {
+      const Checked want_end = Checked(offset) + size;
       return Bad(t.name + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "], expected [" +
-                 std::to_string(offset) + ", " + std::to_string(offset + size) + "]");
+                 std::to_string(offset) + ", " +
+                 (want_end.overflowed() ? std::string("beyond 2^64") : std::to_string(want_end.value())) + "]");
     }
     if (end > data.size()) return Bad(t.name + ": data runs past the end of the file");
     std::vector<float> v(t.elements());

@@ -32,8 +32,12 @@ namespace {
 
 using nlohmann::json;
 
-// Dimensions are bounded so that every product below stays far inside 64 bits.
+// Dimensions are bounded so that a product of two stays far inside 64 bits; products of three
+// and more (experts x rows x cols) are checked (WeightShapesFromConfigJson refuses a model whose
+// parameter count leaves 64 bits).
 constexpr uint64_t kMaxDim = uint64_t{1} << 24;
+// Layers are listed one by one (a tensor per layer): as many as a Geometry allows (geometry.cc).
+constexpr uint64_t kMaxLayers = 100000;
 
 Result<uint64_t> Dim(const json& cfg, const char* field, bool required, uint64_t fallback = 0) {
   auto it = cfg.find(field);
@@ -169,6 +173,14 @@ Status ReadConfig(const json& cfg, Config& c, WeightShapes& s) {
   TESSERA_ASSIGN_OR_RETURN(c.vocab, Dim(cfg, "vocab_size", true));
   TESSERA_ASSIGN_OR_RETURN(c.heads, Dim(cfg, "num_attention_heads", true));
   TESSERA_ASSIGN_OR_RETURN(c.kv_heads, Dim(cfg, "num_key_value_heads", false, c.heads));
+  if (c.layers > kMaxLayers) {
+    return OutOfRange("num_hidden_layers", "value " + std::to_string(c.layers) + " is implausibly large");
+  }
+  if (c.layers + c.mtp_layers > kMaxLayers) {
+    return OutOfRange("num_nextn_predict_layers", "value " + std::to_string(c.mtp_layers) +
+                                                      " is implausibly large (main plus MTP layers above " +
+                                                      std::to_string(kMaxLayers) + ")");
+  }
   if (c.hidden == 0 || c.layers == 0 || c.vocab == 0 || c.heads == 0) {
     return InvalidArgument("hidden_size",
                            "hidden_size, num_hidden_layers, vocab_size and num_attention_heads must be positive");
@@ -285,6 +297,9 @@ Result<WeightShapes> WeightShapesFromConfigJson(std::string_view json_text, std:
       mtp.Add("mtp", "shared_head", c.vocab, c.hidden, 1, WeightClass::kBf16, Split::kRows);
     }
   }
+  Checked all(0);
+  for (const WeightTensor& t : s.tensors) all += Checked(t.rows) * t.cols * t.copies;
+  if (all.overflowed()) return OutOfRange("config", std::string(source) + ": the parameter count overflows 64 bits");
   return s;
 }
 
@@ -293,7 +308,9 @@ uint64_t ParameterCount(const WeightShapes& shapes, bool mtp) {
   for (const WeightTensor& t : shapes.tensors) {
     if (t.mtp == mtp) n += Checked(t.rows) * t.cols * t.copies;
   }
-  return n.value();  // dimensions are bounded (kMaxDim): no overflow
+  // WeightShapesFromConfigJson refuses shapes whose count overflows; shapes built by hand that
+  // overflow count as the largest value rather than wrapping.
+  return n.overflowed() ? UINT64_MAX : n.value();
 }
 
 namespace {
@@ -348,6 +365,9 @@ Result<WeightBytes> ComputeWeightBytes(const WeightShapes& shapes, WeightDtype d
                                                 " has no fp8 quantization_config with a weight_block_size "
                                                 "(its checkpoint dtype is " +
                                                 std::string(WeightDtypeName(shapes.checkpoint_dtype)) + ")");
+  }
+  if (dtype != WeightDtype::kBf16 && shapes.fp8_block == 0) {
+    return InvalidArgument("weight_block_size", "must be positive (the fp8 scale blocks' side)");
   }
   if (dtype == WeightDtype::kFp4 && !shapes.has_fp4_experts) {
     return InvalidArgument("weights-dtype", "fp4: " + shapes.model +
