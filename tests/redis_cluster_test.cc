@@ -679,6 +679,9 @@ class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
   std::vector<RankResult> Run(Cluster& cluster, uint32_t world, bool single_writer, bool in_step, bool write) {
     std::vector<RankResult> out(world);
     std::barrier step(static_cast<std::ptrdiff_t>(world));
+    // Every rank admits before any rank appends: a rank that admitted after another had written
+    // would hit those blocks in the cluster instead of computing them (and count them otherwise).
+    std::barrier admitted(static_cast<std::ptrdiff_t>(world));
     std::vector<std::thread> threads;
     for (uint32_t rank = 0; rank < world; ++rank) {
       threads.emplace_back([&, rank] {
@@ -690,6 +693,13 @@ class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
             if (b != nullptr) b->arrive_and_drop();
           }
         } leave{in_step ? &step : nullptr};
+        struct LeaveAdmitted {  // a rank stopped before the admission barrier stops counting for it
+          std::barrier<>* b;
+          bool arrived = false;
+          ~LeaveAdmitted() {
+            if (!arrived) b->arrive_and_drop();
+          }
+        } leave_admitted{&admitted};
         ManagerOptions mo;
         mo.capacity_blocks = 32 + 4 * rank;                         // ranks' pools differ; their records must not
         mo.hash_key = std::vector<std::byte>(32, std::byte{0x5c});  // the fleet's prefix key
@@ -714,6 +724,8 @@ class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
         rm.SetBlockSource(store->get());
         Result<Admission> a = rm.Admit(stream_.tokens(), {});
         ASSERT_TRUE(a.ok()) << a.status().ToString();
+        admitted.arrive_and_wait();
+        leave_admitted.arrived = true;
         const size_t rest = stream_.tokens().size() - a->cached_tokens;
         ASSERT_TRUE(rm.AllocateSlots(a->id, rest).ok());
         ASSERT_TRUE(rm.Append(a->id, std::span(stream_.tokens()).subspan(a->cached_tokens), stream_.Writer()).ok());
