@@ -862,6 +862,12 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     core->record_offset_[gi].assign(groups[gi].layers, -1);
     if (groups[gi].page.compress_ratio != 1) continue;
+    // The writer and the reads copy the planes back to back: they must tile the record.
+    uint64_t planes = 0;
+    for (uint32_t p = 0; p < groups[gi].format.plane_count(); ++p) planes += groups[gi].format.plane_bytes(p);
+    if (planes != groups[gi].format.record_bytes()) {
+      return Status(StatusCode::kInternal, "kv_format", groups[gi].format.name + ": planes do not tile the record");
+    }
     for (uint32_t l = 0; l < groups[gi].layers; ++l) {
       core->record_offset_[gi][l] = static_cast<int64_t>(core->record_bytes_);
       core->record_bytes_ += groups[gi].format.record_bytes();
