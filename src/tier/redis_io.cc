@@ -299,7 +299,7 @@ void Exchange(std::span<Conversation* const> conversations, Clock::time_point de
       }
       // Read first: an error or hang-up may come with the last replies still buffered.
       if ((ev & (POLLIN | POLLHUP | POLLERR)) != 0) {
-        if (buf.empty()) buf.resize(64 * 1024);
+        if (buf.empty()) buf.resize(size_t{64} << 10);
         if (!ReceiveSome(*l.c, l.parser, buf)) continue;
       }
       if ((ev & (POLLOUT | POLLERR)) != 0 && l.sent < l.c->request.size()) SendSome(*l.c, &l.sent);

@@ -676,7 +676,7 @@ constexpr uint32_t kMaxFrameHeader = 65536;
 bool IsFramed(std::string_view body) { return body.starts_with(kFrameMagic); }
 
 struct Frame {
-  nlohmann::json header;
+  std::string_view header;  // JSON text
   std::string_view records;
 };
 
@@ -693,11 +693,13 @@ Result<Frame> ParseFrame(std::string_view body) {
     return InvalidArgument("header_length", std::to_string(h) + " bytes, past the end of the body (" +
                                                 std::to_string(body.size() - 8) + " bytes follow)");
   }
-  Frame f;
-  f.header = nlohmann::json::parse(body.substr(8, h), nullptr, false);
-  if (f.header.is_discarded()) return InvalidArgument("header", "malformed JSON");
-  f.records = body.substr(8 + h);
-  return f;
+  return Frame{body.substr(8, h), body.substr(8 + h)};
+}
+
+Result<nlohmann::json> ParseHeader(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return InvalidArgument("header", "malformed JSON");
+  return j;
 }
 
 nlohmann::json Error(const Status& st) { return {{"error", st.ToString()}, {"field", st.field()}}; }
@@ -1181,7 +1183,8 @@ std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
 std::pair<int, std::string> ServeCore::HandleAdmitFramed(std::string_view body) {
   if (!config_.kv_engine) return BadRequest(InvalidArgument("body", "framed KV records need kv_source: engine"));
   TESSERA_HTTP_ASSIGN(frame, ParseFrame(body));
-  TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(frame.header));
+  TESSERA_HTTP_ASSIGN(header, ParseHeader(frame.header));
+  TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(header));
   if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
   Result<Admission> a = [&] {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1218,7 +1221,8 @@ std::pair<int, std::string> ServeCore::HandleStep(std::string_view body) {
 std::pair<int, std::string> ServeCore::HandleStepFramed(std::string_view body) {
   if (!config_.kv_engine) return BadRequest(InvalidArgument("body", "framed KV records need kv_source: engine"));
   TESSERA_HTTP_ASSIGN(frame, ParseFrame(body));
-  TESSERA_HTTP_ASSIGN(call, ParseStepCall(frame.header));
+  TESSERA_HTTP_ASSIGN(header, ParseHeader(frame.header));
+  TESSERA_HTTP_ASSIGN(call, ParseStepCall(header));
   if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
   std::vector<StatusCode> codes;
   {
