@@ -683,7 +683,15 @@ class ServeEngineKvModels : public ::testing::TestWithParam<std::pair<std::strin
 INSTANTIATE_TEST_SUITE_P(Models, ServeEngineKvModels,
                          ::testing::Values(std::make_pair(std::string("tiny-mla"), std::string()),
                                            std::make_pair(std::string("deepseek-v3"), std::string("fp8_ds_mla")),
-                                           std::make_pair(std::string("deepseek-v3.2"), std::string())));
+                                           std::make_pair(std::string("deepseek-v3.2"), std::string())),
+                         [](const ::testing::TestParamInfo<std::pair<std::string, std::string>>& param) {
+                           std::string name =
+                               param.param.first + (param.param.second.empty() ? "" : "_") + param.param.second;
+                           for (char& ch : name) {
+                             if (std::isalnum(static_cast<unsigned char>(ch)) == 0) ch = '_';
+                           }
+                           return name;
+                         });
 
 TEST_P(ServeEngineKvModels, ReadsGiveBackWhatWasPushedAndAPrefixHitsBytes) {
   std::vector<std::string> warnings;
