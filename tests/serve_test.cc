@@ -622,7 +622,9 @@ std::string FieldOf(const std::pair<int, std::string>& r) {
 
 TEST(ServeEngineKv, BadFramesAreRefusedNamingTheFieldAndChangeNothing) {
   std::vector<std::string> warnings;
-  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(EngineConfig(), &warnings);
+  ServeConfig core_config = EngineConfig();
+  core_config.http_max_body_bytes = 300000;  // tiny-mla: a block of 64 x 4,608 bytes fits, 72 tokens do not
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(core_config, &warnings);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   ServeCore& core = **made;
   const uint64_t rb = core.record_bytes();
@@ -664,6 +666,12 @@ TEST(ServeEngineKv, BadFramesAreRefusedNamingTheFieldAndChangeNothing) {
   ASSERT_EQ(r.first, 200) << r.second;
   EXPECT_EQ(nlohmann::json::parse(r.second)["codes"][0], "ok");
   EXPECT_EQ(core.manager().Tokens(RequestId{0}), 72u);
+  // Reads: one block is always served; a batch past http.max_body_bytes is refused, naming count.
+  ASSERT_GT(72 * rb, core_config.http_max_body_bytes);
+  ASSERT_LE(64 * rb, core_config.http_max_body_bytes);
+  bool binary = false;
+  EXPECT_EQ(core.HandleGet("/v1/requests/0/blocks/0", &binary).first, 200);
+  EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/0/blocks/0?count=2", &binary)), "count");
 
   // Synthetic KV refuses frames (its bytes are its own).
   ServeConfig sc = EngineConfig();
@@ -697,6 +705,7 @@ TEST_P(ServeEngineKvModels, ReadsGiveBackWhatWasPushedAndAPrefixHitsBytes) {
   std::vector<std::string> warnings;
   ServeConfig config = EngineConfig(GetParam().first);
   config.kv_format = GetParam().second;
+  config.http_max_body_bytes = 64u << 20;  // V3: 40,016 bytes a token, a 3-block batch of 5.2 MB
   Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(config, &warnings);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   ServeCore& core = **made;
@@ -723,6 +732,20 @@ TEST_P(ServeEngineKvModels, ReadsGiveBackWhatWasPushedAndAPrefixHitsBytes) {
   EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/x/blocks/0", &binary)), "request");
   EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/0/blocks/-1", &binary)), "block");
   EXPECT_EQ(core.HandleGet("/v1/requests/0/tables", &binary).first, 404);
+  // A batch: every block in one reply; past the written blocks, a bad count, an unknown query.
+  std::pair<int, std::string> all = core.HandleGet("/v1/requests/" + std::to_string(id) + "/blocks/0?count=3", &binary);
+  ASSERT_EQ(all.first, 200) << all.second;
+  EXPECT_TRUE(all.second == kv);
+  std::pair<int, std::string> tail =
+      core.HandleGet("/v1/requests/" + std::to_string(id) + "/blocks/1?count=2", &binary);
+  ASSERT_EQ(tail.first, 200) << tail.second;
+  EXPECT_TRUE(tail.second == kv.substr(bt * rb));
+  const std::string base = "/v1/requests/" + std::to_string(id) + "/blocks/";
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "1?count=3", &binary)), "count");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "0?count=0", &binary)), "count");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "0?count=99999999999999999999", &binary)), "count");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "0?cnt=1", &binary)), "query");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "4294967296", &binary)), "block");
   std::pair<int, std::string> layout = core.HandleGet("/v1/layout", &binary);
   ASSERT_EQ(layout.first, 200);
   EXPECT_EQ(nlohmann::json::parse(layout.second)["record_bytes"], rb);
@@ -797,6 +820,9 @@ TEST(ServeEndToEnd, EngineKvComesBackFromDiskAfterARestart) {
   ASSERT_EQ(a.status, 200) << a.body;
   const nlohmann::json aj = nlohmann::json::parse(a.body);
   EXPECT_EQ(aj["tier_blocks"], 3);
+  HttpReply batch = Http(s.port(), "GET", "/v1/requests/" + aj["request"].dump() + "/blocks/0?count=3");
+  ASSERT_EQ(batch.status, 200) << batch.body;
+  EXPECT_TRUE(batch.body == kv.substr(0, 3 * bt * rb));
   for (uint64_t blk = 0; blk < 3; ++blk) {
     HttpReply got = Http(s.port(), "GET", "/v1/requests/" + aj["request"].dump() + "/blocks/" + std::to_string(blk));
     ASSERT_EQ(got.status, 200) << got.body;

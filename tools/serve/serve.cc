@@ -1263,8 +1263,18 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
   if (slash == std::string_view::npos) return {404, Error(InvalidArgument("path", "no such endpoint")).dump()};
   Result<uint64_t> id = ParseUnsigned(rest.substr(0, slash), "request");
   if (!id.ok() || *id > UINT32_MAX) return BadRequest(InvalidArgument("request", "must be a request id"));
-  Result<uint64_t> slot = ParseUnsigned(rest.substr(slash + 8), "block");
-  if (!slot.ok()) return BadRequest(InvalidArgument("block", "must be a block index"));
+  std::string_view block_text = rest.substr(slash + 8);
+  uint64_t count = 1;  // ?count=N: N consecutive block slots in one reply
+  if (const size_t q = block_text.find('?'); q != std::string_view::npos) {
+    const std::string_view query = block_text.substr(q + 1);
+    block_text = block_text.substr(0, q);
+    if (!query.starts_with("count=")) return BadRequest(InvalidArgument("query", "only count=N is known"));
+    Result<uint64_t> c = ParseUnsigned(query.substr(6), "count");
+    if (!c.ok() || *c == 0 || *c > (1u << 20)) return BadRequest(InvalidArgument("count", "must be 1..1048576"));
+    count = *c;
+  }
+  Result<uint64_t> slot = ParseUnsigned(block_text, "block");
+  if (!slot.ok() || *slot > UINT32_MAX) return BadRequest(InvalidArgument("block", "must be a block index"));
   std::lock_guard<std::mutex> lock(mu_);
   if (!manager_->pool().backed()) {
     return {409, Error(Status(StatusCode::kFailedPrecondition, "pool", "an unbacked pool holds no bytes")).dump()};
@@ -1278,11 +1288,22 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
   }
   const uint64_t bt = manager_->block_tokens();
   const uint64_t tokens = manager_->Tokens(r);
-  if (*slot >= manager_->BlockTable(r).size() || *slot >= (tokens + bt - 1) / bt) {
+  const uint64_t written_slots = std::min<uint64_t>(manager_->BlockTable(r).size(), (tokens + bt - 1) / bt);
+  if (*slot >= written_slots) {
     return BadRequest(InvalidArgument("block", "the request holds no written token in block " + std::to_string(*slot)));
   }
+  if (count > written_slots - *slot) {
+    return BadRequest(InvalidArgument("count", "blocks " + std::to_string(*slot) + ".." +
+                                                   std::to_string(*slot + count - 1) + " go past the " +
+                                                   std::to_string(written_slots) + " written"));
+  }
   const uint64_t first = *slot * bt;
-  const uint64_t n = std::min(bt, tokens - first);
+  const uint64_t n = std::min(count * bt, tokens - first);
+  // One block is always served (its size is the model's); a batch stays within the body bound.
+  if (count > 1 && n * record_bytes_ > config_.http_max_body_bytes) {
+    return BadRequest(OutOfRange(
+        "count", "the reply would be " + std::to_string(n * record_bytes_) + " bytes, over http.max_body_bytes"));
+  }
   std::string out(n * record_bytes_, '\0');
   const std::vector<PoolGroup>& pg = manager_->pool().groups();
   for (uint64_t p = first; p < first + n; ++p) {
@@ -1448,7 +1469,8 @@ class ServeHttp {
     }
     const std::string_view uri = ri->local_uri;
     if (std::strcmp(ri->request_method, "GET") == 0 && (uri == "/v1/layout" || uri.starts_with("/v1/requests/"))) {
-      const std::string path(uri);
+      std::string path(uri);
+      if (ri->query_string != nullptr) path += "?" + std::string(ri->query_string);
       std::pair<int, std::string> r;
       bool binary = false;
       http->owner->Run([&] { r = core->HandleGet(path, &binary); });

@@ -17,8 +17,9 @@
 //                     a framed body carrying the tokens' records (in the order of "tokens").
 //   POST /v1/free     {"request": id}
 //   POST /v1/reset    drops the prefix cache (refused while requests are live): AllBlocksCleared.
-//   GET  /v1/requests/{id}/blocks/{i}   the records of the tokens block slot i of a live request
-//                     holds (application/octet-stream, tokens x record bytes).
+//   GET  /v1/requests/{id}/blocks/{i}[?count=N]   the records of the tokens block slots i..i+N-1
+//                     of a live request hold (application/octet-stream, tokens x record bytes;
+//                     a batch of N > 1 at most http.max_body_bytes).
 //   KV events         ZeroMQ PUB, multipart (topic, 8-byte big-endian sequence, msgpack payload),
 //                     the payload a KVEventBatch as vLLM encodes it (array-like, tagged events).
 //
@@ -162,8 +163,8 @@ class ServeCore {
   // One HTTP API call: (status, JSON body). `path` is "/v1/admit", "/v1/step", "/v1/free" or
   // "/v1/reset".
   std::pair<int, std::string> Handle(std::string_view path, std::string_view body);
-  // A GET of the API: "/v1/layout" (JSON) or "/v1/requests/{id}/blocks/{i}" (the records, bytes;
-  // `*binary` set). (status, body).
+  // A GET of the API: "/v1/layout" (JSON) or "/v1/requests/{id}/blocks/{i}[?count=N]" (the
+  // records, bytes; `*binary` set). (status, body).
   std::pair<int, std::string> HandleGet(std::string_view path, bool* binary);
   // Bytes of one token's records over every per-token group and layer (the frame's unit).
   uint64_t record_bytes() const { return record_bytes_; }
