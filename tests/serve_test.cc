@@ -979,6 +979,31 @@ TEST(ServeV4, AdmitStepFreeAndAPrefixHitFromDisk) {
   }
 }
 
+// Bookkeeping only (the engine keeps V4's KV on its device): the same calls, no bytes.
+TEST(ServeV4, UnbackedPoolAdmitsStepsAndHits) {
+  ServeConfig c;
+  c.model = "tiny-v4";
+  c.capacity_blocks = 16;
+  c.max_requests = 4;
+  c.pool_unbacked = true;
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ServeCore& core = **made;
+  const uint64_t bt = core.manager().block_tokens();
+  const uint32_t n = static_cast<uint32_t>(2 * bt + 3);
+  std::pair<int, std::string> a = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(a.first, 200) << a.second;
+  const std::string id = nlohmann::json::parse(a.second)["request"].dump();
+  std::pair<int, std::string> st = core.Handle("/v1/step", "{\"requests\":[" + id + "],\"counts\":[1],\"tokens\":[9]}");
+  ASSERT_EQ(st.first, 200) << st.second;
+  EXPECT_EQ(nlohmann::json::parse(st.second)["codes"][0], "ok");
+  ASSERT_EQ(core.Handle("/v1/free", "{\"request\":" + id + "}").first, 200);
+  std::pair<int, std::string> b = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(b.first, 200) << b.second;
+  EXPECT_EQ(nlohmann::json::parse(b.second)["cached_tokens"], 2 * bt);
+}
+
 TEST(ServeV4, EngineKvIsRefusedForWindowModels) {
   std::vector<std::string> warnings;
   Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(EngineConfig("tiny-v4"), &warnings);
