@@ -161,7 +161,7 @@ class ServeCore {
   ~ServeCore();
 
   // One HTTP API call: (status, JSON body). `path` is "/v1/admit", "/v1/step", "/v1/free" or
-  // "/v1/reset".
+  // "/v1/reset"; `body` JSON, or for admit and step a framed body (engine KV, above).
   std::pair<int, std::string> Handle(std::string_view path, std::string_view body);
   // A GET of the API: "/v1/layout" (JSON) or "/v1/requests/{id}/blocks/{i}[?count=N]" (the
   // records, bytes; `*binary` set). (status, body).
