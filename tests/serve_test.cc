@@ -812,6 +812,13 @@ TEST(ServeEndToEnd, EngineKvComesBackFromDiskAfterARestart) {
       ASSERT_EQ(got.status, 200) << got.body;
       EXPECT_TRUE(got.body == kv.substr(blk * bt * rb, bt * rb)) << "block " << blk;
     }
+    // The engine's bytes in and out: one framed admit written whole, three blocks read.
+    const std::string metrics = Http(s.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("tessera_serve_kv_bytes_written_total " + std::to_string(n * rb) + "\n"), std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("tessera_serve_kv_bytes_read_total " + std::to_string(3 * bt * rb) + "\n"),
+              std::string::npos)
+        << metrics;
     EXPECT_EQ(s.Stop(), 0) << s.Stderr();  // SIGTERM: the checkpoint writes the blocks to disk
   }
   Server s(config);

@@ -952,6 +952,9 @@ Result<Admission> ServeCore::AdmitLocked(std::span<const uint32_t> prompt, const
     const uint64_t have = manager_->Tokens(a->id);
     if (st.ok() && (!config_.kv_engine || records != nullptr)) {
       st = manager_->Append(a->id, prompt.subspan(have), WritersFor(&h, records, 0));
+      if (st.ok() && records != nullptr) {
+        kv_bytes_written_.fetch_add((prompt.size() - have) * record_bytes_, std::memory_order_relaxed);
+      }
     }
     if (!st.ok()) {
       (void)manager_->Free(a->id);
@@ -1017,6 +1020,9 @@ void ServeCore::StepLocked(std::span<const RequestId> requests, std::span<const 
       st = manager_->Append(requests[i], mine, WritersFor(&h, my_records, first));
     }
     if (synthetic) h.resize(manager_->Tokens(requests[i]));  // what was written (all, or none on a refusal)
+    if (st.ok() && my_records != nullptr) {
+      kv_bytes_written_.fetch_add(mine.size() * record_bytes_, std::memory_order_relaxed);
+    }
     (*codes)[i] = st.code();
   }
   step_latency_.Observe(NanosSince(t0));
@@ -1066,6 +1072,14 @@ std::string ServeCore::MetricsText() const {
                "API calls refused (bad input, no room, no such request).",
                "counter",
                {{"", http_errors_.load(std::memory_order_relaxed)}}});
+  f.push_back({"tessera_serve_kv_bytes_written_total",
+               "Engine KV record bytes written into the pool (kv_source: engine).",
+               "counter",
+               {{"", kv_bytes_written_.load(std::memory_order_relaxed)}}});
+  f.push_back({"tessera_serve_kv_bytes_read_total",
+               "KV record bytes served by block reads.",
+               "counter",
+               {{"", kv_bytes_read_.load(std::memory_order_relaxed)}}});
   std::string out = PrometheusText(f);
   admit_latency_.Render("tessera_serve_admit_seconds", "Admission latency (lookup, promotion, prefill write).", &out);
   step_latency_.Render("tessera_serve_step_seconds", "Step latency (all requests of one step call).", &out);
@@ -1321,6 +1335,7 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
     }
   }
   *binary = true;
+  kv_bytes_read_.fetch_add(out.size(), std::memory_order_relaxed);
   return {200, std::move(out)};
 }
 

@@ -227,6 +227,8 @@ class ServeCore {
   LatencyHistogram admit_latency_, step_latency_;
   std::shared_ptr<LatencyHistogram> promote_latency_;
   std::atomic<uint64_t> http_errors_{0};
+  std::atomic<uint64_t> kv_bytes_written_{0};  // engine records written into the pool
+  std::atomic<uint64_t> kv_bytes_read_{0};     // records served by block reads
   // Engine KV: where (group, layer)'s record starts in a token's records (per-token groups; -1
   // for the others), and the bytes of one token's records.
   std::vector<std::vector<int64_t>> record_offset_;
