@@ -10,6 +10,9 @@
 //   BM_DecodeStep/0         the same steps with events off. Target: /1 <= 1.05 x /0.
 //   BM_DecodeStepHostPool/1, /0   the same pair with a pool that holds (synthetic) KV bytes, as
 //                           `serve` runs by default (64 requests of tiny-mla).
+//   BM_RecordEvents/1, /0   the library alone, one thread: the same 256-request decode step on a
+//                           RequestManager with events recorded and taken every step
+//                           (TakeKvEventLog) against events off: what recording costs a step.
 //
 // The pools are unbacked (bookkeeping only: 10^5 blocks of real pages would be ~30 GB), which is
 // the conservative case for the event ratio: no KV bytes are written, so a step is as cheap as it
@@ -28,6 +31,8 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "tessera/geometry.h"
+#include "tessera/request_manager.h"
 #include "tessera/serve.h"
 
 namespace tessera {
@@ -201,6 +206,64 @@ void BM_DecodeStep(benchmark::State& state) { DecodeSteps(state, state.range(0) 
 BENCHMARK(BM_DecodeStep)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 void BM_DecodeStepHostPool(benchmark::State& state) { DecodeSteps(state, state.range(0) != 0, true); }
 BENCHMARK(BM_DecodeStepHostPool)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
+
+void BM_RecordEvents(benchmark::State& state) {
+  const bool events = state.range(0) != 0;
+  constexpr uint32_t kRequests = 256;
+  constexpr uint64_t kPeriod = 2048;
+  Result<Geometry> g = LoadPreset("deepseek-v3");
+  if (!g.ok()) std::abort();
+  ManagerOptions mo;
+  mo.kv_format = "fp8_ds_mla";
+  mo.region_kind = RegionKind::kUnbacked;
+  mo.content_dedup = false;
+  mo.capacity_blocks = kRequests * static_cast<uint32_t>((1024 + kBlock + kPeriod) / kBlock + 2);
+  mo.max_requests = 512;
+  mo.kv_events = events;
+  Result<std::unique_ptr<RequestManager>> made = RequestManager::Create(*g, mo);
+  if (!made.ok()) std::abort();
+  RequestManager& m = **made;
+  uint32_t next = 1;
+  auto admit = [&](uint64_t tokens) {
+    std::vector<uint32_t> prompt(tokens);
+    std::iota(prompt.begin(), prompt.end(), next);
+    next += static_cast<uint32_t>(prompt.size());
+    Result<Admission> a = m.Admit(prompt, {});
+    if (!a.ok()) std::abort();
+    const uint64_t have = m.Tokens(a->id);
+    if (!m.Append(a->id, std::span<const uint32_t>(prompt).subspan(have), KvWriters()).ok()) std::abort();
+    return a->id;
+  };
+  std::vector<RequestId> ids;
+  for (uint32_t i = 0; i < kRequests; ++i) ids.push_back(admit(1024 + (i * 37) % kBlock));
+  KvEventLog log;
+  uint64_t steps = 0, taken = 0;
+  for (auto _ : state) {
+    for (RequestId r : ids) {
+      const uint32_t t = next++;
+      if (!m.AllocateSlots(r, 1).ok() || !m.Append(r, {&t, 1}, KvWriters()).ok()) std::abort();
+    }
+    if (events) {
+      m.TakeKvEventLog(&log);
+      taken += log.size();
+    }
+    if (++steps % kPeriod == 0) {
+      state.PauseTiming();
+      for (RequestId& r : ids) {
+        const uint64_t t = m.Tokens(r);
+        (void)m.Free(r);
+        r = admit(t - kPeriod);
+      }
+      m.TakeKvEventLog(&log);
+      state.ResumeTiming();
+    }
+  }
+  state.counters["seals_per_step"] =
+      static_cast<double>(m.pool().stats().seals.load()) / static_cast<double>(steps + 1);
+  state.counters["events_per_step"] = static_cast<double>(taken) / static_cast<double>(steps + 1);
+  state.SetItemsProcessed(static_cast<int64_t>(steps) * kRequests);
+}
+BENCHMARK(BM_RecordEvents)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 
 }  // namespace
 }  // namespace tessera

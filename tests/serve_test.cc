@@ -167,6 +167,115 @@ TEST(ServeEvents, BatchIsVllmsArrayLikeTaggedShape) {
   EXPECT_EQ(Str(c.ptr[0]), "AllBlocksCleared");
 }
 
+TEST(ServeEvents, IntervalIsAKeyWithAnOverrideAndABound) {
+  Result<ServeConfig> c = ParseServeConfig("events:\n  interval_ms: 20\n", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->events_interval_ms, 20u);
+  c = ParseServeConfig("events:\n  interval_ms: 20\n", {{"TESSERA_SERVE_EVENTS_INTERVAL_MS", "1"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->events_interval_ms, 1u);
+  EXPECT_EQ(ServeConfig().events_interval_ms, 5u);
+  for (const char* bad :
+       {"events:\n  interval_ms: 0\n", "events:\n  interval_ms: 1001\n", "events:\n  interval_ms: x\n"}) {
+    c = ParseServeConfig(bad, {});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().field(), "events.interval_ms") << bad;
+  }
+}
+
+// The publisher drains the manager's events on its own thread (a step only records them): every
+// event a call records arrives once, in order, under consecutive sequence numbers; a call made
+// while the thread sleeps (idle > 100 ms) wakes it; Shutdown sends what the last call recorded.
+TEST(ServeEvents, PublisherSendsEveryEventInOrderAfterASleepAndAtShutdown) {
+  ServeConfig c;
+  c.model = "deepseek-v3";
+  c.kv_format = "fp8_ds_mla";
+  c.pool_unbacked = true;
+  c.capacity_blocks = 4096;
+  c.max_requests = 64;
+  c.events_endpoint = "tcp://127.0.0.1:*";
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ServeCore& core = **made;
+  const uint32_t block = static_cast<uint32_t>(core.manager().block_tokens());
+
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.set(zmq::sockopt::rcvtimeo, 5000);
+  sub.connect(core.events_endpoint());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // joined; the publisher now sleeps
+
+  uint64_t next_seq = 0;
+  std::vector<uint32_t> received;  // the token ids of every BlockStored, in arrival order
+  // Receives messages until `want` stored tokens have arrived (or a receive times out).
+  auto receive = [&](size_t want) {
+    while (received.size() < want) {
+      std::vector<zmq::message_t> parts;
+      for (bool more = true; more;) {
+        zmq::message_t m;
+        if (!sub.recv(m)) return;
+        more = m.more();
+        parts.push_back(std::move(m));
+      }
+      ASSERT_EQ(parts.size(), 3u);
+      ASSERT_EQ(parts[1].size(), 8u);
+      uint64_t seq = 0;
+      for (size_t i = 0; i < 8; ++i) seq = seq << 8 | static_cast<const uint8_t*>(parts[1].data())[i];
+      EXPECT_EQ(seq, next_seq++);
+      msgpack::object_handle h = msgpack::unpack(static_cast<const char*>(parts[2].data()), parts[2].size());
+      const msgpack::object_array& events = h.get().via.array.ptr[1].via.array;
+      for (uint32_t i = 0; i < events.size; ++i) {
+        const msgpack::object_array& e = events.ptr[i].via.array;
+        ASSERT_EQ(Str(e.ptr[0]), "BlockStored");
+        const std::vector<uint32_t> t = e.ptr[3].as<std::vector<uint32_t>>();
+        EXPECT_EQ(t.size(), uint64_t{block} * e.ptr[1].via.array.size);
+        received.insert(received.end(), t.begin(), t.end());
+      }
+    }
+  };
+
+  // One request: a prompt of 3 blocks + 5 tokens (woken from sleep), then 300 one-token steps.
+  uint32_t next_token = 1;
+  std::vector<uint32_t> stream(uint64_t{3} * block + 5);
+  std::iota(stream.begin(), stream.end(), next_token);
+  next_token += static_cast<uint32_t>(stream.size());
+  Result<Admission> a = core.Admit(stream, {});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  std::vector<StatusCode> codes;
+  for (int step = 0; step < 300; ++step) {
+    const RequestId id = a->id;
+    const uint32_t one = 1, token = next_token++;
+    ASSERT_TRUE(core.Step({&id, 1}, {&one, 1}, {&token, 1}, &codes).ok());
+    ASSERT_EQ(codes[0], StatusCode::kOk);
+    stream.push_back(token);
+  }
+  const size_t sealed = stream.size() / block * block;
+  receive(sealed);
+  ASSERT_EQ(received.size(), sealed);
+  EXPECT_TRUE(std::equal(received.begin(), received.end(), stream.begin()));  // each once, in order
+
+  // Idle past the publisher's 100 ms: it sleeps; the next call's events must still arrive.
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  std::vector<uint32_t> second(uint64_t{2} * block + 1);
+  std::iota(second.begin(), second.end(), next_token);
+  next_token += static_cast<uint32_t>(second.size());
+  ASSERT_TRUE(core.Admit(second, {}).ok());
+  receive(sealed + 2 * block);
+  ASSERT_EQ(received.size(), sealed + 2 * block);
+  EXPECT_TRUE(std::equal(second.begin(), second.end() - 1, received.begin() + static_cast<ptrdiff_t>(sealed)));
+
+  // Recorded by the last call, sent by Shutdown.
+  std::vector<uint32_t> third(uint64_t{block} + 1);
+  std::iota(third.begin(), third.end(), next_token);
+  ASSERT_TRUE(core.Admit(third, {}).ok());
+  ASSERT_TRUE(core.Shutdown().ok());
+  receive(sealed + 3 * block);
+  ASSERT_EQ(received.size(), sealed + 3 * block);
+  EXPECT_TRUE(std::equal(third.begin(), third.end() - 1, received.end() - block));
+}
+
 // ---- The server, end to end ---------------------------------------------------------------
 
 // `tessera serve --config FILE` as a child process, its stdout read for the ready line.

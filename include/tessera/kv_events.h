@@ -3,8 +3,11 @@
 // AllBlocksCleared, batched in a KVEventBatch), pulled from the RequestManager.
 //
 // Recording is off unless ManagerOptions::kv_events is set; when off, nothing is allocated and a
-// seal or eviction costs one branch. When on, the manager appends to a buffer that the owner
-// drains with RequestManager::TakeKvEvents() (typically once per scheduler step):
+// seal or eviction costs one branch. When on, the manager appends to a KvEventLog (flat records
+// over two arenas: a seal costs one record or a merge, a key and a copy of its tokens, and no
+// allocation once the log is warm) that the owner drains with RequestManager::TakeKvEventLog (a
+// swap: O(1)) or TakeKvEvents (the events as KvEvent values), typically once per scheduler step
+// or, as `tessera serve` does, once per millisecond from a publisher thread:
 //
 //   BlockStored       a block was sealed into (or promoted from a tier into) the prefix index.
 //                     Consecutive seals of one chain are merged: block_hashes is a chain in
@@ -29,8 +32,10 @@
 // Thread-safety: as the RequestManager (single owner); TakeKvEvents is called by the owner.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -62,6 +67,54 @@ struct KvEvent {
   // Stored: the tenant domain the blocks belong to (RequestManager::domain_of).
   uint32_t domain = 0;
   KvMedium medium = KvMedium::kGpu;
+};
+
+// Events as flat records: each names its ranges of two arenas (block keys, token ids), so that
+// recording allocates nothing once the log has grown to its working size, and a whole log is
+// handed over by a swap. The manager records; a consumer reads events through views and clears
+// (or swaps back) the log, keeping its capacity.
+class KvEventLog {
+ public:
+  // One event, viewing the log (valid until the log changes). The fields are KvEvent's.
+  struct View {
+    KvEventKind kind;
+    std::span<const Hash128> block_hashes;
+    std::optional<Hash128> parent_block_hash;
+    std::span<const uint32_t> token_ids;
+    uint32_t block_size;
+    uint32_t domain;
+    KvMedium medium;
+  };
+
+  size_t size() const { return records_.size(); }
+  bool empty() const { return records_.empty(); }
+  View operator[](size_t i) const;
+  // The events as values, into *out (its elements' storage reused).
+  void CopyTo(std::vector<KvEvent>* out) const;
+  // Forgets every event, keeping the storage.
+  void clear();
+
+  // Recording. Each returns false, recording nothing, when the event would be a new record
+  // while `max_records` are already held (a merge into the last record is always taken).
+  // A stored block merges into the last record when that record is a BlockStored of the same
+  // domain whose last block is `parent` (a chain); a removal merges into a last BlockRemoved.
+  bool AddStored(const std::optional<Hash128>& parent, const Hash128& key, std::span<const uint32_t> tokens,
+                 uint32_t block_size, uint32_t domain, KvMedium medium, size_t max_records);
+  bool AddRemoved(const Hash128& key, KvMedium medium, size_t max_records);
+  bool AddCleared(KvMedium medium, size_t max_records);
+
+ private:
+  struct Record {
+    Hash128 parent;
+    size_t keys_begin, keys_end, tokens_begin, tokens_end;
+    uint32_t block_size, domain;
+    KvEventKind kind;
+    KvMedium medium;
+    bool has_parent;
+  };
+  std::vector<Record> records_;
+  std::vector<Hash128> keys_;
+  std::vector<uint32_t> tokens_;
 };
 
 }  // namespace tessera

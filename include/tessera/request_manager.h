@@ -228,10 +228,12 @@ class RequestManager {
   // The KV-cache events recorded since the last call, oldest first (options.kv_events; empty
   // otherwise). The buffer is handed over: the next events start a new one.
   std::vector<KvEvent> TakeKvEvents();
-  // As TakeKvEvents, into *out, whose previous events (cleared, their capacity kept) become
-  // storage for the next events: a caller that hands back the vector of an earlier call records
-  // and takes events without allocating in a steady state.
+  // As TakeKvEvents, into *out, whose elements' storage is reused: a caller that hands back the
+  // vector of an earlier call takes events without allocating in a steady state.
   void TakeKvEvents(std::vector<KvEvent>* out);
+  // As TakeKvEvents, as a log swapped with *out (cleared first, its storage kept): O(1), for a
+  // consumer that drains often (a publisher thread) and reads the events through views.
+  void TakeKvEventLog(KvEventLog* out);
   // Drops every cached block from the prefix index and the pool (nothing is demoted to the
   // block source: a reset means the cached KV is no longer wanted, e.g. new weights) and records
   // AllBlocksCleared, which supersedes the events not yet taken. kFailedPrecondition on
@@ -278,7 +280,6 @@ class RequestManager {
   // KV events (options_.kv_events): a block sealed into the index, a block evicted from it.
   void RecordStored(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens, uint32_t domain);
   void RecordRemoved(const Hash128& key);
-  KvEvent* NewEvent(KvEventKind kind);
 
   ManagerOptions options_;
   std::unique_ptr<BlockPool> pool_;
@@ -293,8 +294,7 @@ class RequestManager {
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
   std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
-  std::vector<KvEvent> kv_events_;   // [0, kv_used_): recorded, not yet taken; the rest: spares
-  size_t kv_used_ = 0;
+  KvEventLog kv_log_;                // recorded, not yet taken
   KvMedium kv_medium_ = KvMedium::kGpu;
   bool resetting_ = false;  // ResetPrefixCache is evicting: nothing goes to the source
 };

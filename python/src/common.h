@@ -32,7 +32,8 @@ void BindTierRecords(py::module_& m);  // bind_tier_records.cc (engine adapters)
 void BindLedger(py::module_& m);
 void BindManager(py::module_& m);
 void BindStore(py::module_& m);
-void BindEvents(py::module_& m);  // after BindManager: adds to tessera.RequestManager
+void BindEvents(py::module_& m);      // after BindManager: adds to tessera.RequestManager
+void BindEnginePool(py::module_& m);  // bind_engine_pool.cc (vLLM adapter, several KV-cache groups)
 
 // Exception types, created by BindErrors (module attributes TesseraError, OutOfBlocksError,
 // DataLossError, TierIOError).

@@ -14,4 +14,5 @@ PYBIND11_MODULE(_core, m) {
   tessera::py_bind::BindManager(m);
   tessera::py_bind::BindStore(m);
   tessera::py_bind::BindEvents(m);
+  tessera::py_bind::BindEnginePool(m);
 }

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from . import _core
 from ._core import OutOfBlocksError
+from ._vllm_hybrid import HybridMixin, deepseek_v4_kv_cache_groups, make_hybrid
 
 
 @dataclass
@@ -94,23 +95,32 @@ class AllBlocksCleared:
 
 
 class KVCacheBlocks:
-    """vLLM's KVCacheBlocks for one group: ``get_block_ids()`` -> ``([ids],)``."""
+    """vLLM's KVCacheBlocks: one list of block ids per KV-cache group; ``get_block_ids()`` ->
+    ``([ids of group 0], [ids of group 1], ...)``. ``KVCacheBlocks(ids)`` is one group."""
 
     __slots__ = ("blocks",)
 
-    def __init__(self, ids):
+    def __init__(self, ids=()):
         self.blocks = (list(ids),)
 
+    @classmethod
+    def of_groups(cls, groups):
+        kb = cls.__new__(cls)
+        kb.blocks = tuple(list(g) for g in groups)
+        return kb
+
     def get_block_ids(self, allow_none=False):
-        if allow_none and not self.blocks[0]:
+        if allow_none and not any(self.blocks):
             return None
-        return (list(self.blocks[0]),)
+        return tuple(list(g) for g in self.blocks)
 
     def __add__(self, other):
-        return KVCacheBlocks(self.blocks[0] + other.blocks[0])
+        if len(self.blocks) != len(other.blocks):
+            raise ValueError("other: %d groups, these blocks have %d" % (len(other.blocks), len(self.blocks)))
+        return KVCacheBlocks.of_groups([a + b for a, b in zip(self.blocks, other.blocks)])
 
     def new_empty(self):
-        return KVCacheBlocks(())
+        return KVCacheBlocks.of_groups([[] for _ in self.blocks])
 
     def __len__(self):
         return len(self.blocks[0])
@@ -127,7 +137,7 @@ class _BlockPoolView:
         return self._o._capacity + 1
 
     def get_num_free_blocks(self):
-        return self._o._core.available_blocks
+        return self._o._available()
 
     def get_usage(self):
         return self._o.usage
@@ -151,12 +161,18 @@ def _int(v, arg, lo=0):
     return v
 
 
-class KVCacheManager:
+class KVCacheManager(HybridMixin):
     """vLLM v1's KVCacheManager over Tessera (see the module's doc).
 
     ``num_gpu_blocks``: as vLLM's (its null block included): Tessera's pool holds
-    ``num_gpu_blocks - 1`` blocks. ``block_size``: tokens per block. ``model``: a Tessera preset
-    with one KV-cache group (DeepSeek-V3 family; a model with sliding windows is refused).
+    ``num_gpu_blocks - 1`` blocks. ``block_size``: tokens per block (of group 0). ``model``: a
+    Tessera preset. A model with one KV-cache group (DeepSeek-V2/V3 family) is served over a
+    RequestManager; a DeepSeek-V4 model (sliding windows: several groups) over one shared block
+    pool with vLLM's hybrid coordinator's rules (``tessera._vllm_hybrid``, ADR 0028), its groups
+    those vLLM makes for the preset (``deepseek_v4_kv_cache_groups``) unless ``kv_cache_groups``
+    gives them (a list of ``{"block_size", "sliding_window"}``, group 0 full attention).
+    ``max_num_batched_tokens`` bounds a sliding-window group's admission count as vLLM's
+    scheduler does (None: ``max_model_len``, vLLM's default).
     ``block_reuse``: "release-order" (default) reuses blocks in the order they were released,
     free or cached alike, as vLLM's free block queue, so that the same cached blocks are evicted
     and the same prefixes hit as in vLLM; "free-first" is Tessera's own order (a cached block is
@@ -167,14 +183,12 @@ class KVCacheManager:
     def __init__(self, *, num_gpu_blocks, block_size, max_model_len, model="deepseek-v3", enable_caching=True,
                  log_stats=False, enable_kv_cache_events=False, max_requests=None, max_num_batched_tokens=None,
                  use_eagle=False, hash_block_size=None, dcp_world_size=1, pcp_world_size=1,
-                 block_reuse="release-order"):
+                 block_reuse="release-order", kv_cache_groups=None):
         _int(num_gpu_blocks, "num_gpu_blocks", 2)
         _int(block_size, "block_size", 1)
         _int(max_model_len, "max_model_len", 1)
         if use_eagle:
             raise ValueError("use_eagle: EAGLE's dropped last hit block is not modelled (use False)")
-        if hash_block_size not in (None, block_size):
-            raise ValueError("hash_block_size: must equal block_size (one group)")
         if dcp_world_size != 1 or pcp_world_size != 1:
             raise ValueError("dcp_world_size: context parallelism is not modelled (use 1)")
         self.block_size = block_size
@@ -191,7 +205,22 @@ class KVCacheManager:
         self._model = model
         self._block_reuse = block_reuse
         self._max_requests = max_requests if max_requests is not None else max(64, self._capacity)
-        self._core = self._new_core()
+        if kv_cache_groups is None and _core._model_layers(model)["hybrid"]:
+            kv_cache_groups = deepseek_v4_kv_cache_groups(model, block_size)
+        self._hybrid = kv_cache_groups is not None
+        if self._hybrid:
+            if not isinstance(kv_cache_groups, (list, tuple)):
+                raise TypeError("kv_cache_groups: must be a list (got %s)" % type(kv_cache_groups).__name__)
+            make_hybrid(self, kv_cache_groups, max_num_batched_tokens)
+            if kv_cache_groups[0].get("block_size") != block_size:
+                raise ValueError("kv_cache_groups[0].block_size: must equal block_size (%d)" % block_size)
+            if hash_block_size not in (None, self._hbs):
+                raise ValueError("hash_block_size: must be the gcd of the group block sizes (%d)" % self._hbs)
+            self._hybrid_reset_pool()
+        else:
+            if hash_block_size not in (None, block_size):
+                raise ValueError("hash_block_size: must equal block_size (one group)")
+            self._core = self._new_core()
         self.block_pool = _BlockPoolView(self)
         self.prefix_cache_stats = PrefixCacheStats() if self.log_stats else None
         self._reqs = {}           # vLLM request id -> _Req (admitted: holds blocks)
@@ -200,7 +229,7 @@ class KVCacheManager:
         self._events = []
         self._salt = 0            # caching off: every admission its own salt (no hits, ever)
         self._new_block_ids = []
-        self.empty_kv_cache_blocks = KVCacheBlocks(())
+        self.empty_kv_cache_blocks = KVCacheBlocks.of_groups([[] for _ in range(self.num_kv_cache_groups)])
 
     def _new_core(self):
         core = _core._engine_request_manager(self._model, block_tokens=self.block_size,
@@ -258,10 +287,13 @@ class KVCacheManager:
                                                 parent_block_hash=r.hashes[first - 1] if first else None,
                                                 token_ids=list(toks[first * bs:full * bs]), block_size=bs))
 
+    def _available(self):
+        return self._pool.available if self._hybrid else self._core.available_blocks
+
     # --- vLLM's surface ------------------------------------------------------------------------
     @property
     def usage(self):
-        return 1.0 - self._core.available_blocks / self._capacity
+        return 1.0 - self._available() / self._capacity
 
     def make_prefix_cache_stats(self):
         if not self.log_stats:
@@ -270,6 +302,8 @@ class KVCacheManager:
         return stats
 
     def get_computed_blocks(self, request):
+        if self._hybrid:
+            return self._h_get_computed_blocks(request)
         rid = request.request_id
         if rid in self._reqs:
             raise ValueError("request: %r already holds blocks (free it first)" % (rid,))
@@ -305,6 +339,10 @@ class KVCacheManager:
             raise ValueError("num_encoder_tokens: encoder-decoder models are not modelled")
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no external computed tokens")
+        if self._hybrid:
+            return self._h_allocate_slots(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
+                                          num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
+                                          full_sequence_must_fit)
         rid = request.request_id
         self._release_pending(keep=rid)
         r = self._reqs.get(rid)
@@ -353,6 +391,8 @@ class KVCacheManager:
 
     def free(self, request):
         rid = request.request_id if not isinstance(request, str) else request
+        if self._hybrid:
+            return self._h_free(rid)
         self._release_pending()
         r = self._reqs.pop(rid, None)
         if r is None:
@@ -360,12 +400,18 @@ class KVCacheManager:
         self._core.free(r.rid)
 
     def remove_skipped_blocks(self, request_id, total_computed_tokens):
+        if self._hybrid:  # blocks that left a sliding window go back to the pool
+            r = self._hreqs.get(request_id)
+            if r is not None:
+                self._remove_skipped(r, _int(total_computed_tokens, "total_computed_tokens"))
         return None  # one full-attention group: nothing is skipped
 
     def evict_blocks(self, block_ids):
         raise NotImplementedError("evict_blocks: Tessera evicts by LRU only")
 
     def reset_prefix_cache(self):
+        if self._hybrid:
+            return self._h_reset_prefix_cache()
         self._release_pending()
         if self._core.available_blocks != self._capacity or self._reqs:
             return False
@@ -378,6 +424,8 @@ class KVCacheManager:
         return True
 
     def get_num_common_prefix_blocks(self, running_request_id):
+        if self._hybrid:
+            return self._h_common_prefix_blocks(running_request_id)
         r = self._reqs.get(running_request_id)
         if r is None:
             return [0]
@@ -396,6 +444,8 @@ class KVCacheManager:
         return ev
 
     def get_blocks(self, request_id):
+        if self._hybrid:
+            return self._h_blocks(request_id)
         r = self._reqs.get(request_id)
         return KVCacheBlocks(self._ids(r)) if r is not None else self.empty_kv_cache_blocks
 
@@ -403,16 +453,24 @@ class KVCacheManager:
         return self.get_blocks(request_id).get_block_ids()
 
     def cache_blocks(self, request, num_computed_tokens):
+        if self._hybrid:
+            r = self._hreqs.get(request.request_id)
+            if r is not None and self.enable_caching:
+                self._cache(request, r, min(_int(num_computed_tokens, "num_computed_tokens"), request.num_tokens))
+            return
         r = self._reqs.get(request.request_id)
         if r is not None and self.enable_caching:
             self._append(request, r, min(num_computed_tokens, request.num_tokens))
 
     def create_kv_cache_blocks(self, blocks):
-        return KVCacheBlocks(blocks[0]) if blocks and blocks[0] else self.empty_kv_cache_blocks
+        if len(blocks) != self.num_kv_cache_groups:
+            raise ValueError("blocks: %d groups, the manager has %d" % (len(blocks), self.num_kv_cache_groups))
+        return KVCacheBlocks.of_groups(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def take_new_block_ids(self):
         ids, self._new_block_ids = self._new_block_ids, []
         return ids
 
     def new_step_starts(self):
-        self._release_pending()
+        if not self._hybrid:
+            self._release_pending()

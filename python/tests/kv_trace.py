@@ -54,6 +54,17 @@ class TraceRequest:
             self.block_hashes.extend(self._block_hasher(self))
 
 
+def _group_counts(ids):
+    """Per KV-cache group: [entries, real blocks] (entries include the null block, id 0, that a
+    sliding-window group puts where a block left its window)."""
+    return [[len(g), sum(1 for b in g if b != 0)] for g in ids]
+
+
+def _held(ids):
+    """Blocks a request holds: a count for one KV-cache group, per-group counts for several."""
+    return len(ids[0]) if len(ids) == 1 else _group_counts(ids)
+
+
 def replay(trace, manager, block_hasher=None):
     """Runs `trace` (a parsed trace file) through `manager`; returns the observations per step."""
     if trace.get("format") != TRACE_FORMAT:
@@ -84,7 +95,11 @@ def replay(trace, manager, block_hasher=None):
                     if ok:
                         running[rid] = True
                         r.num_computed_tokens = hit + n
-                    ops.append({"run": rid, "kind": "admit", "hit": hit, "ok": ok})
+                    op_out = {"run": rid, "kind": "admit", "hit": hit, "ok": ok}
+                    hit_ids = blocks.get_block_ids()
+                    if len(hit_ids) > 1:  # several KV-cache groups: the hit blocks of each
+                        op_out["hit_blocks"] = _group_counts(hit_ids)
+                    ops.append(op_out)
                     continue
                 if r.num_computed_tokens < r.num_tokens:
                     kind = "prefill"
@@ -116,19 +131,33 @@ def replay(trace, manager, block_hasher=None):
         free = manager.block_pool.get_num_free_blocks()
         stats = manager.make_prefix_cache_stats()
         events = {"stored": 0, "removed": 0, "cleared": 0}
+        groups = getattr(manager, "num_kv_cache_groups", 1)
+        if groups > 1:  # several KV-cache groups: stored and removed blocks per group too
+            events["stored_by_group"] = [0] * groups
+            events["removed_by_group"] = [0] * groups
         for e in manager.take_events():
             name = type(e).__name__
             if name == "BlockStored":
                 events["stored"] += len(e.block_hashes)
+                if groups > 1:
+                    events["stored_by_group"][e.group_idx] += len(e.block_hashes)
             elif name == "BlockRemoved":
                 events["removed"] += len(e.block_hashes)
+                if groups > 1:
+                    events["removed_by_group"][e.group_idx] += len(e.block_hashes)
             elif name == "AllBlocksCleared":
                 events["cleared"] += 1
+        extra = {}
+        if groups > 1:  # several KV-cache groups: cascade-attention prefixes and new block ids too
+            extra["common_prefix_blocks"] = {rid: list(manager.get_num_common_prefix_blocks(rid))
+                                             for rid in sorted(running)}
+            extra["new_block_ids"] = len(manager.take_new_block_ids())
         out.append({
+            **extra,
             "ops": ops,
             "blocks_in_use": usable - free,
             "usage": round(manager.usage, 9),
-            "held": {rid: len(manager.get_block_ids(rid)[0]) for rid in sorted(running)},
+            "held": {rid: _held(manager.get_block_ids(rid)) for rid in sorted(running)},
             "stats": None if stats is None else {
                 k: getattr(stats, k) for k in ("requests", "queries", "hits", "preempted_requests",
                                                "preempted_queries", "preempted_hits", "reset")},

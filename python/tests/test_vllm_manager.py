@@ -11,17 +11,21 @@ import os
 import unittest
 
 import kv_trace
-from tessera.vllm import KVCacheManager
+import tessera
+from tessera import _core
+from tessera.vllm import KVCacheManager, deepseek_v4_kv_cache_groups
 
 DATA = os.path.join(os.environ.get("TESSERA_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
                     "tests", "data", "engine_traces")
 
 
-def manager_for(trace):
+def manager_for(trace, **kw):
     c = trace["config"]
+    extra = {k: c[k] for k in ("model", "max_num_batched_tokens") if k in c}  # DeepSeek-V4 traces
+    extra.update(kw)
     return KVCacheManager(num_gpu_blocks=c["num_gpu_blocks"], block_size=c["block_size"],
                           max_model_len=c["max_model_len"], enable_caching=c["enable_caching"], log_stats=True,
-                          enable_kv_cache_events=True)
+                          enable_kv_cache_events=True, **extra)
 
 
 class TracesEqualVllm(unittest.TestCase):
@@ -134,7 +138,7 @@ class Surface(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "num_gpu_blocks"):
             self.make(num_gpu_blocks=1)
         with self.assertRaisesRegex(ValueError, "model"):
-            self.make(model="deepseek-v4-flash", block_size=256)
+            self.make(model="no-such-model")
         with self.assertRaisesRegex(ValueError, "use_eagle"):
             self.make(use_eagle=True)
 
@@ -155,6 +159,228 @@ class Surface(unittest.TestCase):
         self.assertEqual(hit, 0)
         kinds = [type(e).__name__ for e in m.take_events()]
         self.assertEqual(kinds, ["BlockStored", "AllBlocksCleared"])
+
+
+def load(name):
+    with open(os.path.join(DATA, name + ".trace.json")) as f:
+        trace = json.load(f)
+    with open(os.path.join(DATA, name + ".vllm.json")) as f:
+        return trace, json.load(f)
+
+
+class DeepSeekV4(unittest.TestCase):
+    """vLLM's hybrid KV-cache groups for DeepSeek-V4 (ADR 0028): the group layout, what the V4
+    traces exercise, the per-group surface, and where Tessera's own V4 manager differs."""
+
+    def test_groups_are_vllms(self):
+        # The groups vLLM built for each preset (recorded with its figures) are the adapter's.
+        names = sorted(glob.glob(os.path.join(DATA, "v4-*.vllm.json")))
+        self.assertGreaterEqual(len(names), 18)
+        for path in names:
+            with open(path) as f:
+                inputs = json.load(f)["provenance"]["inputs"]
+            want = inputs["kv_cache_groups"]
+            got = deepseek_v4_kv_cache_groups(inputs["model"], 256)
+            self.assertEqual([(g["block_size"], g["sliding_window"], g["layers"]) for g in want],
+                             [(g["block_size"], g["sliding_window"], g["layers"]) for g in got], path)
+            self.assertEqual([g["spec"] for g in want], ["MLAAttentionSpec"] + ["SlidingWindowMLASpec"] * 4)
+        flash = deepseek_v4_kv_cache_groups("deepseek-v4-flash")
+        pro = deepseek_v4_kv_cache_groups("deepseek-v4-pro")
+        # Flash meets a CSA layer (its 4-token states) before an HCA one; Pro the other way round.
+        self.assertEqual([g["block_size"] for g in flash], [256, 64, 64, 4, 8])
+        self.assertEqual([g["block_size"] for g in pro], [256, 64, 64, 8, 4])
+
+    def test_traces_exercise_what_they_claim(self):
+        seen = {"hit": 0, "window_hit_with_nulls": 0, "refused": 0, "preempted": 0, "reset": 0}
+        removed = [0] * 5
+        for path in glob.glob(os.path.join(DATA, "v4-*.vllm.json")):
+            with open(path) as f:
+                for s in json.load(f)["steps"]:
+                    for o in s["ops"]:
+                        seen["hit"] += o.get("hit", 0) > 0
+                        hb = o.get("hit_blocks")
+                        if hb and o["hit"]:
+                            seen["window_hit_with_nulls"] += all(n > real for n, real in hb[1:])
+                        seen["refused"] += o.get("kind") == "admit" and not o["ok"]
+                        seen["preempted"] += o.get("kind") in ("prefill", "decode") and not o["ok"]
+                        seen["reset"] += o.get("reset_prefix_cache") is True
+                    removed = [a + b for a, b in zip(removed, s["events"]["removed_by_group"])]
+        for k, v in seen.items():
+            self.assertGreater(v, 0, k)
+        for g, n in enumerate(removed):
+            self.assertGreater(n, 0, "evictions in group %d" % g)
+
+    def make(self, **kw):
+        args = dict(num_gpu_blocks=2001, block_size=256, max_model_len=65536, model="deepseek-v4-flash",
+                    max_num_batched_tokens=2048, log_stats=True, enable_kv_cache_events=True)
+        args.update(kw)
+        return KVCacheManager(**args)
+
+    def test_block_ids_per_group(self):
+        m = self.make()
+        self.assertEqual(m.num_kv_cache_groups, 5)
+        r = kv_trace.TraceRequest("a", range(1000))
+        blocks, hit = m.get_computed_blocks(r)
+        self.assertEqual((blocks.get_block_ids(), hit), (([], [], [], [], []), 0))
+        new = m.allocate_slots(r, 1000, 0, blocks)
+        ids = new.get_block_ids()
+        self.assertEqual([len(g) for g in ids], [4, 16, 16, 250, 125])  # cdiv(1000, block size)
+        flat = [b for g in ids for b in g]
+        self.assertEqual(len(set(flat)), len(flat))  # every group its own blocks, from one pool
+        self.assertTrue(all(1 <= b <= 2000 for b in flat))
+        self.assertEqual(m.get_block_ids("a"), ids)
+        self.assertEqual(m.block_pool.get_num_free_blocks(), 2000 - len(flat))
+        r.num_computed_tokens = 1000
+        r.append_output_token_ids(7)
+        self.assertIsNotNone(m.allocate_slots(r, 1))
+        held = m.get_block_ids("a")
+        # Blocks before each window are back in the pool; the null block (0) holds their place.
+        self.assertEqual([len(g) for g in held], [4, 16, 16, 251, 126])
+        self.assertEqual([sum(1 for b in g if b) for g in held], [4, 3, 3, 3, 17])
+        self.assertEqual(held[1][:13], [0] * 13)
+        self.assertEqual(m.get_num_common_prefix_blocks("a"), [4, 0, 0, 0, 0])
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(sorted({e.group_idx for e in stored}), [0, 1, 2, 3, 4])
+        self.assertEqual({e.kv_cache_spec_kind for e in stored if e.group_idx},
+                         {"sliding_window_mla"})
+        self.assertEqual({(e.group_idx, e.kv_cache_spec_sliding_window) for e in stored if e.group_idx},
+                         {(1, 128), (2, 128), (3, 8), (4, 128)})
+        m.free(r)
+        self.assertEqual(m.usage, 0.0)
+        # The prompt comes back: 768 tokens hit (a multiple of 256), each window's last blocks
+        # found again, the null block before them.
+        r2 = kv_trace.TraceRequest("b", range(1000))
+        blocks, hit = m.get_computed_blocks(r2)
+        self.assertEqual(hit, 768)
+        got = blocks.get_block_ids()
+        self.assertEqual([len(g) for g in got], [3, 12, 12, 192, 96])
+        self.assertEqual([sum(1 for b in g if b) for g in got], [3, 2, 2, 2, 16])
+        self.assertTrue(m.reset_prefix_cache())  # nothing in use (b was only looked up)
+        self.assertEqual(m.get_computed_blocks(r2)[1], 0)
+
+    def test_tessera_v4_manager_differs_from_vllms_layout(self):
+        # Window trace, step 2: "long" (3000 tokens) computed, "same" (its 3000 tokens + 100)
+        # admitted. vLLM holds the windows and compressor states in pool blocks; Tessera's own V4
+        # manager keeps them in its per-request arena and pages only what vLLM's group 0 holds.
+        trace, want = load("v4-flash-window")
+        step = want["steps"][2]
+        admit = [o for o in step["ops"] if o.get("kind") == "admit"][0]
+        g0 = {rid: h[0][0] for rid, h in step["held"].items()}
+        m = tessera.RequestManager("deepseek-v4-flash", block_tokens=256, capacity_blocks=64, max_requests=4,
+                                   backed=False)
+        long = kv_trace.prompt_tokens(trace["requests"]["long"]["prompt"])
+        same = kv_trace.prompt_tokens(trace["requests"]["same"]["prompt"])
+        a = m.admit(long, reserve_tokens=len(long))
+        m.append(a.request_id, long)
+        b = m.admit(same, reserve_tokens=len(same))
+        self.assertEqual(b.cached_tokens, admit["hit"])  # the same hit: 2816 tokens
+        self.assertEqual(64 - m.free_blocks, g0["long"] + g0["same"] - admit["hit_blocks"][0][1])  # 14 pages
+        self.assertEqual(step["blocks_in_use"], 540)  # vLLM: all five groups in the pool
+        # ... but Tessera names the window's tokens to recompute (window_strategy "recompute"),
+        # where vLLM finds the window blocks cached.
+        self.assertEqual((b.recompute_from, b.recompute_tokens), (2816 - 128, 128))
+        self.assertEqual(sum(real for _, real in admit["hit_blocks"][1:]), 2 + 2 + 2 + 16)
+        # Tessera's paged groups are vLLM's group 0: the 62 CSA, indexer and HCA layers.
+        vllm_g0 = want["provenance"]["inputs"]["kv_cache_groups"][0]["layers"]
+        self.assertEqual(sum(g["layers"] for g in m.groups), vllm_g0)
+
+    def test_arguments(self):
+        with self.assertRaisesRegex(ValueError, "block_size"):
+            self.make(block_size=200)
+        with self.assertRaisesRegex(TypeError, "kv_cache_groups"):
+            self.make(kv_cache_groups="groups")
+        with self.assertRaisesRegex(ValueError, r"kv_cache_groups\[0\]"):
+            self.make(kv_cache_groups=[{"block_size": 64, "sliding_window": 128}, {"block_size": 256}])
+        with self.assertRaisesRegex(ValueError, "kv_cache_groups"):
+            self.make(kv_cache_groups=[{"block_size": 256}])
+        with self.assertRaisesRegex(TypeError, r"kv_cache_groups\[1\].block_size"):
+            self.make(kv_cache_groups=[{"block_size": 256}, {"block_size": "64", "sliding_window": 128}])
+        with self.assertRaisesRegex(ValueError, "hash_block_size"):
+            self.make(hash_block_size=256)
+        with self.assertRaisesRegex(ValueError, "max_num_batched_tokens"):
+            self.make(max_num_batched_tokens=0)
+        m = self.make()
+        r = kv_trace.TraceRequest("a", range(100))
+        with self.assertRaisesRegex(ValueError, "new_computed_blocks"):
+            m.allocate_slots(r, 100, 0, tessera.vllm.KVCacheBlocks([1]))
+        with self.assertRaisesRegex(ValueError, "blocks"):
+            m.create_kv_cache_blocks(([1],))
+        blocks = tessera.vllm.KVCacheBlocks.of_groups([[5], [9] * 4, [0] * 4, [0] * 64, [0] * 32])
+        with self.assertRaisesRegex(ValueError, "not a cached block"):
+            m.allocate_slots(r, 44, 256, blocks)  # made-up hit blocks
+        with self.assertRaisesRegex(ValueError, "group 0 has 1 blocks"):
+            m.allocate_slots(r, 44, 512, blocks)
+        with self.assertRaisesRegex(ValueError, "request.all_token_ids"):
+            m.get_computed_blocks(kv_trace.TraceRequest("t", [1, 2, -3, 4]))
+        with self.assertRaisesRegex(ValueError, "request.all_token_ids"):
+            m.get_computed_blocks(kv_trace.TraceRequest("t", [1, 2, 3, 1 << 32]))
+        self.assertEqual((m.usage, m.get_block_ids("a")), (0.0, ([], [], [], [], [])))  # nothing changed
+
+    def test_explicit_groups(self):
+        # The same layout given explicitly gives the same figures as the preset's.
+        trace, want = load("v4-flash-eviction-pressure")
+        groups = [{"block_size": g["block_size"], "sliding_window": g["sliding_window"]}
+                  for g in want["provenance"]["inputs"]["kv_cache_groups"]]
+        got = kv_trace.replay(trace, manager_for(trace, kv_cache_groups=groups))
+        self.assertEqual(got, want["steps"])
+        # And a wrong layout does not (the HCA and CSA state groups swapped).
+        groups[3], groups[4] = groups[4], groups[3]
+        self.assertNotEqual(kv_trace.replay(trace, manager_for(trace, kv_cache_groups=groups)), want["steps"])
+
+
+class EngineBlockPool(unittest.TestCase):
+    """tessera._core._EngineBlockPool: Tessera's BlockPool as the groups' shared pool."""
+
+    def test_release_order_and_evictions(self):
+        p = _core._EngineBlockPool(4)
+        a = p.allocate(3)
+        self.assertEqual(len(a), 3)
+        p.seal([a[0]])
+        p.release([a[2], a[0], a[1]])  # a[0] is sealed: cached, not free
+        self.assertEqual((p.available, p.cached), (4, 1))
+        self.assertEqual(p.state(a[0]), "cached")
+        p.pin([a[0]])  # a hit: in use again
+        self.assertEqual((p.state(a[0]), p.refcount(a[0]), p.available), ("sealed", 1, 3))
+        p.release([a[0]])
+        # Never used first, then in release order (free and cached alike): a[2], a[1], a[0].
+        b = p.allocate(4)
+        self.assertEqual(b[1:], [a[2], a[1], a[0]])
+        self.assertEqual(p.take_evicted(), [a[0]])
+        self.assertIsNone(p.allocate(1))
+        p.check_invariants()
+
+    def test_free_first(self):
+        p = _core._EngineBlockPool(3, block_reuse="free-first")
+        a = p.allocate(2)
+        p.seal([a[0]])
+        p.release(a)
+        p.allocate(2)  # the free blocks first: the cached one survives
+        self.assertEqual(p.take_evicted(), [])
+        self.assertEqual(p.state(a[0]), "cached")
+
+    def test_bad_arguments_change_nothing(self):
+        p = _core._EngineBlockPool(4)
+        a = p.allocate(2)
+        with self.assertRaisesRegex(ValueError, "ids"):
+            p.release([a[0], a[0]])  # held once
+        with self.assertRaisesRegex(ValueError, "ids"):
+            p.pin([a[1]])  # filling: nothing to hit
+        with self.assertRaisesRegex(ValueError, "ids"):
+            p.seal([a[0], a[0]])
+        with self.assertRaisesRegex(ValueError, "ids"):
+            p.release([7])
+        with self.assertRaisesRegex(TypeError, "ids"):
+            p.release(["x"])
+        with self.assertRaisesRegex(ValueError, "id"):
+            p.state(4)
+        self.assertEqual((p.refcount(a[0]), p.state(a[0]), p.available), (1, "filling", 2))
+        with self.assertRaisesRegex(ValueError, "capacity"):
+            _core._EngineBlockPool(0)
+        with self.assertRaisesRegex(ValueError, "block_reuse"):
+            _core._EngineBlockPool(4, block_reuse="lifo")
+        with self.assertRaisesRegex(ValueError, "n: "):
+            p.allocate(-1)
+        p.check_invariants()
 
 
 if __name__ == "__main__":

@@ -461,51 +461,17 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
   }
 }
 
-KvEvent* RequestManager::NewEvent(KvEventKind kind) {
-  if (kv_used_ >= options_.kv_events_capacity) {
-    Bump(metrics_.kv_events_dropped, 1);
-    return nullptr;
-  }
-  // A spare event (handed back through TakeKvEvents(out)) keeps its vectors' capacity.
-  KvEvent& e = kv_used_ < kv_events_.size() ? kv_events_[kv_used_] : kv_events_.emplace_back();
-  ++kv_used_;
-  e.kind = kind;
-  e.block_hashes.clear();
-  e.parent_block_hash.reset();
-  e.token_ids.clear();
-  e.block_size = 0;
-  e.domain = 0;
-  e.medium = kv_medium_;
-  return &e;
-}
-
 // Consecutive seals of one chain extend one BlockStored (vLLM's shape: a chain per event).
 void RequestManager::RecordStored(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
                                   uint32_t domain) {
-  if (kv_used_ > 0 && !parent.is_root()) {
-    KvEvent& last = kv_events_[kv_used_ - 1];
-    if (last.kind == KvEventKind::kBlockStored && last.domain == domain && last.block_hashes.back() == parent.key) {
-      last.block_hashes.push_back(key);
-      last.token_ids.insert(last.token_ids.end(), tokens.begin(), tokens.end());
-      return;
-    }
+  const std::optional<Hash128> p = parent.is_root() ? std::nullopt : std::optional<Hash128>(parent.key);
+  if (!kv_log_.AddStored(p, key, tokens, block_tokens_, domain, kv_medium_, options_.kv_events_capacity)) {
+    Bump(metrics_.kv_events_dropped, 1);
   }
-  KvEvent* e = NewEvent(KvEventKind::kBlockStored);
-  if (e == nullptr) return;
-  e->block_hashes.push_back(key);
-  if (!parent.is_root()) e->parent_block_hash = parent.key;
-  e->token_ids.assign(tokens.begin(), tokens.end());
-  e->block_size = block_tokens_;
-  e->domain = domain;
 }
 
 void RequestManager::RecordRemoved(const Hash128& key) {
-  if (kv_used_ > 0 && kv_events_[kv_used_ - 1].kind == KvEventKind::kBlockRemoved) {
-    kv_events_[kv_used_ - 1].block_hashes.push_back(key);
-    return;
-  }
-  KvEvent* e = NewEvent(KvEventKind::kBlockRemoved);
-  if (e != nullptr) e->block_hashes.push_back(key);
+  if (!kv_log_.AddRemoved(key, kv_medium_, options_.kv_events_capacity)) Bump(metrics_.kv_events_dropped, 1);
 }
 
 std::vector<KvEvent> RequestManager::TakeKvEvents() {
@@ -515,14 +481,13 @@ std::vector<KvEvent> RequestManager::TakeKvEvents() {
 }
 
 void RequestManager::TakeKvEvents(std::vector<KvEvent>* out) {
-  out->swap(kv_events_);
-  // What *out held becomes spare storage; spares past the recorded events go with it.
-  if (out->size() > kv_used_) {
-    kv_events_.insert(kv_events_.end(), std::make_move_iterator(out->begin() + static_cast<ptrdiff_t>(kv_used_)),
-                      std::make_move_iterator(out->end()));
-    out->resize(kv_used_);
-  }
-  kv_used_ = 0;
+  kv_log_.CopyTo(out);
+  kv_log_.clear();
+}
+
+void RequestManager::TakeKvEventLog(KvEventLog* out) {
+  out->clear();
+  std::swap(*out, kv_log_);
 }
 
 Status RequestManager::ResetPrefixCache() {
@@ -535,8 +500,8 @@ Status RequestManager::ResetPrefixCache() {
   resetting_ = false;
   SyncStateBytes();
   if (options_.kv_events) {
-    kv_used_ = 0;  // superseded: every block they name is gone
-    NewEvent(KvEventKind::kAllBlocksCleared);
+    kv_log_.clear();  // superseded: every block they name is gone
+    (void)kv_log_.AddCleared(kv_medium_, options_.kv_events_capacity);
   }
   return Status::Ok();
 }

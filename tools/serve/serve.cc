@@ -136,6 +136,10 @@ Status Apply(const Setting& s, ServeConfig* c) {
     TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 100000000));
     if (v == 0) return OutOfRange(k, "must be positive");
     c->events_buffer = static_cast<uint32_t>(v);
+  } else if (k == "events.interval_ms") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 1000));
+    if (v == 0) return OutOfRange(k, "must be 1 .. 1000");
+    c->events_interval_ms = static_cast<uint32_t>(v);
   } else if (k == "tiers.host_bytes") {
     TESSERA_ASSIGN_OR_RETURN(c->host_tier_bytes, ParseByteSize(s.text, k));
   } else if (k == "tiers.disk_dir") {
@@ -320,13 +324,16 @@ void LatencyHistogram::Render(const std::string& name, const std::string& help, 
 
 namespace {
 
-// A minimal msgpack writer for the types vLLM's events use (nil, bool-free: uint, float64, str,
-// bin, array). Big-endian as the format requires.
+// A minimal msgpack writer for the types vLLM's events use (nil, uint, float64, str, bin,
+// array), big-endian as the format requires. It writes through a raw pointer into storage the
+// caller sized for the worst case (EncodeKvEventBatch bounds every item), so a token costs a
+// compare and one 5-byte store rather than a push_back per byte.
 class Packer {
  public:
-  explicit Packer(std::string* out) : out_(out) {}
-  void Nil() { out_->push_back(static_cast<char>(0xc0)); }
-  void Uint(uint64_t v) {
+  explicit Packer(char* p) : p_(p) {}
+  char* end() const { return p_; }
+  void Nil() { Byte(0xc0); }
+  void Uint(uint64_t v) {  // at most 9 bytes; at most 5 when v fits in 32 bits
     if (v < 128) {
       Byte(static_cast<uint8_t>(v));
     } else if (v <= 0xff) {
@@ -343,34 +350,24 @@ class Packer {
       Be(v, 8);
     }
   }
-  void Double(double d) {
+  void Double(double d) {  // 9 bytes
     uint64_t bits;
     std::memcpy(&bits, &d, sizeof bits);
     Byte(0xcb);
     Be(bits, 8);
   }
-  void Str(std::string_view s) {
-    if (s.size() < 32) {
-      Byte(static_cast<uint8_t>(0xa0 | s.size()));
-    } else if (s.size() <= 0xff) {
-      Byte(0xd9);
-      Byte(static_cast<uint8_t>(s.size()));
-    } else if (s.size() <= 0xffff) {
-      Byte(0xda);
-      Be(s.size(), 2);
-    } else {
-      Byte(0xdb);
-      Be(s.size(), 4);
-    }
-    out_->append(s);
+  void Str(std::string_view s) {  // s.size() + 1 bytes: only short strings (the tags) are sent
+    Byte(static_cast<uint8_t>(0xa0 | s.size()));
+    std::memcpy(p_, s.data(), s.size());
+    p_ += s.size();
   }
-  void Bin16(const Hash128& h) {
+  void Bin16(const Hash128& h) {  // 18 bytes
     Byte(0xc4);
     Byte(16);
     Be(h.hi, 8);
     Be(h.lo, 8);
   }
-  void Array(size_t n) {
+  void Array(size_t n) {  // at most 5 bytes
     if (n < 16) {
       Byte(static_cast<uint8_t>(0x90 | n));
     } else if (n <= 0xffff) {
@@ -383,80 +380,114 @@ class Packer {
   }
 
  private:
-  void Byte(uint8_t b) { out_->push_back(static_cast<char>(b)); }
+  void Byte(uint8_t b) { *p_++ = static_cast<char>(b); }
   void Be(uint64_t v, int bytes) {
-    for (int i = bytes - 1; i >= 0; --i) Byte(static_cast<uint8_t>(v >> (8 * i)));
+    for (int i = bytes - 1; i >= 0; --i) *p_++ = static_cast<char>(v >> (8 * i));
   }
-  std::string* out_;
+  char* p_;
 };
+
+// One event, from a KvEvent or a KvEventLog::View (the same field names).
+template <class Event>
+void PackEvent(Packer& p, const Event& e) {
+  switch (e.kind) {
+    case KvEventKind::kBlockStored: {
+      const bool extra = e.domain != 0;
+      p.Array(extra ? 9 : 8);
+      p.Str(KvEventKindName(e.kind));
+      p.Array(e.block_hashes.size());
+      for (const Hash128& h : e.block_hashes) p.Bin16(h);
+      if (e.parent_block_hash) {
+        p.Bin16(*e.parent_block_hash);
+      } else {
+        p.Nil();
+      }
+      p.Array(e.token_ids.size());
+      for (uint32_t t : e.token_ids) p.Uint(t);
+      p.Uint(e.block_size);
+      p.Nil();  // lora_id
+      p.Str(KvMediumName(e.medium));
+      p.Nil();  // lora_name
+      if (extra) {
+        p.Array(e.block_hashes.size());
+        for (size_t i = 0; i < e.block_hashes.size(); ++i) {
+          p.Array(2);
+          p.Str("tenant_domain");
+          p.Uint(e.domain);
+        }
+      }
+      break;
+    }
+    case KvEventKind::kBlockRemoved:
+      p.Array(3);
+      p.Str(KvEventKindName(e.kind));
+      p.Array(e.block_hashes.size());
+      for (const Hash128& h : e.block_hashes) p.Bin16(h);
+      p.Str(KvMediumName(e.medium));
+      break;
+    case KvEventKind::kAllBlocksCleared:
+      p.Array(1);
+      p.Str(KvEventKindName(e.kind));
+      break;
+  }
+}
+
+// The batch of events(i), i < n, appended to *out.
+template <class Events>
+void PackBatch(const Events& events, size_t n, double ts, uint32_t data_parallel_rank, std::string* out) {
+  // The most bytes the batch can take: 20 for the batch's own headers (array, ts, array, rank);
+  // per event 57 (BlockStored: array 1, tag 12, hash array 5, parent 18, token array 5, block
+  // size 5, nil 1, medium 4, nil 1, extra-keys array 5), 38 per hash (18, and 20 for the tenant
+  // domain: array 1, "tenant_domain" 14, the domain 5) and 5 per token id (a u32).
+  size_t bound = 20;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& e = events[i];
+    bound += 57 + 38 * e.block_hashes.size() + 5 * e.token_ids.size();
+  }
+  const size_t start = out->size();
+  out->resize(start + bound);
+  Packer p(out->data() + start);
+  p.Array(3);
+  p.Double(ts);
+  p.Array(n);
+  for (size_t i = 0; i < n; ++i) PackEvent(p, events[i]);
+  p.Uint(data_parallel_rank);
+  const size_t used = static_cast<size_t>(p.end() - (out->data() + start));
+  if (used > bound) std::abort();  // the bound above is wrong: memory past it was written
+  out->resize(start + used);
+}
 
 }  // namespace
 
 std::string EncodeKvEventBatch(std::span<const KvEvent> events, double ts, uint32_t data_parallel_rank) {
   std::string out;
-  size_t tokens = 0;
-  for (const KvEvent& e : events) tokens += e.token_ids.size() + 2 * e.block_hashes.size();
-  out.reserve(32 + 24 * events.size() + 5 * tokens + 18 * tokens);
-  Packer p(&out);
-  p.Array(3);
-  p.Double(ts);
-  p.Array(events.size());
-  for (const KvEvent& e : events) {
-    switch (e.kind) {
-      case KvEventKind::kBlockStored: {
-        const bool extra = e.domain != 0;
-        p.Array(extra ? 9 : 8);
-        p.Str(KvEventKindName(e.kind));
-        p.Array(e.block_hashes.size());
-        for (const Hash128& h : e.block_hashes) p.Bin16(h);
-        if (e.parent_block_hash) {
-          p.Bin16(*e.parent_block_hash);
-        } else {
-          p.Nil();
-        }
-        p.Array(e.token_ids.size());
-        for (uint32_t t : e.token_ids) p.Uint(t);
-        p.Uint(e.block_size);
-        p.Nil();  // lora_id
-        p.Str(KvMediumName(e.medium));
-        p.Nil();  // lora_name
-        if (extra) {
-          p.Array(e.block_hashes.size());
-          for (size_t i = 0; i < e.block_hashes.size(); ++i) {
-            p.Array(2);
-            p.Str("tenant_domain");
-            p.Uint(e.domain);
-          }
-        }
-        break;
-      }
-      case KvEventKind::kBlockRemoved:
-        p.Array(3);
-        p.Str(KvEventKindName(e.kind));
-        p.Array(e.block_hashes.size());
-        for (const Hash128& h : e.block_hashes) p.Bin16(h);
-        p.Str(KvMediumName(e.medium));
-        break;
-      case KvEventKind::kAllBlocksCleared:
-        p.Array(1);
-        p.Str(KvEventKindName(e.kind));
-        break;
-    }
-  }
-  p.Uint(data_parallel_rank);
+  PackBatch(events, events.size(), ts, data_parallel_rank, &out);
   return out;
 }
 
-// Publishes KV-event batches from a thread of its own, as vLLM's ZmqEventPublisher does: a step
-// only moves its events into a queue (no encoding, no I/O, no wake-up system call while the
-// thread is polling); the thread encodes and sends them every millisecond, and sleeps until
-// woken once it has been idle for a while.
+void EncodeKvEventBatch(const KvEventLog& events, double ts, uint32_t data_parallel_rank, std::string* out) {
+  PackBatch(events, events.size(), ts, data_parallel_rank, out);
+}
+
+// Publishes KV events from a thread of its own. A step pays only for recording its events in the
+// manager's log (kv_events.h): no hand-off, no encoding, no I/O and no system call. Every
+// events.interval_ms (default 5) the thread swaps the log out under the core's mutex (O(1)),
+// encodes what it took as one KVEventBatch and sends it; once idle for about 100 ms it sleeps
+// until a call on the core wakes it. Events reach subscribers within about one interval of the
+// call that made them, in one message per interval however many steps ran in it (vLLM sends one
+// per step, whose model run takes milliseconds; the batch is the same shape, longer).
 class EventPublisher {
  public:
-  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c) {
+  // `drain` swaps the events recorded since its last call into *out (whose previous, already
+  // sent events are cleared and handed back as storage); called on the publisher's thread only.
+  using Drain = std::function<void(KvEventLog* out)>;
+  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c, Drain drain) {
     auto p = std::unique_ptr<EventPublisher>(new EventPublisher());
     p->topic_ = c.events_topic;
     p->rank_ = c.events_data_parallel_rank;
+    p->drain_ = std::move(drain);
+    p->interval_ = std::chrono::milliseconds(c.events_interval_ms);
+    p->idle_polls_ = std::max<int>(1, 100 / static_cast<int>(c.events_interval_ms));
     try {
       p->socket_ = zmq::socket_t(p->context_, zmq::socket_type::pub);
       p->socket_.set(zmq::sockopt::sndhwm, static_cast<int>(c.events_hwm));
@@ -472,29 +503,17 @@ class EventPublisher {
   }
   ~EventPublisher() { Stop(); }
 
-  // Queues the batch in *events and hands back, in *events, the vector of a batch already sent
-  // (its events are spare storage for RequestManager::TakeKvEvents: no allocation per step). Never
-  // blocks on I/O. Past kMaxQueued batches the batch is dropped and counted.
-  void Publish(std::vector<KvEvent>* events) {
-    const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    bool wake = false;
+  // Called after every call that may have recorded events (the core's mutex held): one relaxed
+  // load while the thread is polling; a wake-up only when it sleeps.
+  void Poke() {
+    if (!sleeping_.load(std::memory_order_seq_cst)) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.size() >= kMaxQueued) {
-        dropped_.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
-      queue_.push_back(Batch{ts, std::move(*events)});
-      events->clear();
-      if (!spare_.empty()) {
-        events->swap(spare_.back());
-        spare_.pop_back();
-      }
-      wake = sleeping_;
+      poked_ = true;
     }
-    if (wake) cv_.notify_one();
+    cv_.notify_one();
   }
-  // Sends what is queued and stops the thread.
+  // Drains and sends what is left, then stops the thread. Call without the core's mutex held.
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -509,53 +528,55 @@ class EventPublisher {
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
-  static constexpr size_t kMaxQueued = 100000;
-  static constexpr size_t kMaxSpare = 64;
-  static constexpr int kIdlePolls = 100;  // idle for 100 ms: sleep until woken
-  struct Batch {
-    double ts;
-    std::vector<KvEvent> events;
-  };
   EventPublisher() = default;
 
+  // Takes the recorded events and sends them as one batch; false when there were none.
+  bool DrainAndSend() {
+    drain_(&events_);
+    if (events_.empty()) return false;
+    const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    Send(ts);
+    return true;
+  }
   void Loop() {
-    std::vector<Batch> local;
     int idle = 0;
-    std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      if (queue_.empty() && !stop_) {
-        if (idle >= kIdlePolls) {
-          sleeping_ = true;
-          cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-          sleeping_ = false;
-          idle = 0;
-        } else {
-          cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; });
+      bool stopping = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!stop_) {
+          if (idle >= idle_polls_) {
+            // Announce the sleep, then look once more (the core's mutex orders this look after
+            // any call that read sleeping_ == false), and only then wait to be poked.
+            sleeping_.store(true, std::memory_order_seq_cst);
+            lock.unlock();
+            const bool found = DrainAndSend();
+            lock.lock();
+            if (!found) cv_.wait(lock, [this] { return stop_ || poked_; });
+            poked_ = false;
+            sleeping_.store(false, std::memory_order_seq_cst);
+            idle = 0;
+          } else {
+            cv_.wait_for(lock, interval_, [this] { return stop_; });
+          }
         }
+        stopping = stop_;
       }
-      local.swap(queue_);
-      const bool stopping = stop_;
-      lock.unlock();
-      idle = local.empty() ? idle + 1 : 0;
-      for (const Batch& b : local) Send(b);
-      lock.lock();
-      for (Batch& b : local) {
-        if (spare_.size() < kMaxSpare) spare_.push_back(std::move(b.events));
-      }
-      local.clear();
-      if (stopping && queue_.empty()) return;
+      idle = DrainAndSend() ? 0 : idle + 1;
+      if (stopping) return;
     }
   }
-  void Send(const Batch& b) {
-    const std::string payload = EncodeKvEventBatch(b.events, b.ts, rank_);
+  void Send(double ts) {
+    payload_.clear();
+    EncodeKvEventBatch(events_, ts, rank_, &payload_);
     char seq[8];
     for (int i = 0; i < 8; ++i) seq[i] = static_cast<char>(seq_ >> (8 * (7 - i)));
     ++seq_;
     try {
       socket_.send(zmq::buffer(topic_), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       socket_.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      socket_.send(zmq::buffer(payload), zmq::send_flags::dontwait);
-      published_.fetch_add(b.events.size(), std::memory_order_relaxed);
+      socket_.send(zmq::buffer(payload_), zmq::send_flags::dontwait);
+      published_.fetch_add(events_.size(), std::memory_order_relaxed);
       batches_.fetch_add(1, std::memory_order_relaxed);
     } catch (const zmq::error_t&) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
@@ -567,13 +588,18 @@ class EventPublisher {
   std::string topic_;
   std::string endpoint_;
   uint32_t rank_ = 0;
+  Drain drain_;
+  std::chrono::milliseconds interval_{5};
+  int idle_polls_ = 20;  // idle polls (about 100 ms) before it sleeps until poked
+  // The thread's own: the last batch taken (its storage recycled by the next drain), its encoding.
+  KvEventLog events_;
+  std::string payload_;
   uint64_t seq_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Batch> queue_;
-  std::vector<std::vector<KvEvent>> spare_;  // sent batches' vectors, for reuse
   bool stop_ = false;
-  bool sleeping_ = false;
+  bool poked_ = false;
+  std::atomic<bool> sleeping_{false};
   std::atomic<uint64_t> published_{0}, batches_{0}, dropped_{0};
   std::thread thread_;
 };
@@ -903,7 +929,11 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
     core->manager_->SetBlockSource(core->timed_.get());
   }
   if (config.events_enabled) {
-    TESSERA_ASSIGN_OR_RETURN(core->publisher_, EventPublisher::Create(config));
+    ServeCore* raw = core.get();
+    TESSERA_ASSIGN_OR_RETURN(core->publisher_, EventPublisher::Create(config, [raw](KvEventLog* out) {
+                               std::lock_guard<std::mutex> lock(raw->mu_);
+                               raw->manager_->TakeKvEventLog(out);
+                             }));
   }
   return core;
 }
@@ -915,10 +945,7 @@ ServeCore::~ServeCore() {
 std::string ServeCore::events_endpoint() const { return publisher_ ? publisher_->endpoint() : std::string(); }
 
 void ServeCore::PublishLocked() {
-  if (!publisher_) return;
-  manager_->TakeKvEvents(&events_);
-  if (events_.empty() || !publish_) return;
-  publisher_->Publish(&events_);
+  if (publisher_) publisher_->Poke();
 }
 
 KvWriters ServeCore::WritersFor(const std::vector<uint64_t>* h, const std::byte* records, uint64_t first) const {
@@ -1038,16 +1065,17 @@ Status ServeCore::Free(RequestId r) {
 }
 
 Status ServeCore::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
   Status result = Status::Ok();
-  if (store_) {
-    Result<uint64_t> n = manager_->Checkpoint();
-    if (!n.ok()) result = n.status();
-    Status f = store_->Flush();
-    if (result.ok() && !f.ok()) result = f;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (store_) {
+      Result<uint64_t> n = manager_->Checkpoint();
+      if (!n.ok()) result = n.status();
+      Status f = store_->Flush();
+      if (result.ok() && !f.ok()) result = f;
+    }
   }
-  PublishLocked();
-  if (publisher_) publisher_->Stop();  // sends what is queued
+  if (publisher_) publisher_->Stop();  // drains the manager and sends what is left
   return result;
 }
 
@@ -1065,7 +1093,7 @@ std::string ServeCore::MetricsText() const {
                "counter",
                {{"", publisher_ ? publisher_->batches() : 0}}});
   f.push_back({"tessera_serve_kv_event_batches_dropped_total",
-               "KVEventBatch messages not published (the queue was full or ZeroMQ refused them).",
+               "KVEventBatch messages not published (ZeroMQ refused them).",
                "counter",
                {{"", publisher_ ? publisher_->dropped() : 0}}});
   f.push_back({"tessera_serve_http_errors_total",

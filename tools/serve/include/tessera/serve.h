@@ -92,6 +92,7 @@ struct ServeConfig {
   uint32_t events_data_parallel_rank = 0;
   uint32_t events_hwm = 100000;
   uint32_t events_buffer = 1u << 16;  // events kept between two publications (then dropped, counted)
+  uint32_t events_interval_ms = 5;    // how often the publisher drains and sends (1 .. 1000)
   // tiers.*
   uint64_t host_tier_bytes = 0;  // > 0: a host tier above the others
   std::string disk_dir;
@@ -148,6 +149,8 @@ class LatencyHistogram {
 // Hashes are 16-byte big-endian binaries (Hash128 hi, then lo). A non-zero tenant domain is
 // sent as extra_keys, one ["tenant_domain", d] per block.
 std::string EncodeKvEventBatch(std::span<const KvEvent> events, double ts, uint32_t data_parallel_rank);
+// As above, from a log, appended to *out.
+void EncodeKvEventBatch(const KvEventLog& events, double ts, uint32_t data_parallel_rank, std::string* out);
 
 class EventPublisher;
 class TimedSource;
@@ -186,7 +189,6 @@ class ServeCore {
   Status Shutdown();
   // Test and benchmark access (hold no other call concurrently).
   RequestManager& manager() { return *manager_; }
-  void set_publish(bool on) { publish_ = on; }
   // Serves HTTP on `config.http_listen` in this process until destroyed (RunServe and the
   // benchmarks); the bound port.
   class Http;
@@ -220,8 +222,6 @@ class ServeCore {
   std::unique_ptr<TimedSource> timed_;
   std::unique_ptr<RequestManager> manager_;
   std::unique_ptr<EventPublisher> publisher_;
-  bool publish_ = true;
-  std::vector<KvEvent> events_;  // taken from the manager, handed to the publisher (recycled)
   // Per live request: the rolling hash of its token prefix at every position (the synthetic KV).
   std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_;
   LatencyHistogram admit_latency_, step_latency_;
