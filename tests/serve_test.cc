@@ -13,11 +13,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <chrono>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <msgpack.hpp>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -658,6 +663,567 @@ TEST(SimulateRedis, SecondRunHitsFromRedis) {
   testing::CommandResult no_secret = testing::RunTessera("simulate --redis redis://127.0.0.1:1");
   EXPECT_EQ(no_secret.exit_code, 2);
   EXPECT_NE(no_secret.err.find("redis-secret-file"), std::string::npos);
+}
+
+// ---- Engine KV bytes (ADR 0027) ------------------------------------------------------------
+
+// A framed body: "TKV1", the header's length (u32 little-endian), the JSON header, the records.
+std::string Frame(const std::string& header, const std::string& records, int64_t length = -1) {
+  const uint32_t h = length < 0 ? static_cast<uint32_t>(header.size()) : static_cast<uint32_t>(length);
+  std::string out = "TKV1";
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((h >> (8 * i)) & 0xff));
+  return out + header + records;
+}
+
+std::string RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(n, '\0');
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(out.data() + i, &v, std::min<size_t>(8, n - i));
+  }
+  return out;
+}
+
+TEST(ServeConfig, EngineWindowAndTokenKeys) {
+  Result<ServeConfig> c =
+      ParseServeConfig("kv_source: engine\nwindow_strategy: snapshot\nhttp:\n  token_file: /t\n", {});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->kv_engine);
+  EXPECT_EQ(c->window_strategy, SwaStrategy::kSnapshot);
+  EXPECT_EQ(c->http_token_file, "/t");
+  c = ParseServeConfig("", {{"TESSERA_SERVE_KV_SOURCE", "engine"}, {"TESSERA_SERVE_HTTP_TOKEN_FILE", "/u"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->kv_engine);
+  EXPECT_EQ(c->http_token_file, "/u");
+  EXPECT_FALSE(ParseServeConfig("", {}).value().kv_engine);  // synthetic by default
+  auto field = [](std::string_view yaml) {
+    Result<ServeConfig> r = ParseServeConfig(yaml, {});
+    return r.ok() ? std::string("ok") : r.status().field();
+  };
+  EXPECT_EQ(field("kv_source: gpu\n"), "kv_source");
+  EXPECT_EQ(field("window_strategy: keep\n"), "window_strategy");
+  EXPECT_EQ(field("kv_source: engine\npool: unbacked\n"), "kv_source");
+}
+
+ServeConfig EngineConfig(const std::string& model = "tiny-mla") {
+  ServeConfig c;
+  c.model = model;
+  c.capacity_blocks = 32;
+  c.max_requests = 8;
+  c.events_enabled = false;
+  c.kv_engine = true;
+  return c;
+}
+
+// What a test can see of the manager: a bad body must leave all of it as it was.
+std::string ManagerState(ServeCore& core) {
+  RequestManager& m = core.manager();
+  return std::to_string(m.live_requests()) + "/" + std::to_string(m.bytes_held()) + "/" +
+         std::to_string(m.pool().stats().allocations.load()) + "/" + std::to_string(m.pool().stats().seals.load()) +
+         "/" + std::to_string(m.metrics().requests_admitted.load());
+}
+
+std::string FieldOf(const std::pair<int, std::string>& r) {
+  const nlohmann::json j = nlohmann::json::parse(r.second, nullptr, false);
+  return j.is_object() && j.contains("field") ? j["field"].get<std::string>() : "(" + r.second + ")";
+}
+
+TEST(ServeEngineKv, BadFramesAreRefusedNamingTheFieldAndChangeNothing) {
+  std::vector<std::string> warnings;
+  ServeConfig core_config = EngineConfig();
+  core_config.http_max_body_bytes = 300000;  // tiny-mla: a block of 64 x 4,608 bytes fits, 72 tokens do not
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(core_config, &warnings);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ServeCore& core = **made;
+  const uint64_t rb = core.record_bytes();
+  ASSERT_GT(rb, 0u);
+  // One live request, with a block written, so a step has somewhere to go.
+  const std::string prompt = "{\"tokens\":" + Tokens(1, 70) + "}";
+  std::pair<int, std::string> ok = core.Handle("/v1/admit", Frame(prompt, RandomBytes(70 * rb, 1)));
+  ASSERT_EQ(ok.first, 200) << ok.second;
+  const std::string before = ManagerState(core);
+
+  struct Case {
+    std::string path, body, field;
+  };
+  const std::string step = "{\"requests\":[0],\"counts\":[2],\"tokens\":[7,8]}";
+  const std::vector<Case> cases = {
+      {"/v1/admit", "TKV1", "body"},                                                       // shorter than the frame
+      {"/v1/admit", Frame(prompt, RandomBytes(70 * rb - 1, 2)), "records"},                // one byte short
+      {"/v1/admit", Frame(prompt, RandomBytes(70 * rb + 1, 2)), "records"},                // one byte long
+      {"/v1/admit", Frame(prompt, ""), "records"},                                         // none
+      {"/v1/admit", Frame(prompt, RandomBytes(70 * rb, 2), 0), "header_length"},           // zero
+      {"/v1/admit", Frame(prompt, RandomBytes(70 * rb, 2), 0xffffffff), "header_length"},  // huge
+      {"/v1/admit", Frame(prompt, "", static_cast<int64_t>(prompt.size()) + 1), "header_length"},  // past the end
+      {"/v1/admit", Frame("{\"tokens\":[1,2", RandomBytes(2 * rb, 2)), "header"},                  // malformed JSON
+      {"/v1/admit", Frame("{\"tokens\":[1],\"x\":1}", RandomBytes(rb, 2)), "x"},                   // unknown field
+      {"/v1/admit", Frame("{\"tokens\":[]}", ""), "tokens"},
+      {"/v1/step", Frame(step, RandomBytes(2 * rb - 1, 3)), "records"},
+      {"/v1/step", Frame(step, RandomBytes(3 * rb, 3)), "records"},
+      {"/v1/step", Frame("{\"requests\":[0],\"counts\":[3],\"tokens\":[7,8]}", RandomBytes(2 * rb, 3)), "tokens"},
+      {"/v1/step", step, "records"},  // engine KV: a step without records writes nothing
+  };
+  for (const Case& c : cases) {
+    std::pair<int, std::string> r = core.Handle(c.path, c.body);
+    EXPECT_EQ(r.first, 400) << c.field << ": " << r.second;
+    EXPECT_EQ(FieldOf(r), c.field) << r.second;
+    EXPECT_EQ(ManagerState(core), before) << c.field;
+  }
+  // The same step, framed right, goes through.
+  std::pair<int, std::string> r = core.Handle("/v1/step", Frame(step, RandomBytes(2 * rb, 3)));
+  ASSERT_EQ(r.first, 200) << r.second;
+  EXPECT_EQ(nlohmann::json::parse(r.second)["codes"][0], "ok");
+  EXPECT_EQ(core.manager().Tokens(RequestId{0}), 72u);
+  // Reads: one block is always served; a batch past http.max_body_bytes is refused, naming count.
+  ASSERT_GT(72 * rb, core_config.http_max_body_bytes);
+  ASSERT_LE(64 * rb, core_config.http_max_body_bytes);
+  bool binary = false;
+  EXPECT_EQ(core.HandleGet("/v1/requests/0/blocks/0", &binary).first, 200);
+  EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/0/blocks/0?count=2", &binary)), "count");
+
+  // Synthetic KV refuses frames (its bytes are its own).
+  ServeConfig sc = EngineConfig();
+  sc.kv_engine = false;
+  Result<std::unique_ptr<ServeCore>> synthetic = ServeCore::Create(sc, &warnings);
+  ASSERT_TRUE(synthetic.ok());
+  r = (*synthetic)->Handle("/v1/admit", Frame(prompt, RandomBytes(70 * rb, 1)));
+  EXPECT_EQ(r.first, 400);
+  EXPECT_EQ(FieldOf(r), "body");
+  EXPECT_EQ((*synthetic)->manager().live_requests(), 0u);
+}
+
+class ServeEngineKvModels : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+
+// tiny-mla (mla-bf16, one plane) and DeepSeek-V3 with FlashMLA's fp8_ds_mla record (two planes:
+// the region-major format's rows), and V3.2 with its lightning-indexer group in the frame too.
+INSTANTIATE_TEST_SUITE_P(Models, ServeEngineKvModels,
+                         ::testing::Values(std::make_pair(std::string("tiny-mla"), std::string()),
+                                           std::make_pair(std::string("deepseek-v3"), std::string("fp8_ds_mla")),
+                                           std::make_pair(std::string("deepseek-v3.2"), std::string())),
+                         [](const ::testing::TestParamInfo<std::pair<std::string, std::string>>& param) {
+                           std::string name =
+                               param.param.first + (param.param.second.empty() ? "" : "_") + param.param.second;
+                           for (char& ch : name) {
+                             if (std::isalnum(static_cast<unsigned char>(ch)) == 0) ch = '_';
+                           }
+                           return name;
+                         });
+
+TEST_P(ServeEngineKvModels, ReadsGiveBackWhatWasPushedAndAPrefixHitsBytes) {
+  std::vector<std::string> warnings;
+  ServeConfig config = EngineConfig(GetParam().first);
+  config.kv_format = GetParam().second;
+  config.http_max_body_bytes = 64u << 20;  // V3: 40,016 bytes a token, a 3-block batch of 5.2 MB
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(config, &warnings);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ServeCore& core = **made;
+  const uint64_t rb = core.record_bytes();
+  const uint64_t bt = core.manager().block_tokens();
+  const uint32_t n = static_cast<uint32_t>(2 * bt + 5);
+  const std::string kv = RandomBytes(n * rb, 42);
+  std::pair<int, std::string> a = core.Handle("/v1/admit", Frame("{\"tokens\":" + Tokens(1, n) + "}", kv));
+  ASSERT_EQ(a.first, 200) << a.second;
+  const uint32_t id = nlohmann::json::parse(a.second)["request"].get<uint32_t>();
+  bool binary = false;
+  for (uint64_t b = 0; b < 3; ++b) {
+    std::pair<int, std::string> got =
+        core.HandleGet("/v1/requests/" + std::to_string(id) + "/blocks/" + std::to_string(b), &binary);
+    ASSERT_EQ(got.first, 200) << got.second;
+    EXPECT_TRUE(binary);
+    const uint64_t tokens = std::min<uint64_t>(bt, n - b * bt);
+    ASSERT_EQ(got.second.size(), tokens * rb);
+    EXPECT_TRUE(got.second == kv.substr(b * bt * rb, tokens * rb)) << "block " << b;
+  }
+  // Past the written tokens, a bad id, a bad index: 400 naming them.
+  EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/" + std::to_string(id) + "/blocks/3", &binary)), "block");
+  EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/7/blocks/0", &binary)), "request");
+  EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/x/blocks/0", &binary)), "request");
+  EXPECT_EQ(FieldOf(core.HandleGet("/v1/requests/0/blocks/-1", &binary)), "block");
+  EXPECT_EQ(core.HandleGet("/v1/requests/0/tables", &binary).first, 404);
+  // A batch: every block in one reply; past the written blocks, a bad count, an unknown query.
+  std::pair<int, std::string> all = core.HandleGet("/v1/requests/" + std::to_string(id) + "/blocks/0?count=3", &binary);
+  ASSERT_EQ(all.first, 200) << all.second;
+  EXPECT_TRUE(all.second == kv);
+  std::pair<int, std::string> tail =
+      core.HandleGet("/v1/requests/" + std::to_string(id) + "/blocks/1?count=2", &binary);
+  ASSERT_EQ(tail.first, 200) << tail.second;
+  EXPECT_TRUE(tail.second == kv.substr(bt * rb));
+  const std::string base = "/v1/requests/" + std::to_string(id) + "/blocks/";
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "1?count=3", &binary)), "count");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "0?count=0", &binary)), "count");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "0?count=99999999999999999999", &binary)), "count");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "0?cnt=1", &binary)), "query");
+  EXPECT_EQ(FieldOf(core.HandleGet(base + "4294967296", &binary)), "block");
+  std::pair<int, std::string> layout = core.HandleGet("/v1/layout", &binary);
+  ASSERT_EQ(layout.first, 200);
+  EXPECT_EQ(nlohmann::json::parse(layout.second)["record_bytes"], rb);
+
+  ASSERT_EQ(core.Handle("/v1/free", "{\"request\":" + std::to_string(id) + "}").first, 200);
+  // Another request, JSON admit: reserves only; its cached blocks hold the first request's bytes.
+  std::pair<int, std::string> b = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(b.first, 200) << b.second;
+  const nlohmann::json bj = nlohmann::json::parse(b.second);
+  EXPECT_EQ(bj["cached_tokens"], 2 * bt);
+  const uint32_t id2 = bj["request"].get<uint32_t>();
+  EXPECT_EQ(core.manager().Tokens(RequestId{id2}), 2 * bt);
+  for (uint64_t blk = 0; blk < 2; ++blk) {
+    std::pair<int, std::string> got =
+        core.HandleGet("/v1/requests/" + std::to_string(id2) + "/blocks/" + std::to_string(blk), &binary);
+    ASSERT_EQ(got.first, 200);
+    EXPECT_TRUE(got.second == kv.substr(blk * bt * rb, bt * rb)) << "block " << blk;
+  }
+  // The engine pushes the uncached rest with a step.
+  const std::string rest = RandomBytes(5 * rb, 43);
+  std::pair<int, std::string> st = core.Handle(
+      "/v1/step", Frame("{\"requests\":[" + std::to_string(id2) +
+                            "],\"counts\":[5],\"tokens\":" + Tokens(1 + static_cast<uint32_t>(2 * bt), 5) + "}",
+                        rest));
+  ASSERT_EQ(st.first, 200) << st.second;
+  std::pair<int, std::string> last = core.HandleGet("/v1/requests/" + std::to_string(id2) + "/blocks/2", &binary);
+  ASSERT_EQ(last.first, 200);
+  EXPECT_TRUE(last.second == rest);
+}
+
+// Over real HTTP: bytes pushed by one server come back from a prefix hit, and from the disk tier
+// after SIGTERM and a restart (the blocks promoted, verified, and read back byte for byte).
+TEST(ServeEndToEnd, EngineKvComesBackFromDiskAfterARestart) {
+  TempDir dir;
+  const std::string config = WriteConfig(dir,
+                                         "model: tiny-mla\nkv_source: engine\ncapacity_blocks: 32\n"
+                                         "http:\n  listen: 127.0.0.1:0\n  max_body_bytes: 4MiB\n"
+                                         "events:\n  enabled: false\ntiers:\n  disk_dir: " +
+                                             dir.path() + "/disk\n  write: write-back\n");
+  std::string kv;
+  uint64_t rb = 0, bt = 0;
+  const uint32_t n = 3 * 64 + 10;
+  {
+    Server s(config);
+    ASSERT_TRUE(s.Ready()) << s.Stderr();
+    const nlohmann::json layout = nlohmann::json::parse(Http(s.port(), "GET", "/v1/layout").body);
+    rb = layout["record_bytes"].get<uint64_t>();
+    bt = layout["block_tokens"].get<uint64_t>();
+    ASSERT_EQ(bt, 64u);
+    kv = RandomBytes(n * rb, 7);
+    HttpReply a = Http(s.port(), "POST", "/v1/admit", Frame("{\"tokens\":" + Tokens(1, n) + "}", kv));
+    ASSERT_EQ(a.status, 200) << a.body;
+    const uint64_t id = nlohmann::json::parse(a.body)["request"].get<uint64_t>();
+    HttpReply bad = Http(s.port(), "POST", "/v1/admit", Frame("{\"tokens\":" + Tokens(1, n) + "}", kv + "x"));
+    EXPECT_EQ(bad.status, 400);
+    EXPECT_EQ(nlohmann::json::parse(bad.body)["field"], "records");
+    ASSERT_EQ(Http(s.port(), "POST", "/v1/free", "{\"request\":" + std::to_string(id) + "}").status, 200);
+    HttpReply b = Http(s.port(), "POST", "/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+    ASSERT_EQ(b.status, 200) << b.body;
+    const nlohmann::json bj = nlohmann::json::parse(b.body);
+    EXPECT_EQ(bj["cached_tokens"], 3 * bt);
+    for (uint64_t blk = 0; blk < 3; ++blk) {
+      HttpReply got = Http(s.port(), "GET", "/v1/requests/" + bj["request"].dump() + "/blocks/" + std::to_string(blk));
+      ASSERT_EQ(got.status, 200) << got.body;
+      EXPECT_TRUE(got.body == kv.substr(blk * bt * rb, bt * rb)) << "block " << blk;
+    }
+    // The engine's bytes in and out: one framed admit written whole, three blocks read.
+    const std::string metrics = Http(s.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("tessera_serve_kv_bytes_written_total " + std::to_string(n * rb) + "\n"), std::string::npos)
+        << metrics;
+    EXPECT_NE(metrics.find("tessera_serve_kv_bytes_read_total " + std::to_string(3 * bt * rb) + "\n"),
+              std::string::npos)
+        << metrics;
+    EXPECT_EQ(s.Stop(), 0) << s.Stderr();  // SIGTERM: the checkpoint writes the blocks to disk
+  }
+  Server s(config);
+  ASSERT_TRUE(s.Ready()) << s.Stderr();
+  HttpReply a = Http(s.port(), "POST", "/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(a.status, 200) << a.body;
+  const nlohmann::json aj = nlohmann::json::parse(a.body);
+  EXPECT_EQ(aj["tier_blocks"], 3);
+  HttpReply batch = Http(s.port(), "GET", "/v1/requests/" + aj["request"].dump() + "/blocks/0?count=3");
+  ASSERT_EQ(batch.status, 200) << batch.body;
+  EXPECT_TRUE(batch.body == kv.substr(0, 3 * bt * rb));
+  for (uint64_t blk = 0; blk < 3; ++blk) {
+    HttpReply got = Http(s.port(), "GET", "/v1/requests/" + aj["request"].dump() + "/blocks/" + std::to_string(blk));
+    ASSERT_EQ(got.status, 200) << got.body;
+    ASSERT_EQ(got.body.size(), bt * rb);
+    EXPECT_TRUE(got.body == kv.substr(blk * bt * rb, bt * rb)) << "block " << blk << " after the restart";
+  }
+  EXPECT_EQ(s.Stop(), 0) << s.Stderr();
+}
+
+// Engine bytes written through to Redis come back, byte for byte, to another server's cold pool.
+TEST(ServeEngineKv, BytesComeBackFromRedisToAnotherServer) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  TempDir dir;
+  ServeConfig c = EngineConfig();
+  c.redis = "redis://127.0.0.1:" + std::to_string(redis.port());
+  c.redis_secret_file = dir.Write("secret", "0123456789abcdef0123456789abcdef\n");
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> first = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const uint64_t rb = (*first)->record_bytes();
+  const uint64_t bt = (*first)->manager().block_tokens();
+  const uint32_t n = static_cast<uint32_t>(2 * bt + 1);
+  const std::string kv = RandomBytes(n * rb, 99);
+  ASSERT_EQ((*first)->Handle("/v1/admit", Frame("{\"tokens\":" + Tokens(1, n) + "}", kv)).first, 200);
+  ASSERT_TRUE((*first)->Shutdown().ok());  // write-through: already in Redis; flushed
+
+  Result<std::unique_ptr<ServeCore>> second = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  std::pair<int, std::string> a = (*second)->Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(a.first, 200) << a.second;
+  const nlohmann::json aj = nlohmann::json::parse(a.second);
+  EXPECT_EQ(aj["tier_blocks"], 2);
+  bool binary = false;
+  for (uint64_t blk = 0; blk < 2; ++blk) {
+    std::pair<int, std::string> got =
+        (*second)->HandleGet("/v1/requests/" + aj["request"].dump() + "/blocks/" + std::to_string(blk), &binary);
+    ASSERT_EQ(got.first, 200) << got.second;
+    EXPECT_TRUE(got.second == kv.substr(blk * bt * rb, bt * rb)) << "block " << blk;
+  }
+}
+
+// ---- Authentication ------------------------------------------------------------------------
+
+TEST(ServeEndToEnd, BearerTokenGuardsTheApiNotHealthOrMetrics) {
+  TempDir dir;
+  const std::string token = "s3cr3t-t0ken-0123456789";
+  const std::string token_file = dir.Write("token", token + "\n");
+  const std::string config = WriteConfig(dir,
+                                         "model: tiny-mla\ncapacity_blocks: 16\nhttp:\n  listen: 127.0.0.1:0\n"
+                                         "  token_file: " +
+                                             token_file + "\nevents:\n  enabled: false\n");
+  Server s(config);
+  ASSERT_TRUE(s.Ready()) << s.Stderr();
+  const std::string admit = "{\"tokens\":" + Tokens(1, 10) + "}";
+  EXPECT_EQ(Http(s.port(), "POST", "/v1/admit", admit).status, 401);
+  EXPECT_EQ(Http(s.port(), "POST", "/v1/admit", admit, "Authorization: Bearer wrong\r\n").status, 401);
+  EXPECT_EQ(Http(s.port(), "POST", "/v1/admit", admit, "Authorization: Bearer " + token + "x\r\n").status, 401);
+  EXPECT_EQ(Http(s.port(), "POST", "/v1/admit", admit, "Authorization: Basic " + token + "\r\n").status, 401);
+  EXPECT_EQ(Http(s.port(), "GET", "/v1/layout").status, 401);
+  HttpReply denied = Http(s.port(), "POST", "/v1/admit", admit);
+  EXPECT_EQ(nlohmann::json::parse(denied.body)["field"], "authorization");
+  HttpReply ok = Http(s.port(), "POST", "/v1/admit", admit, "Authorization: Bearer " + token + "\r\n");
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(Http(s.port(), "GET", "/v1/layout", "", "Authorization: Bearer " + token + "\r\n").status, 200);
+  EXPECT_EQ(Http(s.port(), "GET", "/health").status, 200);
+  const std::string metrics = Http(s.port(), "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("tessera_requests_admitted_total 1\n"), std::string::npos) << metrics;
+  EXPECT_EQ(s.Stop(), 0) << s.Stderr();
+}
+
+TEST(ServeEndToEnd, BadTokenFileExitsTwoNamingIt) {
+  TempDir dir;
+  const std::string target = dir.Write("real", "0123456789abcdef0123\n");
+  const std::string link = dir.path() + "/link";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  const std::string short_file = dir.Write("short", "abc\n");
+  for (const std::string& file : {link, short_file, dir.path() + "/missing"}) {
+    Server s(WriteConfig(
+        dir, "model: tiny-mla\nhttp:\n  listen: 127.0.0.1:0\n  token_file: " + file + "\nevents:\n  enabled: false\n"));
+    EXPECT_FALSE(s.Ready());
+    EXPECT_EQ(s.Stop(false), 2) << file;
+    EXPECT_NE(s.Stderr().find("http.token_file"), std::string::npos) << file;
+  }
+}
+
+TEST(ServeAuth, TokenComparison) {
+  TempDir dir;
+  ServeConfig c = EngineConfig();
+  c.http_token_file = dir.Write("token", "0123456789abcdef\n");
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> core = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(core.ok()) << core.status().ToString();
+  EXPECT_TRUE((*core)->Authorized("Bearer 0123456789abcdef"));
+  EXPECT_FALSE((*core)->Authorized(nullptr));
+  EXPECT_FALSE((*core)->Authorized(""));
+  EXPECT_FALSE((*core)->Authorized("Bearer "));
+  EXPECT_FALSE((*core)->Authorized("Bearer 0123456789abcde"));
+  EXPECT_FALSE((*core)->Authorized("Bearer 0123456789abcdef0"));
+  EXPECT_FALSE((*core)->Authorized("Bearer 0123456789abcdeF"));
+  EXPECT_FALSE((*core)->Authorized("bearer 0123456789abcdef"));
+  c.http_token_file.clear();
+  Result<std::unique_ptr<ServeCore>> open = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(open.ok());
+  EXPECT_TRUE((*open)->Authorized(nullptr));
+}
+
+// ---- DeepSeek-V4 (sliding windows) ---------------------------------------------------------
+
+TEST(ServeV4, AdmitStepFreeAndAPrefixHitFromDisk) {
+  for (const std::string model : {"tiny-v4", "deepseek-v4-flash", "deepseek-v4-pro"}) {
+    SCOPED_TRACE(model);
+    TempDir dir;
+    ServeConfig c;
+    c.model = model;
+    c.capacity_blocks = 16;
+    c.max_requests = 4;
+    c.events_enabled = false;
+    c.disk_dir = dir.path() + "/disk";
+    if (model != "tiny-v4") c.block_tokens = 128;  // the smallest span (lcm of the ratios): half the tokens
+    std::vector<std::string> warnings;
+    Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(c, &warnings);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    ServeCore& core = **made;
+    ASSERT_NE(core.manager().states(), nullptr);
+    const uint64_t bt = core.manager().block_tokens();
+    const uint32_t n = static_cast<uint32_t>(2 * bt + 3);
+    std::pair<int, std::string> a = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+    ASSERT_EQ(a.first, 200) << a.second;
+    const uint32_t id = nlohmann::json::parse(a.second)["request"].get<uint32_t>();
+    EXPECT_EQ(core.manager().Tokens(RequestId{id}), n);
+    std::pair<int, std::string> st =
+        core.Handle("/v1/step", "{\"requests\":[" + std::to_string(id) + "],\"counts\":[4],\"tokens\":[9,9,9,9]}");
+    ASSERT_EQ(st.first, 200) << st.second;
+    EXPECT_EQ(nlohmann::json::parse(st.second)["codes"][0], "ok");
+    EXPECT_GT(core.manager().metrics().state_bytes.load(), 0u);
+    ASSERT_EQ(core.Handle("/v1/free", "{\"request\":" + std::to_string(id) + "}").first, 200);
+    // The same prompt again: the two whole blocks are a prefix hit; the window rings are
+    // recomputed from the tokens before the boundary (window_strategy: recompute).
+    std::pair<int, std::string> b = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+    ASSERT_EQ(b.first, 200) << b.second;
+    const nlohmann::json bj = nlohmann::json::parse(b.second);
+    EXPECT_EQ(bj["cached_tokens"], 2 * bt);
+    EXPECT_GT(bj["recompute_tokens"].get<uint64_t>(), 0u);
+    EXPECT_EQ(core.manager().Tokens(RequestId{bj["request"].get<uint32_t>()}), n);
+    const std::string metrics = core.MetricsText();
+    EXPECT_NE(metrics.find("tessera_serve_admit_seconds_count 2\n"), std::string::npos);
+    // V4 pages only compressed groups: no per-token records to read.
+    EXPECT_EQ(core.record_bytes(), 0u);
+    bool binary = false;
+    EXPECT_EQ(core.HandleGet("/v1/requests/" + bj["request"].dump() + "/blocks/0", &binary).first, 409);
+    ASSERT_TRUE(core.Shutdown().ok());
+  }
+}
+
+// Bookkeeping only (the engine keeps V4's KV on its device): the same calls, no bytes.
+TEST(ServeV4, UnbackedPoolAdmitsStepsAndHits) {
+  ServeConfig c;
+  c.model = "tiny-v4";
+  c.capacity_blocks = 16;
+  c.max_requests = 4;
+  c.pool_unbacked = true;
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(c, &warnings);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ServeCore& core = **made;
+  const uint64_t bt = core.manager().block_tokens();
+  const uint32_t n = static_cast<uint32_t>(2 * bt + 3);
+  std::pair<int, std::string> a = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(a.first, 200) << a.second;
+  const std::string id = nlohmann::json::parse(a.second)["request"].dump();
+  std::pair<int, std::string> st = core.Handle("/v1/step", "{\"requests\":[" + id + "],\"counts\":[1],\"tokens\":[9]}");
+  ASSERT_EQ(st.first, 200) << st.second;
+  EXPECT_EQ(nlohmann::json::parse(st.second)["codes"][0], "ok");
+  ASSERT_EQ(core.Handle("/v1/free", "{\"request\":" + id + "}").first, 200);
+  std::pair<int, std::string> b = core.Handle("/v1/admit", "{\"tokens\":" + Tokens(1, n) + "}");
+  ASSERT_EQ(b.first, 200) << b.second;
+  EXPECT_EQ(nlohmann::json::parse(b.second)["cached_tokens"], 2 * bt);
+}
+
+TEST(ServeV4, EngineKvIsRefusedForWindowModels) {
+  std::vector<std::string> warnings;
+  Result<std::unique_ptr<ServeCore>> made = ServeCore::Create(EngineConfig("tiny-v4"), &warnings);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().field(), "kv_source");
+}
+
+// Over HTTP, with events: a V4 server admits, steps, frees and publishes BlockStored.
+TEST(ServeEndToEnd, DeepSeekV4ServesWithEvents) {
+  TempDir dir;
+  const std::string config =
+      WriteConfig(dir,
+                  "model: tiny-v4\ncapacity_blocks: 32\nmax_requests: 8\nwindow_strategy: snapshot\n"
+                  "http:\n  listen: 127.0.0.1:0\nevents:\n  endpoint: tcp://127.0.0.1:*\n  topic: kv\n"
+                  "tiers:\n  disk_dir: " +
+                      dir.path() + "/disk\n");
+  {
+    Server s(config);
+    ASSERT_TRUE(s.Ready()) << s.Stderr();
+    zmq::context_t ctx;
+    zmq::socket_t sub(ctx, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::subscribe, "");
+    sub.connect(s.events());
+    Received got;
+    for (uint32_t i = 0; i < 50 && got.tags.empty(); ++i) {
+      HttpReply r = Http(s.port(), "POST", "/v1/admit", "{\"tokens\":" + Tokens(1000000 + 1000 * i, 300) + "}");
+      ASSERT_EQ(r.status, 200) << r.body;
+      const nlohmann::json j = nlohmann::json::parse(r.body);
+      HttpReply st = Http(s.port(), "POST", "/v1/step",
+                          "{\"requests\":[" + j["request"].dump() + "],\"counts\":[1],\"tokens\":[5]}");
+      ASSERT_EQ(st.status, 200) << st.body;
+      EXPECT_EQ(nlohmann::json::parse(st.body)["codes"][0], "ok");
+      ASSERT_EQ(Http(s.port(), "POST", "/v1/free", "{\"request\":" + j["request"].dump() + "}").status, 200);
+      Drain(sub, 100, &got);
+    }
+    ASSERT_FALSE(got.tags.empty()) << "no event reached the subscriber";
+    EXPECT_EQ(got.tags[0], "BlockStored");
+    const std::string metrics = Http(s.port(), "GET", "/metrics").body;
+    EXPECT_NE(metrics.find("tessera_block_seals_total "), std::string::npos);
+    EXPECT_EQ(s.Stop(), 0) << s.Stderr();
+  }
+  // Restarted: the first prompt's blocks come back from disk with their window state.
+  Server s(config);
+  ASSERT_TRUE(s.Ready()) << s.Stderr();
+  HttpReply a = Http(s.port(), "POST", "/v1/admit", "{\"tokens\":" + Tokens(1000000, 300) + "}");
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_GT(nlohmann::json::parse(a.body)["tier_blocks"].get<uint64_t>(), 0u) << a.body;
+  EXPECT_EQ(s.Stop(), 0) << s.Stderr();
+}
+
+// ---- civetweb's worker stacks (ADR 0027) ---------------------------------------------------
+
+// civetweb (Debian 1.15) runs handlers on threads of 102400-byte stacks, of which its own frames
+// (and the thread's TLS) take 23,217 bytes by the time a handler runs: both measured with
+// pthread_getattr_np and a local's address inside a handler (ADR 0027); the size is fixed when
+// the library is built, no option changes it. The API's whole path — admission with
+// write-through to Redis, promotion from Redis — must fit in what is left. Before the Redis
+// client's 64 KiB receive buffer moved off the stack this crashed (dev and asan builds).
+constexpr size_t kCivetwebStackBytes = 102400;
+constexpr size_t kCivetwebOwnFrames = 24 * 1024;
+
+void RunOnStack(size_t bytes, const std::function<void()>& f) {
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, bytes), 0);
+  pthread_t t;
+  auto* job = new std::function<void()>(f);
+  ASSERT_EQ(pthread_create(
+                &t, &attr,
+                [](void* p) -> void* {
+                  auto* fn = static_cast<std::function<void()>*>(p);
+                  (*fn)();
+                  delete fn;
+                  return nullptr;
+                },
+                job),
+            0);
+  pthread_join(t, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+TEST(ServeStack, RedisWriteAndPromoteFitOnACivetwebWorkerStack) {
+  TESSERA_REQUIRE_REDIS_SERVER();
+  testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  TempDir dir;
+  ServeConfig c;
+  c.model = "deepseek-v3";
+  c.kv_format = "fp8_ds_mla";
+  c.capacity_blocks = 16;
+  c.events_enabled = false;
+  c.redis = "redis://127.0.0.1:" + std::to_string(redis.port());
+  c.redis_secret_file = dir.Write("secret", "0123456789abcdef0123456789abcdef\n");
+  const std::string prompt = "{\"tokens\":" + Tokens(1, 130) + "}";
+  std::vector<std::string> warnings;
+  for (int round = 0; round < 2; ++round) {  // 0: written through to Redis; 1: a cold pool promotes
+    Result<std::unique_ptr<ServeCore>> core = ServeCore::Create(c, &warnings);
+    ASSERT_TRUE(core.ok()) << core.status().ToString();
+    std::pair<int, std::string> r;
+    RunOnStack(kCivetwebStackBytes - kCivetwebOwnFrames, [&] { r = (*core)->Handle("/v1/admit", prompt); });
+    ASSERT_EQ(r.first, 200) << r.second;
+    EXPECT_EQ(nlohmann::json::parse(r.second)["tier_blocks"], round == 0 ? 0 : 2) << r.second;
+    RunOnStack(kCivetwebStackBytes - kCivetwebOwnFrames, [&] { ASSERT_TRUE((*core)->Shutdown().ok()); });
+  }
 }
 
 }  // namespace

@@ -210,15 +210,15 @@ bool SendSome(Conversation& c, size_t* sent) {
 }
 
 // Reads what the socket holds now (at most 4 MiB, so that one fast server does not starve the
-// others) and parses it. false when the conversation failed.
-bool ReceiveSome(Conversation& c, ReplyParser& parser) {
-  char buf[64 * 1024];
+// others) into `buf` and parses it. false when the conversation failed. The buffer is the
+// caller's heap: callers run on small stacks (civetweb's workers have 100 KiB, ADR 0027).
+bool ReceiveSome(Conversation& c, ReplyParser& parser, std::vector<char>& buf) {
   size_t budget = 4u << 20;
   while (budget > 0) {
-    ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    ssize_t n = ::recv(c.fd, buf.data(), buf.size(), MSG_DONTWAIT);
     if (n > 0) {
       budget -= std::min(budget, static_cast<size_t>(n));
-      if (!parser.Feed(std::string_view(buf, static_cast<size_t>(n)), c.expected, &c.replies)) {
+      if (!parser.Feed(std::string_view(buf.data(), static_cast<size_t>(n)), c.expected, &c.replies)) {
         FailConversation(c, Failure::kBadReply, "bad reply: " + parser.error());
         return false;
       }
@@ -258,6 +258,7 @@ void Exchange(std::span<Conversation* const> conversations, Clock::time_point de
   }
   std::vector<pollfd> fds;
   std::vector<Live*> polled;
+  std::vector<char> buf;  // the receive buffer, allocated on the first read
   const auto start = Clock::now();
   while (true) {
     fds.clear();
@@ -297,7 +298,10 @@ void Exchange(std::span<Conversation* const> conversations, Clock::time_point de
         continue;
       }
       // Read first: an error or hang-up may come with the last replies still buffered.
-      if ((ev & (POLLIN | POLLHUP | POLLERR)) != 0 && !ReceiveSome(*l.c, l.parser)) continue;
+      if ((ev & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        if (buf.empty()) buf.resize(size_t{64} << 10);
+        if (!ReceiveSome(*l.c, l.parser, buf)) continue;
+      }
       if ((ev & (POLLOUT | POLLERR)) != 0 && l.sent < l.c->request.size()) SendSome(*l.c, &l.sent);
     }
   }

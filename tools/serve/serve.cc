@@ -98,6 +98,17 @@ Status Apply(const Setting& s, ServeConfig* c) {
       return InvalidArgument(k, "must be host or unbacked (got \"" + s.text + "\")");
     }
     c->pool_unbacked = s.text == "unbacked";
+  } else if (k == "kv_source") {
+    if (s.text != "synthetic" && s.text != "engine") {
+      return InvalidArgument(k, "must be synthetic or engine (got \"" + s.text + "\")");
+    }
+    c->kv_engine = s.text == "engine";
+  } else if (k == "window_strategy") {
+    Result<SwaStrategy> w = ParseSwaStrategy(s.text);
+    if (!w.ok()) return InvalidArgument(k, "must be recompute, snapshot or retain (got \"" + s.text + "\")");
+    c->window_strategy = *w;
+  } else if (k == "http.token_file") {
+    c->http_token_file = s.text;
   } else if (k == "http.listen") {
     c->http_listen = s.text;
   } else if (k == "http.max_body_bytes") {
@@ -239,6 +250,9 @@ Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::
   if (c.pool_unbacked &&
       (!c.disk_dir.empty() || !c.redis.empty() || !c.redis_cluster.empty() || c.host_tier_bytes > 0)) {
     return InvalidArgument("pool", "an unbacked pool holds no bytes for tiers to store");
+  }
+  if (c.pool_unbacked && c.kv_engine) {
+    return InvalidArgument("kv_source", "engine KV needs pool: host (an unbacked pool holds no bytes)");
   }
   if (!c.redis.empty() && !c.redis_cluster.empty()) {
     return InvalidArgument("tiers.redis", "give tiers.redis or tiers.redis_cluster, not both");
@@ -656,18 +670,82 @@ void ExtendPrefixHash(std::vector<uint64_t>* h, std::span<const uint32_t> tokens
   }
 }
 
+void FillSynthetic(uint64_t prefix_hash, uint32_t group, uint32_t layer, const RecordView& view) {
+  for (uint32_t p = 0; p < view.plane_count; ++p) {
+    const uint64_t seed = Mix(prefix_hash ^ (uint64_t{group} << 56) ^ (uint64_t{layer} << 40) ^ (uint64_t{p} << 32));
+    std::span<std::byte> out = view.planes[p];
+    for (size_t off = 0; off < out.size(); off += 8) {
+      const uint64_t v = Mix(seed + off);
+      std::memcpy(out.data() + off, &v, std::min<size_t>(8, out.size() - off));
+    }
+  }
+}
+
+// Every byte the manager asks for, as a function of the token's prefix hash: page records and,
+// for models with windows, window rows, compressor rows (small integers, exact in float) and the
+// reference compressor's entries.
 KvWriters SyntheticWriters(const std::vector<uint64_t>* h) {
-  return KvWriter([h](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
+  KvWriters w;
+  w.page = [h](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
+    FillSynthetic((*h)[position], group, layer, view);
+  };
+  w.window = [h](uint32_t layer, uint64_t position, std::span<std::byte> row) {
+    RecordView v;
+    v.planes[0] = row;
+    FillSynthetic((*h)[position], 0xff, layer, v);
+  };
+  w.state = [h](uint32_t layer, bool indexer, uint64_t position, std::span<float> row) {
+    const uint64_t seed = Mix((*h)[position] ^ (uint64_t{layer} << 20) ^ (indexer ? 1ULL << 40 : 0));
+    for (size_t c = 0; c < row.size(); ++c) row[c] = static_cast<float>(((seed + c * 0x9e3779b1ULL) >> 24) & 0xff);
+  };
+  w.compress = ReferenceCompress;
+  return w;
+}
+
+// The engine's records: token `position` of the request at `base + (position - first) x
+// record_bytes`, (group, layer) at `offsets[group][layer]` in it, planes back to back.
+KvWriters EngineWriters(const std::vector<std::vector<int64_t>>* offsets, uint64_t record_bytes, const std::byte* base,
+                        uint64_t first) {
+  return KvWriter([=](uint32_t group, uint32_t layer, uint64_t position, const RecordView& view) {
+    const std::byte* src = base + (position - first) * record_bytes + static_cast<uint64_t>((*offsets)[group][layer]);
     for (uint32_t p = 0; p < view.plane_count; ++p) {
-      const uint64_t seed =
-          Mix((*h)[position] ^ (uint64_t{group} << 56) ^ (uint64_t{layer} << 40) ^ (uint64_t{p} << 32));
-      std::span<std::byte> out = view.planes[p];
-      for (size_t off = 0; off < out.size(); off += 8) {
-        const uint64_t v = Mix(seed + off);
-        std::memcpy(out.data() + off, &v, std::min<size_t>(8, out.size() - off));
-      }
+      std::memcpy(view.planes[p].data(), src, view.planes[p].size());
+      src += view.planes[p].size();
     }
   });
+}
+
+// A framed body: "TKV1", u32 little-endian header length, the JSON header, the records.
+constexpr std::string_view kFrameMagic = "TKV1";
+constexpr uint32_t kMaxFrameHeader = 65536;
+
+bool IsFramed(std::string_view body) { return body.starts_with(kFrameMagic); }
+
+struct Frame {
+  std::string_view header;  // JSON text
+  std::string_view records;
+};
+
+Result<Frame> ParseFrame(std::string_view body) {
+  if (body.size() < 8) return InvalidArgument("body", "a framed body starts with 8 bytes: \"TKV1\" and a u32 length");
+  if (!IsFramed(body)) return InvalidArgument("magic", "a framed body starts with \"TKV1\"");
+  uint32_t h = 0;
+  for (int i = 3; i >= 0; --i) h = (h << 8) | static_cast<uint8_t>(body[4 + static_cast<size_t>(i)]);
+  if (h == 0 || h > kMaxFrameHeader) {
+    return OutOfRange("header_length",
+                      "must be 1.." + std::to_string(kMaxFrameHeader) + " (got " + std::to_string(h) + ")");
+  }
+  if (h > body.size() - 8) {
+    return InvalidArgument("header_length", std::to_string(h) + " bytes, past the end of the body (" +
+                                                std::to_string(body.size() - 8) + " bytes follow)");
+  }
+  return Frame{body.substr(8, h), body.substr(8 + h)};
+}
+
+Result<nlohmann::json> ParseHeader(std::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return InvalidArgument("header", "malformed JSON");
+  return j;
 }
 
 nlohmann::json Error(const Status& st) { return {{"error", st.ToString()}, {"field", st.field()}}; }
@@ -792,10 +870,16 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
   std::unique_ptr<ServeCore> core(new ServeCore());
   core->config_ = config;
   TESSERA_ASSIGN_OR_RETURN(Geometry g, LoadPreset(config.model));
-  if (g.is_hybrid && g.sliding_window > 0) {
-    return InvalidArgument("model", g.name + " has sliding windows: serve does not run them yet");
+  if (config.kv_engine && g.is_hybrid && g.sliding_window > 0) {
+    return InvalidArgument("kv_source", g.name +
+                                            " has sliding windows: engine KV carries no window rows or compressor "
+                                            "state yet (use kv_source: synthetic)");
+  }
+  if (!config.http_token_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(core->http_token_, ReadSecretFile(config.http_token_file, "http.token_file"));
   }
   ManagerOptions mo;
+  mo.window_strategy = config.window_strategy;
   mo.kv_format = config.kv_format;
   mo.block_tokens = config.block_tokens;
   mo.capacity_blocks = config.capacity_blocks;
@@ -820,6 +904,26 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
     for (std::string& w : key.warnings) warnings->push_back(std::move(w));
   }
   TESSERA_ASSIGN_OR_RETURN(core->manager_, RequestManager::Create(g, mo));
+  // The frame's token record: per-token groups in pool order, their layers in order.
+  const std::vector<PoolGroup>& groups = core->manager_->pool().groups();
+  core->record_offset_.resize(groups.size());
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    core->record_offset_[gi].assign(groups[gi].layers, -1);
+    if (groups[gi].page.compress_ratio != 1) continue;
+    // The writer and the reads copy the planes back to back: they must tile the record.
+    uint64_t planes = 0;
+    for (uint32_t p = 0; p < groups[gi].format.plane_count(); ++p) planes += groups[gi].format.plane_bytes(p);
+    if (planes != groups[gi].format.record_bytes()) {
+      return Status(StatusCode::kInternal, "kv_format", groups[gi].format.name + ": planes do not tile the record");
+    }
+    for (uint32_t l = 0; l < groups[gi].layers; ++l) {
+      core->record_offset_[gi][l] = static_cast<int64_t>(core->record_bytes_);
+      core->record_bytes_ += groups[gi].format.record_bytes();
+    }
+  }
+  if (config.kv_engine && core->record_bytes_ == 0) {
+    return InvalidArgument("kv_source", g.name + " has no per-token records for an engine to push");
+  }
 
   std::vector<std::unique_ptr<Tier>> tiers;
   if (config.host_tier_bytes > 0) tiers.push_back(MakeHostTier(config.host_tier_bytes));
@@ -864,22 +968,47 @@ void ServeCore::PublishLocked() {
   if (publisher_) publisher_->Poke();
 }
 
+KvWriters ServeCore::WritersFor(const std::vector<uint64_t>* h, const std::byte* records, uint64_t first) const {
+  if (!manager_->pool().backed()) return KvWriters();
+  if (!config_.kv_engine) return SyntheticWriters(h);
+  if (records == nullptr) return KvWriters();
+  return EngineWriters(&record_offset_, record_bytes_, records, first);
+}
+
 Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
   std::lock_guard<std::mutex> lock(mu_);
+  return AdmitLocked(prompt, spec, nullptr);
+}
+
+// `records`: engine KV, the records of every prompt token (nullptr: write nothing, the engine
+// pushes the uncached tokens with a step). Synthetic KV: the uncached tokens are written here.
+Result<Admission> ServeCore::AdmitLocked(std::span<const uint32_t> prompt, const RequestSpec& spec,
+                                         const std::byte* records) {
   const Clock::time_point t0 = Clock::now();
+  const bool synthetic = manager_->pool().backed() && !config_.kv_engine;
   std::vector<uint64_t> h;
-  ExtendPrefixHash(&h, prompt);
+  if (synthetic) ExtendPrefixHash(&h, prompt);
   Result<Admission> a = manager_->Admit(prompt, spec);
   if (a.ok()) {
+    Status st = Status::Ok();
+    // Windows, recompute: the rings are rebuilt from the tokens before the cached boundary.
+    if (a->recompute_tokens > 0) {
+      st = manager_->Recompute(a->id, prompt.subspan(a->recompute_from, a->recompute_tokens),
+                               WritersFor(&h, nullptr, 0));
+    }
     const uint64_t have = manager_->Tokens(a->id);
-    const bool backed = manager_->pool().backed();
-    Status st = manager_->Append(a->id, prompt.subspan(have), backed ? SyntheticWriters(&h) : KvWriters());
+    if (st.ok() && (!config_.kv_engine || records != nullptr)) {
+      st = manager_->Append(a->id, prompt.subspan(have), WritersFor(&h, records, 0));
+      if (st.ok() && records != nullptr) {
+        kv_bytes_written_.fetch_add((prompt.size() - have) * record_bytes_, std::memory_order_relaxed);
+      }
+    }
     if (!st.ok()) {
       (void)manager_->Free(a->id);
       PublishLocked();
       return st;
     }
-    if (!backed) h.clear();  // no bytes to derive
+    if (!synthetic) h.clear();  // no bytes to derive
     prefix_hash_[a->id.value] = std::move(h);
   }
   admit_latency_.Observe(NanosSince(t0));
@@ -887,8 +1016,10 @@ Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const Reque
   return a;
 }
 
-Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint32_t> counts,
-                       std::span<const uint32_t> tokens, std::vector<StatusCode>* codes) {
+namespace {
+
+Status CheckStepShape(std::span<const RequestId> requests, std::span<const uint32_t> counts,
+                      std::span<const uint32_t> tokens) {
   if (requests.size() != counts.size()) return InvalidArgument("counts", "one count per request");
   uint64_t total = 0;
   for (uint32_t c : counts) total += c;
@@ -896,12 +1027,32 @@ Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint
     return InvalidArgument(
         "tokens", "counts add up to " + std::to_string(total) + ", " + std::to_string(tokens.size()) + " tokens given");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint32_t> counts,
+                       std::span<const uint32_t> tokens, std::vector<StatusCode>* codes) {
+  TESSERA_RETURN_IF_ERROR(CheckStepShape(requests, counts, tokens));
+  if (config_.kv_engine && !tokens.empty()) {
+    return InvalidArgument("records", "kv_source: engine: a step carries its tokens' records (a framed body)");
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  StepLocked(requests, counts, tokens, nullptr, codes);
+  return Status::Ok();
+}
+
+// `records`: engine KV, record_bytes_ per token of `tokens` (checked by the caller).
+void ServeCore::StepLocked(std::span<const RequestId> requests, std::span<const uint32_t> counts,
+                           std::span<const uint32_t> tokens, const std::byte* records, std::vector<StatusCode>* codes) {
   const Clock::time_point t0 = Clock::now();
+  const bool synthetic = manager_->pool().backed() && !config_.kv_engine;
   codes->assign(requests.size(), StatusCode::kOk);
   size_t next = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const std::span<const uint32_t> mine = tokens.subspan(next, counts[i]);
+    const std::byte* my_records = records == nullptr ? nullptr : records + next * record_bytes_;
     next += counts[i];
     auto it = prefix_hash_.find(requests[i].value);
     if (it == prefix_hash_.end()) {
@@ -909,18 +1060,20 @@ Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint
       continue;
     }
     std::vector<uint64_t>& h = it->second;
-    const bool backed = manager_->pool().backed();
     Status st = manager_->AllocateSlots(requests[i], mine.size());
     if (st.ok()) {
-      if (backed) ExtendPrefixHash(&h, mine);
-      st = manager_->Append(requests[i], mine, backed ? SyntheticWriters(&h) : KvWriters());
+      if (synthetic) ExtendPrefixHash(&h, mine);
+      const uint64_t first = manager_->Tokens(requests[i]);
+      st = manager_->Append(requests[i], mine, WritersFor(&h, my_records, first));
     }
-    if (backed) h.resize(manager_->Tokens(requests[i]));  // what was written (all, or none on a refusal)
+    if (synthetic) h.resize(manager_->Tokens(requests[i]));  // what was written (all, or none on a refusal)
+    if (st.ok() && my_records != nullptr) {
+      kv_bytes_written_.fetch_add(mine.size() * record_bytes_, std::memory_order_relaxed);
+    }
     (*codes)[i] = st.code();
   }
   step_latency_.Observe(NanosSince(t0));
   PublishLocked();
-  return Status::Ok();
 }
 
 Status ServeCore::Free(RequestId r) {
@@ -967,6 +1120,14 @@ std::string ServeCore::MetricsText() const {
                "API calls refused (bad input, no room, no such request).",
                "counter",
                {{"", http_errors_.load(std::memory_order_relaxed)}}});
+  f.push_back({"tessera_serve_kv_bytes_written_total",
+               "Engine KV record bytes written into the pool (kv_source: engine).",
+               "counter",
+               {{"", kv_bytes_written_.load(std::memory_order_relaxed)}}});
+  f.push_back({"tessera_serve_kv_bytes_read_total",
+               "KV record bytes served by block reads.",
+               "counter",
+               {{"", kv_bytes_read_.load(std::memory_order_relaxed)}}});
   std::string out = PrometheusText(f);
   admit_latency_.Render("tessera_serve_admit_seconds", "Admission latency (lookup, promotion, prefill write).", &out);
   step_latency_.Render("tessera_serve_step_seconds", "Step latency (all requests of one step call).", &out);
@@ -998,53 +1159,105 @@ std::pair<int, std::string> ServeCore::Handle(std::string_view path, std::string
   auto lhs = std::move(*lhs##_result)
 // NOLINTEND(bugprone-macro-parentheses)
 
-std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded()) return {400, Error(InvalidArgument("body", "malformed JSON")).dump()};
-  if (Status st = OnlyKeys(j, {"tokens", "tenant", "cache_salt", "priority"}); !st.ok()) {
-    return {400, Error(st).dump()};
-  }
-  TESSERA_HTTP_ASSIGN(tokens, U32Array(j, "tokens"));
-  if (tokens.empty()) return {400, Error(InvalidArgument("tokens", "empty prompt")).dump()};
-  TESSERA_HTTP_ASSIGN(tenant, UintField(j, "tenant", UINT32_MAX, 0));
-  TESSERA_HTTP_ASSIGN(salt, UintField(j, "cache_salt", UINT64_MAX, 0));
-  TESSERA_HTTP_ASSIGN(priority, UintField(j, "priority", kMaxRetentionPriority, kDefaultRetentionPriority));
+namespace {
+
+struct AdmitCall {
+  std::vector<uint32_t> tokens;
   RequestSpec spec;
-  spec.tenant = static_cast<uint32_t>(tenant);
-  spec.cache_salt = salt;
-  spec.priority = static_cast<uint8_t>(priority);
-  Result<Admission> a = Admit(tokens, spec);
-  if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
-  nlohmann::json out = {{"request", a->id.value},
-                        {"cached_tokens", a->cached_tokens},
-                        {"cached_blocks", a->cached_blocks},
-                        {"tier_blocks", a->tier_blocks}};
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    nlohmann::json table = nlohmann::json::array();
-    for (BlockId b : manager_->BlockTable(a->id)) table.push_back(b.value);
-    out["block_table"] = std::move(table);
+};
+
+Result<AdmitCall> ParseAdmitCall(const nlohmann::json& j) {
+  TESSERA_RETURN_IF_ERROR(OnlyKeys(j, {"tokens", "tenant", "cache_salt", "priority"}));
+  AdmitCall c;
+  TESSERA_ASSIGN_OR_RETURN(c.tokens, U32Array(j, "tokens"));
+  if (c.tokens.empty()) return InvalidArgument("tokens", "empty prompt");
+  TESSERA_ASSIGN_OR_RETURN(uint64_t tenant, UintField(j, "tenant", UINT32_MAX, 0));
+  TESSERA_ASSIGN_OR_RETURN(uint64_t salt, UintField(j, "cache_salt", UINT64_MAX, 0));
+  TESSERA_ASSIGN_OR_RETURN(uint64_t priority,
+                           UintField(j, "priority", kMaxRetentionPriority, kDefaultRetentionPriority));
+  c.spec.tenant = static_cast<uint32_t>(tenant);
+  c.spec.cache_salt = salt;
+  c.spec.priority = static_cast<uint8_t>(priority);
+  return c;
+}
+
+struct StepCall {
+  std::vector<RequestId> requests;
+  std::vector<uint32_t> counts;
+  std::vector<uint32_t> tokens;
+};
+
+Result<StepCall> ParseStepCall(const nlohmann::json& j) {
+  TESSERA_RETURN_IF_ERROR(OnlyKeys(j, {"requests", "counts", "tokens"}));
+  StepCall c;
+  TESSERA_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, U32Array(j, "requests"));
+  TESSERA_ASSIGN_OR_RETURN(c.counts, U32Array(j, "counts"));
+  TESSERA_ASSIGN_OR_RETURN(c.tokens, U32Array(j, "tokens"));
+  c.requests.reserve(ids.size());
+  std::set<uint32_t> unique;
+  for (uint32_t id : ids) {
+    if (!unique.insert(id).second) return InvalidArgument("requests", "a request given twice");
+    c.requests.push_back(RequestId{id});
   }
+  TESSERA_RETURN_IF_ERROR(CheckStepShape(c.requests, c.counts, c.tokens));
+  return c;
+}
+
+// The records of `tokens` tokens, `record_bytes` each: exactly that many bytes.
+Status CheckRecords(std::string_view records, uint64_t tokens, uint64_t record_bytes) {
+  const Checked want = Checked(tokens) * record_bytes;
+  if (want.overflowed() || want.value() != records.size()) {
+    return InvalidArgument("records", std::to_string(records.size()) + " bytes given, " + std::to_string(tokens) +
+                                          " tokens x " + std::to_string(record_bytes) + " record bytes expected");
+  }
+  return Status::Ok();
+}
+
+std::pair<int, std::string> BadRequest(const Status& st) { return {400, Error(st).dump()}; }
+
+}  // namespace
+
+std::pair<int, std::string> ServeCore::AdmitReply(const Admission& a) {
+  nlohmann::json out = {{"request", a.id.value},
+                        {"cached_tokens", a.cached_tokens},
+                        {"cached_blocks", a.cached_blocks},
+                        {"tier_blocks", a.tier_blocks},
+                        {"state_restored", a.state_restored},
+                        {"recompute_from", a.recompute_from},
+                        {"recompute_tokens", a.recompute_tokens}};
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json table = nlohmann::json::array();
+  for (BlockId b : manager_->BlockTable(a.id)) table.push_back(b.value);
+  out["block_table"] = std::move(table);
   return {200, out.dump()};
 }
 
-std::pair<int, std::string> ServeCore::HandleStep(std::string_view body) {
+std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
+  if (IsFramed(body)) return HandleAdmitFramed(body);
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded()) return {400, Error(InvalidArgument("body", "malformed JSON")).dump()};
-  if (Status st = OnlyKeys(j, {"requests", "counts", "tokens"}); !st.ok()) return {400, Error(st).dump()};
-  TESSERA_HTTP_ASSIGN(ids, U32Array(j, "requests"));
-  TESSERA_HTTP_ASSIGN(counts, U32Array(j, "counts"));
-  TESSERA_HTTP_ASSIGN(tokens, U32Array(j, "tokens"));
-  std::vector<RequestId> requests;
-  requests.reserve(ids.size());
-  std::set<uint32_t> unique;
-  for (uint32_t id : ids) {
-    if (!unique.insert(id).second) return {400, Error(InvalidArgument("requests", "a request given twice")).dump()};
-    requests.push_back(RequestId{id});
-  }
-  std::vector<StatusCode> codes;
-  Status st = Step(requests, counts, tokens, &codes);
-  if (!st.ok()) return {400, Error(st).dump()};
+  if (j.is_discarded()) return BadRequest(InvalidArgument("body", "malformed JSON"));
+  TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(j));
+  Result<Admission> a = Admit(call.tokens, call.spec);
+  if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
+  return AdmitReply(*a);
+}
+
+std::pair<int, std::string> ServeCore::HandleAdmitFramed(std::string_view body) {
+  if (!config_.kv_engine) return BadRequest(InvalidArgument("body", "framed KV records need kv_source: engine"));
+  TESSERA_HTTP_ASSIGN(frame, ParseFrame(body));
+  TESSERA_HTTP_ASSIGN(header, ParseHeader(frame.header));
+  TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(header));
+  if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
+  Result<Admission> a = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return AdmitLocked(call.tokens, call.spec, reinterpret_cast<const std::byte*>(frame.records.data()));
+  }();
+  if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
+  return AdmitReply(*a);
+}
+
+std::pair<int, std::string> ServeCore::StepReply(std::span<const RequestId> requests,
+                                                 std::span<const StatusCode> codes) {
   nlohmann::json out = {{"codes", nlohmann::json::array()}, {"block_tables", nlohmann::json::array()}};
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -1054,6 +1267,141 @@ std::pair<int, std::string> ServeCore::HandleStep(std::string_view body) {
     out["block_tables"].push_back(std::move(table));
   }
   return {200, out.dump()};
+}
+
+std::pair<int, std::string> ServeCore::HandleStep(std::string_view body) {
+  if (IsFramed(body)) return HandleStepFramed(body);
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_discarded()) return BadRequest(InvalidArgument("body", "malformed JSON"));
+  TESSERA_HTTP_ASSIGN(call, ParseStepCall(j));
+  std::vector<StatusCode> codes;
+  Status st = Step(call.requests, call.counts, call.tokens, &codes);
+  if (!st.ok()) return BadRequest(st);
+  return StepReply(call.requests, codes);
+}
+
+std::pair<int, std::string> ServeCore::HandleStepFramed(std::string_view body) {
+  if (!config_.kv_engine) return BadRequest(InvalidArgument("body", "framed KV records need kv_source: engine"));
+  TESSERA_HTTP_ASSIGN(frame, ParseFrame(body));
+  TESSERA_HTTP_ASSIGN(header, ParseHeader(frame.header));
+  TESSERA_HTTP_ASSIGN(call, ParseStepCall(header));
+  if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
+  std::vector<StatusCode> codes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    StepLocked(call.requests, call.counts, call.tokens, reinterpret_cast<const std::byte*>(frame.records.data()),
+               &codes);
+  }
+  return StepReply(call.requests, codes);
+}
+
+std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* binary) {
+  *binary = false;
+  if (path == "/v1/layout") {
+    nlohmann::json groups = nlohmann::json::array();
+    const std::vector<PoolGroup>& pg = manager_->pool().groups();
+    for (size_t g = 0; g < pg.size(); ++g) {
+      nlohmann::json planes = nlohmann::json::array();
+      for (uint32_t p = 0; p < pg[g].format.plane_count(); ++p) planes.push_back(pg[g].format.plane_bytes(p));
+      groups.push_back({{"name", pg[g].name},
+                        {"format", pg[g].format.name},
+                        {"layers", pg[g].layers},
+                        {"compress_ratio", pg[g].page.compress_ratio},
+                        {"record_bytes", pg[g].format.record_bytes()},
+                        {"plane_bytes", std::move(planes)},
+                        {"in_frame", pg[g].page.compress_ratio == 1}});
+    }
+    const nlohmann::json out = {{"kv_source", config_.kv_engine ? "engine" : "synthetic"},
+                                {"block_tokens", manager_->block_tokens()},
+                                {"record_bytes", record_bytes_},
+                                {"groups", std::move(groups)}};
+    return {200, out.dump()};
+  }
+  // /v1/requests/{id}/blocks/{i}
+  constexpr std::string_view kPrefix = "/v1/requests/";
+  if (!path.starts_with(kPrefix)) return {404, Error(InvalidArgument("path", "no such endpoint")).dump()};
+  std::string_view rest = path.substr(kPrefix.size());
+  const size_t slash = rest.find("/blocks/");
+  if (slash == std::string_view::npos) return {404, Error(InvalidArgument("path", "no such endpoint")).dump()};
+  Result<uint64_t> id = ParseUnsigned(rest.substr(0, slash), "request");
+  if (!id.ok() || *id > UINT32_MAX) return BadRequest(InvalidArgument("request", "must be a request id"));
+  std::string_view block_text = rest.substr(slash + 8);
+  uint64_t count = 1;  // ?count=N: N consecutive block slots in one reply
+  if (const size_t q = block_text.find('?'); q != std::string_view::npos) {
+    const std::string_view query = block_text.substr(q + 1);
+    block_text = block_text.substr(0, q);
+    if (!query.starts_with("count=")) return BadRequest(InvalidArgument("query", "only count=N is known"));
+    Result<uint64_t> c = ParseUnsigned(query.substr(6), "count");
+    if (!c.ok() || *c == 0 || *c > (1u << 20)) return BadRequest(InvalidArgument("count", "must be 1..1048576"));
+    count = *c;
+  }
+  Result<uint64_t> slot = ParseUnsigned(block_text, "block");
+  if (!slot.ok() || *slot > UINT32_MAX) return BadRequest(InvalidArgument("block", "must be a block index"));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!manager_->pool().backed()) {
+    return {409, Error(Status(StatusCode::kFailedPrecondition, "pool", "an unbacked pool holds no bytes")).dump()};
+  }
+  if (record_bytes_ == 0) {
+    return {409, Error(Status(StatusCode::kFailedPrecondition, "model", "the model has no per-token records")).dump()};
+  }
+  const RequestId r{static_cast<uint32_t>(*id)};
+  if (prefix_hash_.find(r.value) == prefix_hash_.end()) {
+    return BadRequest(InvalidArgument("request", "no live request " + std::to_string(*id)));
+  }
+  const uint64_t bt = manager_->block_tokens();
+  const uint64_t tokens = manager_->Tokens(r);
+  const uint64_t written_slots = std::min<uint64_t>(manager_->BlockTable(r).size(), (tokens + bt - 1) / bt);
+  if (*slot >= written_slots) {
+    return BadRequest(InvalidArgument("block", "the request holds no written token in block " + std::to_string(*slot)));
+  }
+  if (count > written_slots - *slot) {
+    return BadRequest(InvalidArgument("count", "blocks " + std::to_string(*slot) + ".." +
+                                                   std::to_string(*slot + count - 1) + " go past the " +
+                                                   std::to_string(written_slots) + " written"));
+  }
+  const uint64_t first = *slot * bt;
+  const uint64_t n = std::min(count * bt, tokens - first);
+  // One block is always served (its size is the model's); a batch stays within the body bound.
+  if (count > 1 && n * record_bytes_ > config_.http_max_body_bytes) {
+    return BadRequest(OutOfRange(
+        "count", "the reply would be " + std::to_string(n * record_bytes_) + " bytes, over http.max_body_bytes"));
+  }
+  std::string out(n * record_bytes_, '\0');
+  const std::vector<PoolGroup>& pg = manager_->pool().groups();
+  for (uint64_t p = first; p < first + n; ++p) {
+    for (uint32_t g = 0; g < pg.size(); ++g) {
+      if (pg[g].page.compress_ratio != 1) continue;
+      for (uint32_t l = 0; l < pg[g].layers; ++l) {
+        Result<RecordView> v = manager_->Record(r, g, l, p);
+        if (!v.ok()) return {500, Error(v.status()).dump()};
+        char* dst = out.data() + (p - first) * record_bytes_ + static_cast<uint64_t>(record_offset_[g][l]);
+        for (uint32_t k = 0; k < v->plane_count; ++k) {
+          std::memcpy(dst, v->planes[k].data(), v->planes[k].size());
+          dst += v->planes[k].size();
+        }
+      }
+    }
+  }
+  *binary = true;
+  kv_bytes_read_.fetch_add(out.size(), std::memory_order_relaxed);
+  return {200, std::move(out)};
+}
+
+bool ServeCore::Authorized(const char* authorization) const {
+  if (http_token_.empty()) return true;
+  if (authorization == nullptr) return false;
+  std::string_view given(authorization);
+  constexpr std::string_view kBearer = "Bearer ";
+  if (!given.starts_with(kBearer)) return false;
+  given.remove_prefix(kBearer.size());
+  // Every byte of the token is compared whatever differs first: the time depends on the token's
+  // length only, not on how much of it a guess got right.
+  uint8_t diff = given.size() == http_token_.size() ? 0 : 1;
+  for (size_t i = 0; i < http_token_.size(); ++i) {
+    const uint8_t g = i < given.size() ? static_cast<uint8_t>(given[i]) : 0;
+    diff |= static_cast<uint8_t>(g ^ static_cast<uint8_t>(http_token_[i]));
+  }
+  return diff == 0;
 }
 
 std::pair<int, std::string> ServeCore::HandleFree(std::string_view body) {
@@ -1081,6 +1429,7 @@ namespace {
 void Reply(mg_connection* conn, int status, const char* type, const std::string& body) {
   const char* reason = status == 200   ? "OK"
                        : status == 400 ? "Bad Request"
+                       : status == 401 ? "Unauthorized"
                        : status == 404 ? "Not Found"
                        : status == 405 ? "Method Not Allowed"
                        : status == 409 ? "Conflict"
@@ -1170,6 +1519,27 @@ class ServeHttp {
   static int ApiCall(mg_connection* conn, HttpContext* http) {
     ServeCore* core = http->core;
     const mg_request_info* ri = mg_get_request_info(conn);
+    if (!core->Authorized(mg_get_header(conn, "Authorization"))) {
+      const std::string body =
+          Error(Status(StatusCode::kInvalidArgument, "authorization", "a bearer token is required (http.token_file)"))
+              .dump();
+      mg_printf(conn,
+                "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Type: application/json\r\n"
+                "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                body.size());
+      mg_write(conn, body.data(), body.size());
+      return 401;
+    }
+    const std::string_view uri = ri->local_uri;
+    if (std::strcmp(ri->request_method, "GET") == 0 && (uri == "/v1/layout" || uri.starts_with("/v1/requests/"))) {
+      std::string path(uri);
+      if (ri->query_string != nullptr) path += "?" + std::string(ri->query_string);
+      std::pair<int, std::string> r;
+      bool binary = false;
+      http->owner->Run([&] { r = core->HandleGet(path, &binary); });
+      Reply(conn, r.first, binary ? "application/octet-stream" : "application/json", r.second);
+      return r.first;
+    }
     if (std::strcmp(ri->request_method, "POST") != 0) {
       Reply(conn, 405, "application/json", Error(InvalidArgument("method", "POST only")).dump());
       return 405;

@@ -1,23 +1,43 @@
 // `tessera serve`: one long-running process per host holding a request manager and its tiered
-// store (docs/adr/0022-serve.md).
+// store (docs/adr/0022-serve-and-kv-events.md; engine KV bytes, V4, auth: docs/adr/0027-serve-engine-kv.md).
 //
 //   GET  /metrics     Prometheus text: the manager's, the store's and each tier's counters, and
 //                     latency histograms of admit, step and promote (tier fetch).
 //   GET  /health      200 "ok" while serving.
+//   GET  /v1/layout   the token record layout of KV bytes (groups, layers, record bytes).
 //   POST /v1/admit    {"tokens":[u32...], "tenant":u32, "cache_salt":u64, "priority":0..100}
-//                     -> {"request", "cached_tokens", "cached_blocks", "tier_blocks", "block_table"}
-//                     (the uncached prompt tokens are written at once: the prefill).
+//                     -> {"request", "cached_tokens", "cached_blocks", "tier_blocks", "block_table",
+//                     "state_restored", "recompute_from", "recompute_tokens"}. Synthetic KV: the
+//                     uncached prompt tokens are written at once (the prefill). Engine KV: a JSON
+//                     body only reserves (the engine pushes prompt[cached_tokens:] with /v1/step);
+//                     a framed body (below) carries the records of every prompt token and the
+//                     uncached ones are written.
 //   POST /v1/step     {"requests":[id...], "counts":[n...], "tokens":[u32...]}: request i appends
-//                     counts[i] tokens -> {"codes":[...], "block_tables":[[...]...]}
+//                     counts[i] tokens -> {"codes":[...], "block_tables":[[...]...]}. Engine KV:
+//                     a framed body carrying the tokens' records (in the order of "tokens").
 //   POST /v1/free     {"request": id}
 //   POST /v1/reset    drops the prefix cache (refused while requests are live): AllBlocksCleared.
+//   GET  /v1/requests/{id}/blocks/{i}[?count=N]   the records of the tokens block slots i..i+N-1
+//                     of a live request hold (application/octet-stream, tokens x record bytes;
+//                     a batch of N > 1 at most http.max_body_bytes).
 //   KV events         ZeroMQ PUB, multipart (topic, 8-byte big-endian sequence, msgpack payload),
 //                     the payload a KVEventBatch as vLLM encodes it (array-like, tagged events).
 //
-// The KV bytes the pool holds are synthetic (a deterministic function of the token prefix, the
-// layer and the group, as in `tessera simulate`): the server runs the block and tier plane of a
-// fleet — admission, prefix hits, tiers, checkpoints, events — not a model. Models with sliding
-// windows (DeepSeek-V4) are refused.
+// Framed body (engine KV): "TKV1", a u32 little-endian header length H (1..65536), H bytes of the
+// JSON header (the call's JSON body), then the records: for each token in order, for each
+// per-token pool group in order, for each of its layers, the record's planes back to back
+// (`ServeCore::record_bytes()` bytes a token, GET /v1/layout). Every length is checked before
+// anything is written; a wrong byte count is a 400 naming "records".
+//
+// KV bytes: `kv_source: synthetic` (the default) fills the pool with a deterministic function of
+// the token prefix, the layer and the group, as in `tessera simulate`: the server runs the block
+// and tier plane of a fleet — admission, prefix hits, tiers, checkpoints, events — not a model.
+// `kv_source: engine` takes the bytes an engine pushes, and gives them back from a prefix hit
+// (also one promoted from a tier). Models with sliding windows (DeepSeek-V4) run with synthetic
+// KV only (their window rows and compressor state are not part of the frame).
+//
+// Authentication: with `http.token_file`, every /v1/ call needs "Authorization: Bearer <token>"
+// (compared in constant time) or gets 401; /health and /metrics stay open.
 //
 // Thread-safety: ServeCore serialises every manager call under one mutex (the manager has a single
 // owner at a time); MetricsText reads atomics and the store's snapshot and may run concurrently.
@@ -37,6 +57,7 @@
 #include <vector>
 
 #include "tessera/kv_events.h"
+#include "tessera/layout.h"
 #include "tessera/request_manager.h"
 #include "tessera/status.h"
 #include "tessera/tiered_store.h"
@@ -55,10 +76,15 @@ struct ServeConfig {
   // "host": the pool holds (synthetic) KV bytes, which the tiers store; "unbacked": bookkeeping
   // only, for blocks an engine keeps on its device (events say medium GPU; no tiers).
   bool pool_unbacked = false;
+  // kv_source: "synthetic" (false) or "engine" (true): where the pool's KV bytes come from.
+  bool kv_engine = false;
+  // window_strategy (models with sliding windows): recompute | snapshot | retain.
+  SwaStrategy window_strategy = SwaStrategy::kRecompute;
   // http.*
   std::string http_listen = "127.0.0.1:8080";  // host:port (port 0: any free port)
   uint64_t http_max_body_bytes = 1u << 20;
   uint32_t http_threads = 4;
+  std::string http_token_file;  // non-empty: /v1/ calls need "Authorization: Bearer <its text>"
   // events.*
   bool events_enabled = true;
   std::string events_endpoint = "tcp://127.0.0.1:5557";  // bound (port * or 0: any free port)
@@ -138,8 +164,16 @@ class ServeCore {
   ~ServeCore();
 
   // One HTTP API call: (status, JSON body). `path` is "/v1/admit", "/v1/step", "/v1/free" or
-  // "/v1/reset".
+  // "/v1/reset"; `body` JSON, or for admit and step a framed body (engine KV, above).
   std::pair<int, std::string> Handle(std::string_view path, std::string_view body);
+  // A GET of the API: "/v1/layout" (JSON) or "/v1/requests/{id}/blocks/{i}[?count=N]" (the
+  // records, bytes; `*binary` set). (status, body).
+  std::pair<int, std::string> HandleGet(std::string_view path, bool* binary);
+  // Bytes of one token's records over every per-token group and layer (the frame's unit).
+  uint64_t record_bytes() const { return record_bytes_; }
+  // True when `authorization` (the header's value, or nullptr) carries the configured token, or
+  // no token is configured. Constant time in the token's length.
+  bool Authorized(const char* authorization) const;
   std::string MetricsText() const;
   // Where events are published (the bound endpoint), empty when disabled.
   std::string events_endpoint() const;
@@ -172,6 +206,15 @@ class ServeCore {
   std::pair<int, std::string> HandleStep(std::string_view body);
   std::pair<int, std::string> HandleFree(std::string_view body);
   std::pair<int, std::string> HandleReset();
+  std::pair<int, std::string> HandleAdmitFramed(std::string_view body);
+  std::pair<int, std::string> HandleStepFramed(std::string_view body);
+  std::pair<int, std::string> AdmitReply(const Admission& a);
+  std::pair<int, std::string> StepReply(std::span<const RequestId> requests, std::span<const StatusCode> codes);
+  // Admit and Step with the engine's records (`records`: tokens x record_bytes_, checked).
+  Result<Admission> AdmitLocked(std::span<const uint32_t> prompt, const RequestSpec& spec, const std::byte* records);
+  void StepLocked(std::span<const RequestId> requests, std::span<const uint32_t> counts,
+                  std::span<const uint32_t> tokens, const std::byte* records, std::vector<StatusCode>* codes);
+  KvWriters WritersFor(const std::vector<uint64_t>* h, const std::byte* records, uint64_t first) const;
 
   ServeConfig config_;
   mutable std::mutex mu_;
@@ -184,6 +227,13 @@ class ServeCore {
   LatencyHistogram admit_latency_, step_latency_;
   std::shared_ptr<LatencyHistogram> promote_latency_;
   std::atomic<uint64_t> http_errors_{0};
+  std::atomic<uint64_t> kv_bytes_written_{0};  // engine records written into the pool
+  std::atomic<uint64_t> kv_bytes_read_{0};     // records served by block reads
+  // Engine KV: where (group, layer)'s record starts in a token's records (per-token groups; -1
+  // for the others), and the bytes of one token's records.
+  std::vector<std::vector<int64_t>> record_offset_;
+  uint64_t record_bytes_ = 0;
+  std::vector<std::byte> http_token_;  // empty: no authentication
   friend class ServeHttp;
 };
 
