@@ -479,14 +479,10 @@ class HybridMixin:
                 self._pool.release(ids)
 
     def _h_reset_prefix_cache(self):
-        from ._vllm_manager import AllBlocksCleared
         if self._pool.available != self._capacity:
             return False
         self._hybrid_reset_pool()
-        if self.enable_kv_cache_events:
-            self._events.append(AllBlocksCleared())
-        if self.log_stats:
-            self.prefix_cache_stats.reset = True
+        self._note_reset()
         return True
 
     def _h_common_prefix_blocks(self, rid):

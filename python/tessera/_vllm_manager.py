@@ -417,11 +417,15 @@ class KVCacheManager(HybridMixin):
             return False
         self._core = self._new_core()
         self._block_hash.clear()
+        self._note_reset()
+        return True
+
+    def _note_reset(self):
+        """What a reset says, for one group or several: the event, and the stats' flag."""
         if self.enable_kv_cache_events:
             self._events.append(AllBlocksCleared())
         if self.log_stats:
             self.prefix_cache_stats.reset = True
-        return True
 
     def get_num_common_prefix_blocks(self, running_request_id):
         if self._hybrid:
