@@ -103,15 +103,7 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
     const RecordFormat& f = mr.pool().groups()[group].format;
     if (l == layer && f.use == FormatUse::kLatent) testing::WriteRandomRecord(f, view.planes[0], rng);
   };
-  uint32_t next = 1;
-  for (uint64_t n : lengths) {
-    std::vector<uint32_t> prompt(n);
-    for (uint32_t& t : prompt) t = next++;
-    auto a = p.manager->Admit(prompt, RequestSpec{});
-    EXPECT_TRUE(a.ok()) << a.status().ToString();
-    EXPECT_TRUE(p.manager->Append(a->id, prompt, kind == RegionKind::kHost ? KvWriters(writer) : KvWriters()).ok());
-    p.ids.push_back(a->id);
-  }
+  p.ids = testing::AdmitPrompts(*p.manager, lengths, kind == RegionKind::kHost ? KvWriters(writer) : KvWriters());
   return p;
 }
 

@@ -91,15 +91,7 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   std::vector<uint32_t> junk(130, 999999);
   auto j = p.manager->Admit(junk, RequestSpec{});
   EXPECT_TRUE(j.ok());
-  uint32_t next = 1;
-  for (uint64_t n : lengths) {
-    std::vector<uint32_t> prompt(n);
-    for (uint32_t& t : prompt) t = next++;
-    auto a = p.manager->Admit(prompt, RequestSpec{});
-    EXPECT_TRUE(a.ok()) << a.status().ToString();
-    EXPECT_TRUE(p.manager->Append(a->id, prompt, KvWriters(writer)).ok());
-    p.ids.push_back(a->id);
-  }
+  p.ids = testing::AdmitPrompts(*p.manager, lengths, KvWriters(writer));
   EXPECT_TRUE(p.manager->Free(j->id).ok());
   return p;
 }

@@ -482,4 +482,19 @@ void FakeRedis::Conn::WaitClosed() {
   while (Fill()) buf_.clear();
 }
 
+std::vector<RequestId> AdmitPrompts(RequestManager& m, const std::vector<uint64_t>& lengths, const KvWriters& writers) {
+  std::vector<RequestId> ids;
+  uint32_t next = 1;
+  for (uint64_t n : lengths) {
+    std::vector<uint32_t> prompt(n);
+    for (uint32_t& t : prompt) t = next++;
+    Result<Admission> a = m.Admit(prompt, RequestSpec{});
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    if (!a.ok()) break;
+    EXPECT_TRUE(m.Append(a->id, prompt, writers).ok());
+    ids.push_back(a->id);
+  }
+  return ids;
+}
+
 }  // namespace tessera::testing

@@ -146,27 +146,17 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
     py::gil_scoped_release nogil;
     std::vector<std::unique_ptr<Tier>> tiers;
     if (host > 0) tiers.push_back(MakeHostTier(host));
-    if (disk) {
-      Result<std::unique_ptr<Tier>> d = MakeDiskTier(*disk, disk_cap);
-      if (d.ok())
-        tiers.push_back(std::move(*d));
-      else
-        st = d.status();
-    }
-    if (st.ok() && ro) {
-      Result<std::unique_ptr<Tier>> r = MakeRedisTier(*ro);
-      if (r.ok())
-        tiers.push_back(std::move(*r));
-      else
-        st = AsArgument(r.status());
-    }
-    if (st.ok() && co) {
-      Result<std::unique_ptr<Tier>> r = MakeRedisClusterTier(*co);
-      if (r.ok())
-        tiers.push_back(std::move(*r));
-      else
-        st = AsArgument(r.status());
-    }
+    // Keeps a tier that opened; else the first error (a Redis error named as its Python argument).
+    auto add = [&](Result<std::unique_ptr<Tier>> t, bool as_argument) {
+      if (t.ok()) {
+        tiers.push_back(std::move(*t));
+      } else {
+        st = as_argument ? AsArgument(t.status()) : t.status();
+      }
+    };
+    if (disk) add(MakeDiskTier(*disk, disk_cap), false);
+    if (st.ok() && ro) add(MakeRedisTier(*ro), true);
+    if (st.ok() && co) add(MakeRedisClusterTier(*co), true);
     if (st.ok()) {
       Result<std::unique_ptr<TieredStore>> s = TieredStore::Create(pm->m->pool(), so, std::move(tiers));
       if (s.ok())

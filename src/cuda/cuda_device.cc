@@ -29,6 +29,29 @@ Status CudaError(cudaError_t e, const std::string& what) {
     }                                          \
   } while (false)
 
+// Seconds the work `run` enqueues on `stream` takes, between two CUDA events; `run` returns
+// the first error it met. Errors name `what`.
+template <class Run>
+Result<double> TimeOnStream(cudaStream_t stream, const char* what, Run&& run) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TESSERA_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
+  if (const cudaError_t c = cudaEventCreate(&stop); c != cudaSuccess) {
+    cudaEventDestroy(start);
+    return CudaError(c, "cudaEventCreate");
+  }
+  cudaEventRecord(start, stream);
+  const cudaError_t e = run();
+  cudaEventRecord(stop, stream);
+  const cudaError_t sync = cudaEventSynchronize(stop);
+  float ms = 0.0f;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (e != cudaSuccess) return CudaError(e, what);
+  if (sync != cudaSuccess) return CudaError(sync, what);
+  return static_cast<double>(ms) * 1e-3;
+}
+
 // OK when device `ordinal` exists, else the runtime's reason.
 Status RequireDevice(int ordinal) {
   int count = 0;
@@ -336,27 +359,19 @@ Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, cons
 Result<double> MlaDecoder::TimeAttention(int iterations) {
   Impl& m = *impl_;
   if (m.batch == 0 || iterations <= 0) return Status(StatusCode::kFailedPrecondition, "decode", "Decode first");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TESSERA_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
-  TESSERA_CUDA_RETURN(cudaEventCreate(&stop), "cudaEventCreate");
-  cudaEventRecord(start, m.stream);
-  cudaError_t e = cudaSuccess;
-  for (int i = 0; i < iterations && e == cudaSuccess; ++i) {
-    e = kernels::LaunchSplit(m.split, m.stream);
-    if (e == cudaSuccess) {
-      e = kernels::LaunchCombine(m.split.partial, m.split.lse, m.split_offset.as<int32_t>(), m.batch, m.dims.heads,
-                                 m.dims.latent, m.o_lat.as<float>(), m.stream);
+  Result<double> total = TimeOnStream(m.stream, "attention kernels", [&] {
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < iterations && e == cudaSuccess; ++i) {
+      e = kernels::LaunchSplit(m.split, m.stream);
+      if (e == cudaSuccess) {
+        e = kernels::LaunchCombine(m.split.partial, m.split.lse, m.split_offset.as<int32_t>(), m.batch, m.dims.heads,
+                                   m.dims.latent, m.o_lat.as<float>(), m.stream);
+      }
     }
-  }
-  cudaEventRecord(stop, m.stream);
-  const cudaError_t sync = cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (e != cudaSuccess) return CudaError(e, "attention kernels");
-  if (sync != cudaSuccess) return CudaError(sync, "attention kernels");
-  return static_cast<double>(ms) * 1e-3 / iterations;
+    return e;
+  });
+  if (!total.ok()) return total.status();
+  return *total / iterations;
 }
 
 // ---- DeviceTransfer ----------------------------------------------------------------------------
@@ -589,21 +604,10 @@ Status DeviceTransfer::DemoteToHostTier(HostTier& tier, std::span<const Hash128>
 Result<double> DeviceTransfer::TimePlainCopy(uint64_t dst, uint64_t bytes, bool to_device) {
   Impl& m = *impl_;
   if (bytes == 0 || bytes > m.staging_bytes) return InvalidArgument("bytes", "must fit the staging buffer");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TESSERA_CUDA_RETURN(cudaEventCreate(&start), "cudaEventCreate");
-  TESSERA_CUDA_RETURN(cudaEventCreate(&stop), "cudaEventCreate");
-  cudaEventRecord(start, m.stream);
-  const cudaError_t e = to_device ? cudaMemcpyAsync(Ptr(dst), m.staging, bytes, cudaMemcpyHostToDevice, m.stream)
-                                  : cudaMemcpyAsync(m.staging, Ptr(dst), bytes, cudaMemcpyDeviceToHost, m.stream);
-  cudaEventRecord(stop, m.stream);
-  const cudaError_t sync = cudaEventSynchronize(stop);
-  float ms = 0.0f;
-  cudaEventElapsedTime(&ms, start, stop);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (e != cudaSuccess) return CudaError(e, "plain copy");
-  if (sync != cudaSuccess) return CudaError(sync, "plain copy");
-  return static_cast<double>(ms) * 1e-3;
+  return TimeOnStream(m.stream, "plain copy", [&] {
+    return to_device ? cudaMemcpyAsync(Ptr(dst), m.staging, bytes, cudaMemcpyHostToDevice, m.stream)
+                     : cudaMemcpyAsync(m.staging, Ptr(dst), bytes, cudaMemcpyDeviceToHost, m.stream);
+  });
 }
 
 }  // namespace tessera::cuda
