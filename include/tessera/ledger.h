@@ -99,6 +99,11 @@ struct CacheLine {
   bool in_pages = true;         // this engine keeps it in pages (false: a per-request arena)
   uint32_t compress_ratio = 1;  // tokens per entry (paged caches)
   uint32_t slots = 0;           // ring slots (per-request state), without speculative extras
+  KvDims kv;                    // MHA/GQA and sliding-window lines: the layers' K and V (unsharded)
+  // How the line's requested bytes are priced, for people: "tokens x 2,048 B x 12 layers",
+  // "min(tokens, 128) x 2,048 B x 12 layers (a 128-token window)", "6,512,640 B x 69 layers,
+  // constant per request (linear-attention state: kda)", ...
+  std::string formula;
   // Growing caches: record_bytes / compress_ratio. State: record bytes per slot (window: per window token).
   Fraction bytes_per_token_per_layer;
   std::vector<uint64_t> shape;  // [layers, batch, entries, width] (MHA: [..., 2, heads, head_dim])

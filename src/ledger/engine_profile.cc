@@ -165,6 +165,18 @@ std::unique_ptr<EngineProfile> MakeEngineProfile(Engine engine, const EngineInpu
   return MakeTesseraProfile(in);
 }
 
+Status RefuseUnmodelledLayers(const EngineInputs& in, const Ledger& ledger) {
+  if (in.g.is_hybrid) return Status::Ok();
+  for (const CacheLine& l : ledger.lines) {
+    if (l.role != CacheRole::kWindow && l.role != CacheRole::kLinearState) continue;
+    const std::string engine = in.options.engine == Engine::kVllm ? "vLLM" : "SGLang";
+    return InvalidArgument("engine", engine + "'s allocator for " + in.g.name + "'s " +
+                                         std::string(LayerKindName(l.layer_kind)) + " layers (" + l.name +
+                                         ") is not modelled; price it with --engine tessera");
+  }
+  return Status::Ok();
+}
+
 Result<uint32_t> ServedV4BlockTokens(const EngineInputs& in, Ledger& ledger) {
   const std::string engine(EngineName(in.options.engine));
   uint32_t full = kV4FullBlockTokens;
