@@ -16,11 +16,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tessera/codec.h"
 #include "tessera/geometry.h"
 #include "tessera/status.h"
 
@@ -70,6 +72,11 @@ struct RecordFormat {
   Packing packing = Packing::kPerToken;
   // Page bytes are padded up to a multiple of this (1 = no padding).
   uint64_t page_alignment = 1;
+  // Records with fp32 tile scales (fp8_ds_mla, indexer-fp8): how the scales are picked. The
+  // default is what the engine writes (fp8_ds_mla: vLLM's kAmax; indexer-fp8: vLLM's kUe8m0 for
+  // DeepSeek-V3.2); a writer passes it to the codec (QuantizeFp8DsMla, QuantizeIndexerFp8). The
+  // record's size does not depend on it.
+  std::optional<ScaleFormat> scale_format;
 
   // Bytes of one record; every format here has whole-byte records (checked on build).
   uint64_t record_bytes() const;

@@ -127,6 +127,11 @@ struct CacheLayoutOptions {
   // Pack the layers of a paged group into one page per block when a page of one layer would be
   // padded (ADR 0020); false keeps one padded page per layer (the layout before ADR 0020).
   bool pack_layers = true;
+  // The scale format of records with fp32 scales (fp8_ds_mla, indexer-fp8); unset: the format's
+  // default, what the engine writes (ADR 0033). Set on a record without such scales it is
+  // refused ("kv-scale-format", "indexer-scale-format").
+  std::optional<ScaleFormat> kv_scale_format;
+  std::optional<ScaleFormat> indexer_scale_format;
 };
 
 // One cache kind over the layers that hold it, e.g. "csa.compressed" over the 30 CSA layers: the

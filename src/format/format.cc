@@ -148,7 +148,8 @@ constexpr FormatDef kFormats[] = {
      "MLA latent + RoPE, fp8 e4m3, per-tensor scale kept outside the cache (vLLM --kv-cache-dtype fp8 with dense "
      "MLA backends; SGLang fp8_e4m3)"},
     {"fp8_ds_mla", FormatId::kFp8DsMla, FormatUse::kLatent, FormatFamily::kFp8DsMla,
-     "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse)"},
+     "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse); "
+     "scales amax/448 as vLLM writes them (scale format amax; ue8m0: FlashMLA's reference)"},
     {"v4-fp8", FormatId::kV4Fp8, FormatUse::kLatent, FormatFamily::kV4Fp8,
      "DeepSeek-V4 e4m3 content + bf16 RoPE rows, then ue8m0 scale rows (one per 64) padded to 8 B; region-major, "
      "pages padded to a multiple of the data row"},
@@ -157,7 +158,8 @@ constexpr FormatDef kFormats[] = {
     {"v4-seed", FormatId::kV4Seed, FormatUse::kLatent, FormatFamily::kSeed,
      "the seed note's structural V4 record: bf16 RoPE + fp8 content, no scales (pair with indexer-fp4-seed)"},
     {"indexer-fp8", FormatId::kIndexerFp8, FormatUse::kIndexer, FormatFamily::kIndexer,
-     "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4)"},
+     "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4); scale a power of two as vLLM writes it for "
+     "V3.2 (scale format ue8m0; amax: the raw quotient)"},
     {"indexer-mxfp4", FormatId::kIndexerMxfp4, FormatUse::kIndexer, FormatFamily::kIndexer,
      "lightning-indexer key, e2m1 with one ue8m0 scale per 32"},
     {"indexer-fp4-seed", FormatId::kIndexerFp4Seed, FormatUse::kIndexer, FormatFamily::kSeed,
@@ -220,6 +222,7 @@ Status FillLatentRegions(FormatId id, const FormatDims& g, std::string_view fiel
     }
     case FormatId::kFp8DsMla:
       TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 128, f.name, "the latent", field));
+      f.scale_format = ScaleFormat::kAmax;
       f.regions = {{"latent", ElementType::kFp8E4M3, latent, 0},
                    {"scales", ElementType::kFp32, latent / 128, 0},
                    {"rope", ElementType::kBf16, rope, 0}};
@@ -257,6 +260,7 @@ Status FillIndexerRegions(FormatId id, const FormatDims& g, std::string_view fie
   uint64_t d = g.index_head_dim;
   if (id == FormatId::kIndexerFp8) {
     f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 0}};
+    f.scale_format = ScaleFormat::kUe8m0;
   } else if (id == FormatId::kIndexerMxfp4) {
     TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 32, f.name, "index_head_dim", field));
     f.regions = {{"key", ElementType::kFp4E2M1, d, 0}, {"scales", ElementType::kUe8m0, d / 32, 0}};

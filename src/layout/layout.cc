@@ -289,6 +289,17 @@ bool HasIndexer(const Geometry& g) {
   return false;
 }
 
+// An explicit scale format, on a record that has fp32 scales.
+Status ApplyScaleFormat(std::optional<ScaleFormat> want, const char* field, RecordFormat& whole, RecordFormat& rank) {
+  if (!want.has_value()) return Status::Ok();
+  if (!whole.scale_format.has_value()) {
+    return InvalidArgument(field, whole.name + " has no fp32 scales to pick a format for (fp8_ds_mla, indexer-fp8 do)");
+  }
+  whole.scale_format = want;
+  rank.scale_format = want;
+  return Status::Ok();
+}
+
 Result<RankFormats> ResolveFormats(const Geometry& g, const CacheLayoutOptions& o, CacheMap& map) {
   RankFormats rank;
   map.kv_format = o.kv_format.empty() ? DefaultKvFormat(g) : o.kv_format;
@@ -303,10 +314,15 @@ Result<RankFormats> ResolveFormats(const Geometry& g, const CacheLayoutOptions& 
     if (f.use != FormatUse::kIndexer) {
       return InvalidArgument("indexer-format", map.indexer_format + " is not an indexer format");
     }
+    RecordFormat whole = f;
+    TESSERA_RETURN_IF_ERROR(ApplyScaleFormat(o.indexer_scale_format, "indexer-scale-format", whole, f));
     rank.indexer = std::move(f);
   } else if (!o.indexer_format.empty()) {
     return InvalidArgument("indexer-format", g.name + " has no indexer");
+  } else if (o.indexer_scale_format.has_value()) {
+    return InvalidArgument("indexer-scale-format", g.name + " has no indexer");
   }
+  TESSERA_RETURN_IF_ERROR(ApplyScaleFormat(o.kv_scale_format, "kv-scale-format", map.main_format, rank.main));
   // A per-head expanded format on an MLA model replaces the latent: the whole model is then
   // cached the way an expanding stack caches it.
   rank.expanded = g.is_mla && map.main_format.use == FormatUse::kKv;
