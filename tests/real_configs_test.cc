@@ -7,6 +7,7 @@
 
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
+#include "tessera/request_manager.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -353,6 +354,21 @@ TEST(RealConfigs, PatternsAndWrappers) {
   Geometry own = FromJson(R"({"num_hidden_layers": 3, "num_attention_heads": 8, "hidden_size": 512,
       "text_config": {"num_hidden_layers": 9}})");
   EXPECT_EQ(own.num_layers, 3u);
+}
+
+// The request manager holds DeepSeek-V4's window state only: a model whose sliding-window or
+// linear-attention state it would not hold is refused, never held as if it had none.
+TEST(RealConfigs, RequestManagerRefusesStateItDoesNotHold) {
+  for (const char* name : {"gpt-oss-20b.json", "kimi-k3.json"}) {
+    ManagerOptions o;
+    o.capacity_blocks = 16;
+    Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(Config(name), o);
+    ASSERT_FALSE(m.ok()) << name;
+    EXPECT_EQ(m.status().field(), "model");
+  }
+  ManagerOptions o;
+  o.capacity_blocks = 16;
+  EXPECT_TRUE(RequestManager::Create(Config("qwen2-0.5b.json"), o).ok());
 }
 
 }  // namespace
