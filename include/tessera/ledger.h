@@ -51,6 +51,9 @@ struct LedgerOptions {
   Kernel kernel = Kernel::kFlashMla;
   SwaStrategy swa_strategy = SwaStrategy::kRecompute;
   uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
+  // Scale formats of fp32-scaled records (CacheLayoutOptions); unset: what the engine writes.
+  std::optional<ScaleFormat> kv_scale_format;
+  std::optional<ScaleFormat> indexer_scale_format;
 };
 
 // The named terms committed bytes decompose into (ADR 0004), in the order outputs list them.

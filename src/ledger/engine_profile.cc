@@ -111,6 +111,8 @@ CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& o) {
   lo.kernel = o.kernel;
   lo.include_mtp = o.include_mtp;
   lo.tp = o.tp;
+  lo.kv_scale_format = o.kv_scale_format;
+  lo.indexer_scale_format = o.indexer_scale_format;
   return lo;
 }
 
