@@ -600,7 +600,8 @@ TEST(Fp8DsMla, ExactForRepresentableValues) {
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(Bits(rope_back[i]), Bits(rope[i])) << i;
 }
 
-TEST(Fp8DsMla, AllZeroTileHasScaleOne) {
+// vLLM's concat_and_cache_ds_mla writes fmaxf(0 / 448, FLT_MIN) for an all-zero tile.
+TEST(Fp8DsMla, AllZeroTileHasScaleFltMin) {
   std::vector<float> latent = TileData(4, 128, 3);
   std::fill(latent.begin() + 256, latent.begin() + 384, 0.0f);  // tile 2
   const std::vector<float> zeros(512, 0.0f), rope(64, 0.0f);
@@ -608,11 +609,11 @@ TEST(Fp8DsMla, AllZeroTileHasScaleOne) {
   std::vector<float> latent_back(512), rope_back(64);
 
   ASSERT_TRUE(QuantizeFp8DsMla(latent, rope, record).ok());
-  EXPECT_EQ(LoadLe32(record.data() + 512 + 8), 0x3F800000u);
+  EXPECT_EQ(LoadLe32(record.data() + 512 + 8), 0x00800000u);  // FLT_MIN
   for (size_t i = 256; i < 384; ++i) ASSERT_EQ(record[i], std::byte{0}) << i;
 
   ASSERT_TRUE(QuantizeFp8DsMla(zeros, rope, record).ok());
-  for (size_t t = 0; t < 4; ++t) EXPECT_EQ(FromBits(LoadLe32(record.data() + 512 + 4 * t)), 1.0f);
+  for (size_t t = 0; t < 4; ++t) EXPECT_EQ(FromBits(LoadLe32(record.data() + 512 + 4 * t)), FLT_MIN);
   for (size_t i = 0; i < 512; ++i) ASSERT_EQ(record[i], std::byte{0}) << i;
   ASSERT_TRUE(DequantizeFp8DsMla(record, latent_back, rope_back).ok());
   for (float x : latent_back) ASSERT_EQ(Bits(x), 0u);

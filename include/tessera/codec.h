@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <span>
 
+#include <string_view>
+
 #include "tessera/status.h"
 
 namespace tessera {
@@ -104,15 +106,29 @@ uint16_t FloatToBf16(float x);
 float Bf16ToFloat(uint16_t bits);
 
 // ---------------------------------------------------------------------------------------------
+// Scale formats of the fp32 scales in fp8_ds_mla and indexer-fp8 records: how a tile's scale is
+// picked from its amax (max |x|). Both store the scale as a float32; they differ in its value.
+// Which one each engine writes was measured against the engines' own writers (ADR 0033,
+// tests/codec_engine_bytes_test.cc):
+//   kAmax   the raw float32 quotient (vLLM's concat_and_cache_ds_mla for fp8_ds_mla);
+//   kUe8m0  the power of two >= the quotient, 2^ceil(log2(q)) (vLLM's indexer_k_quant_and_cache
+//           with scale_fmt "ue8m0", which vLLM's DeepSeek-V3.2 passes; FlashMLA's reference
+//           quantizer tests/quant.py for fp8_ds_mla).
+enum class ScaleFormat { kAmax, kUe8m0 };
+std::string_view ScaleFormatName(ScaleFormat format);  // "amax", "ue8m0"
+// Errors: kInvalidArgument on `field` for another name.
+Result<ScaleFormat> ParseScaleFormat(std::string_view name, std::string_view field = "scale-format");
+
+// ---------------------------------------------------------------------------------------------
 // fp8_ds_mla record (DeepSeek V3 / V3.2, FlashMLA sparse, vLLM "fp8_ds_mla"): 656 bytes per token
 //   [0, 512)    512 e4m3: latent[i] / scale[i / 128]
 //   [512, 528)  4 fp32 scales, little-endian, one per 128-value tile
 //   [528, 656)  64 bf16 rope values, little-endian, RNE from float (not quantized)
-// Tile scale = amax / 448 in float32 (amax = max |x| over the tile), as vLLM's
-// concat_and_cache_ds_mla writes it (a raw fp32, not a power of two); 1.0 for an all-zero tile;
-// when amax/448 falls below FLT_MIN (2^-126) the scale is FLT_MIN, so the scale stays a normal
-// float and x/scale cannot overflow. Values are stored as EncodeE4M3(x / scale) (float division,
-// then RNE, saturating).
+// Tile scale, kAmax (the default: what vLLM's concat_and_cache_ds_mla writes): max(amax / 448,
+// FLT_MIN) in float32 (amax = max |x| over the tile), a raw fp32, FLT_MIN for an all-zero tile, so
+// the scale stays a normal float and x/scale cannot overflow. kUe8m0 (FlashMLA's reference
+// quantizer): 2^ceil(log2(max(amax / 448, 1e-4))), 2^-13 for an all-zero tile. Values are stored as
+// EncodeE4M3(x / scale) (float division, then RNE, saturating).
 
 inline constexpr size_t kFp8DsMlaLatentDim = 512;
 inline constexpr size_t kFp8DsMlaRopeDim = 64;
@@ -125,7 +141,8 @@ inline constexpr size_t kFp8DsMlaRecordBytes = kFp8DsMlaRopeOffset + 2 * kFp8DsM
 // Spans: latent 512, rope 64, record 656 bytes. Errors on "latent" when a latent value is not
 // finite (a NaN or inf would poison the tile scale); rope values are converted as FloatToBf16
 // does (NaN and inf pass through).
-Status QuantizeFp8DsMla(std::span<const float> latent, std::span<const float> rope, std::span<std::byte> record);
+Status QuantizeFp8DsMla(std::span<const float> latent, std::span<const float> rope, std::span<std::byte> record,
+                        ScaleFormat scales = ScaleFormat::kAmax);
 // latent[i] = DecodeE4M3(byte i) * scale (one float multiply); rope = Bf16ToFloat. Engines round
 // the products to bf16 afterwards; this returns them unrounded. Stored bytes are not validated
 // (a NaN code or scale yields NaN).
@@ -133,11 +150,14 @@ Status DequantizeFp8DsMla(std::span<const std::byte> record, std::span<float> la
 
 // ---------------------------------------------------------------------------------------------
 // indexer-fp8 record (DeepSeek-V3.2 lightning-indexer key): D e4m3 values key[i] / scale, then
-// one fp32 scale, little-endian (D + 4 bytes; 132 for D = 128). The scale follows the fp8_ds_mla
-// tile rule over the whole key: amax / 448 in float32, 1.0 for an all-zero key, FLT_MIN floor.
+// one fp32 scale, little-endian (D + 4 bytes; 132 for D = 128). The scale, as vLLM's
+// indexer_k_quant_and_cache computes it: q = max(amax, 1e-4) / 448 in float32 over the whole key;
+// kUe8m0 (the default: vLLM's DeepSeek-V3.2 passes scale_fmt "ue8m0") then rounds q up to
+// 2^ceil(log2(q)); kAmax keeps q.
 
 // Spans: key D floats, record D + 4 bytes (D > 0). Errors on "key" when a value is not finite.
-Status QuantizeIndexerFp8(std::span<const float> key, std::span<std::byte> record);
+Status QuantizeIndexerFp8(std::span<const float> key, std::span<std::byte> record,
+                          ScaleFormat scales = ScaleFormat::kUe8m0);
 // key[i] = DecodeE4M3(byte i) * scale (one float multiply). Stored bytes are not validated.
 Status DequantizeIndexerFp8(std::span<const std::byte> record, std::span<float> key);
 

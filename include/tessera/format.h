@@ -16,11 +16,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tessera/codec.h"
 #include "tessera/geometry.h"
 #include "tessera/status.h"
 
@@ -58,6 +60,7 @@ enum class FormatFamily {
   kSeed,             // the seed note's structural records, without scales (v4-seed, indexer-fp4-seed)
   kIndexer,          // lightning-indexer keys (indexer-fp8, indexer-mxfp4)
   kCompressorState,  // DeepSeek-V4 fp32 compressor state
+  kLinearState,      // linear attention's convolution rows and recurrent state
 };
 
 struct RecordFormat {
@@ -69,6 +72,11 @@ struct RecordFormat {
   Packing packing = Packing::kPerToken;
   // Page bytes are padded up to a multiple of this (1 = no padding).
   uint64_t page_alignment = 1;
+  // Records with fp32 tile scales (fp8_ds_mla, indexer-fp8): how the scales are picked. The
+  // default is what the engine writes (fp8_ds_mla: vLLM's kAmax; indexer-fp8: vLLM's kUe8m0 for
+  // DeepSeek-V3.2); a writer passes it to the codec (QuantizeFp8DsMla, QuantizeIndexerFp8). The
+  // record's size does not depend on it.
+  std::optional<ScaleFormat> scale_format;
 
   // Bytes of one record; every format here has whole-byte records (checked on build).
   uint64_t record_bytes() const;
@@ -93,13 +101,35 @@ struct FormatInfo {
 // Every format name BuildFormat accepts.
 std::vector<FormatInfo> FormatCatalog();
 
-// Builds the named format for a geometry (counts come from its dims). Errors on "kv-format"
-// (or `field`) when the name is unknown or the geometry cannot hold that record (an MLA format
-// on an MHA model, a latent not divisible by the scale group, ...).
+// The dims a record format is built from: formats read these and nothing else of a model
+// (docs/ARCHITECTURE.md, "Format -> Geometry"). FormatDimsOf gives a geometry's model-wide dims;
+// a layer whose K and V differ (a sliding-window layer of MiMo-V2, a global layer of Gemma-4)
+// replaces `kv` with its own.
+struct FormatDims {
+  std::string model;             // named in errors
+  bool mla = false;              // has a latent (kv_lora_rank or compress_ratios)
+  uint32_t attention_heads = 0;  // query heads (expanded-bf16 stores K and V per query head)
+  KvDims kv;                     // per-head K and V of MHA/GQA records (MLA: query heads x v_head_dim)
+  uint32_t qk_nope_head_dim = 0;
+  uint32_t qk_rope_head_dim = 0;
+  uint32_t v_head_dim = 0;
+  uint32_t latent_dim = 0;  // content part of the MLA record
+  uint32_t index_head_dim = 0;
+};
+FormatDims FormatDimsOf(const Geometry& g);
+
+// Builds the named format for the dims (counts come from them). Errors on "kv-format" (or
+// `field`) when the name is unknown or the dims cannot hold that record (an MLA format on an
+// MHA model, a latent not divisible by the scale group, ...).
+Result<RecordFormat> BuildFormat(std::string_view name, const FormatDims& dims, std::string_view field = "kv-format");
+// BuildFormat(name, FormatDimsOf(g), field).
 Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::string_view field = "kv-format");
 
 // DeepSeek-V4 compressor state: `floats` float32 values per slot.
 RecordFormat CompressorStateFormat(uint32_t floats);
+// A linear-attention layer's state (LinearStateDims): `conv` convolution values then
+// `recurrent` recurrent-state values, each in its element type (bf16, fp16 or fp32).
+RecordFormat LinearStateFormat(uint64_t conv, ElementType conv_type, uint64_t recurrent, ElementType recurrent_type);
 
 // Where one record lives: a span per plane of its format (one plane for per-token formats; for
 // region-major formats each plane's bytes sit in that plane's row of the page).

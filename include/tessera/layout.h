@@ -127,10 +127,16 @@ struct CacheLayoutOptions {
   // Pack the layers of a paged group into one page per block when a page of one layer would be
   // padded (ADR 0020); false keeps one padded page per layer (the layout before ADR 0020).
   bool pack_layers = true;
+  // The scale format of records with fp32 scales (fp8_ds_mla, indexer-fp8); unset: the format's
+  // default, what the engine writes (ADR 0033). Set on a record without such scales it is
+  // refused ("kv-scale-format", "indexer-scale-format").
+  std::optional<ScaleFormat> kv_scale_format;
+  std::optional<ScaleFormat> indexer_scale_format;
 };
 
 // One cache kind over the layers that hold it, e.g. "csa.compressed" over the 30 CSA layers: the
-// layers of one kind (MTP layers apart) whose cache has the same role, ratio and ring.
+// layers of one kind (MTP layers apart) whose cache has the same role, ratio, ring and dims
+// (K/V heads and widths, linear state).
 struct CacheLineSpec {
   std::string name;  // "[mtp.]<layer kind>.<role>"
   LayerKind layer_kind = LayerKind::kMla;
@@ -139,6 +145,7 @@ struct CacheLineSpec {
   uint32_t compress_ratio = 1;         // paged caches: tokens per entry
   uint32_t slots = 0;                  // per-request state: ring slots (window tokens or compressor slots)
   uint32_t state_floats = 0;           // compressor state: float32 values per slot
+  KvDims kv;                           // MHA/GQA and sliding-window lines: the layers' K and V (unsharded)
   RecordFormat format;                 // as one rank stores it (MHA heads shard over tensor-parallel ranks)
   uint64_t record_bytes = 0;           // one record of the whole model (unsharded)
   std::vector<uint32_t> model_layers;  // the model layer indices that hold it, in model order
@@ -201,8 +208,9 @@ Result<CacheLayout> ComputeCacheLayout(const Geometry& g, const CacheLayoutOptio
 // not a multiple of the window. OK for every other strategy and for models without windows.
 Status CheckWindowStrategy(const CacheLayout& layout, SwaStrategy strategy);
 
-// Tensor-parallel ranks: positive, and for MHA/GQA a divisor or a multiple of the KV heads (an
-// MLA latent is one KV head, replicated on every rank). Errors name "tp".
+// Tensor-parallel ranks: positive, and for MHA/GQA a divisor or a multiple of every layer's KV
+// heads (an MLA latent is one KV head, replicated on every rank); a linear-attention state shards
+// by heads, so `tp` must divide them. Errors name "tp".
 Status CheckTensorParallel(const Geometry& g, uint32_t tp);
 
 }  // namespace tessera

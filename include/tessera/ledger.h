@@ -51,6 +51,9 @@ struct LedgerOptions {
   Kernel kernel = Kernel::kFlashMla;
   SwaStrategy swa_strategy = SwaStrategy::kRecompute;
   uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
+  // Scale formats of fp32-scaled records (CacheLayoutOptions); unset: what the engine writes.
+  std::optional<ScaleFormat> kv_scale_format;
+  std::optional<ScaleFormat> indexer_scale_format;
 };
 
 // The named terms committed bytes decompose into (ADR 0004), in the order outputs list them.
@@ -99,6 +102,11 @@ struct CacheLine {
   bool in_pages = true;         // this engine keeps it in pages (false: a per-request arena)
   uint32_t compress_ratio = 1;  // tokens per entry (paged caches)
   uint32_t slots = 0;           // ring slots (per-request state), without speculative extras
+  KvDims kv;                    // MHA/GQA and sliding-window lines: the layers' K and V (unsharded)
+  // How the line's requested bytes are priced, for people: "tokens x 2,048 B x 12 layers",
+  // "min(tokens, 128) x 2,048 B x 12 layers (a 128-token window)", "6,512,640 B x 69 layers,
+  // constant per request (linear-attention state: kda)", ...
+  std::string formula;
   // Growing caches: record_bytes / compress_ratio. State: record bytes per slot (window: per window token).
   Fraction bytes_per_token_per_layer;
   std::vector<uint64_t> shape;  // [layers, batch, entries, width] (MHA: [..., 2, heads, head_dim])

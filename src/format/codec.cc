@@ -183,16 +183,47 @@ uint16_t FloatToBf16(float x) {
 
 float Bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
+// ----- scale formats -----
+
+std::string_view ScaleFormatName(ScaleFormat format) { return format == ScaleFormat::kAmax ? "amax" : "ue8m0"; }
+
+Result<ScaleFormat> ParseScaleFormat(std::string_view name, std::string_view field) {
+  if (name == "amax") return ScaleFormat::kAmax;
+  if (name == "ue8m0") return ScaleFormat::kUe8m0;
+  return InvalidArgument(std::string(field), "unknown scale format \"" + std::string(name) + "\" (known: amax, ue8m0)");
+}
+
+namespace {
+
+// The power of two >= q, as a float (q > 0 and finite).
+float Ue8m0Scale(float q) { return DecodeUE8M0(EncodeUE8M0Ceil(q)); }
+
+constexpr float kFlashMlaScaleFloor = 1e-4f;  // FlashMLA tests/quant.py: clamp_min(scale_inv, 1e-4)
+constexpr float kIndexerAmaxFloor = 1e-4f;    // vLLM indexer_k_quant_and_cache: fmaxf(amax, 1e-4)
+
+float DsMlaTileScale(float amax, ScaleFormat format) {
+  if (format == ScaleFormat::kUe8m0) return Ue8m0Scale(std::max(amax / kE4M3Max, kFlashMlaScaleFloor));
+  return std::max(amax / kE4M3Max, FLT_MIN);
+}
+
+float IndexerScale(float amax, ScaleFormat format) {
+  const float q = std::max(amax, kIndexerAmaxFloor) / kE4M3Max;
+  return format == ScaleFormat::kUe8m0 ? Ue8m0Scale(q) : q;
+}
+
+}  // namespace
+
 // ----- fp8_ds_mla -----
 
-Status QuantizeFp8DsMla(std::span<const float> latent, std::span<const float> rope, std::span<std::byte> record) {
+Status QuantizeFp8DsMla(std::span<const float> latent, std::span<const float> rope, std::span<std::byte> record,
+                        ScaleFormat scales) {
   TESSERA_RETURN_IF_ERROR(CheckSize("latent", latent.size(), kFp8DsMlaLatentDim, "floats"));
   TESSERA_RETURN_IF_ERROR(CheckSize("rope", rope.size(), kFp8DsMlaRopeDim, "floats"));
   TESSERA_RETURN_IF_ERROR(CheckSize("record", record.size(), kFp8DsMlaRecordBytes, "bytes"));
   for (size_t t = 0; t < kFp8DsMlaTiles; ++t) {
     const std::span<const float> tile = latent.subspan(t * kFp8DsMlaTileSize, kFp8DsMlaTileSize);
     TESSERA_ASSIGN_OR_RETURN(const float amax, FiniteAmax(tile, t * kFp8DsMlaTileSize, "latent"));
-    const float scale = amax == 0.0f ? 1.0f : std::max(amax / kE4M3Max, FLT_MIN);
+    const float scale = DsMlaTileScale(amax, scales);
     StoreLe32(FloatBits(scale), record.data() + kFp8DsMlaScaleOffset + 4 * t);
     for (size_t i = 0; i < tile.size(); ++i) {
       record[t * kFp8DsMlaTileSize + i] = static_cast<std::byte>(EncodeE4M3(tile[i] / scale));
@@ -218,11 +249,11 @@ Status DequantizeFp8DsMla(std::span<const std::byte> record, std::span<float> la
 
 // ----- indexer fp8 -----
 
-Status QuantizeIndexerFp8(std::span<const float> key, std::span<std::byte> record) {
+Status QuantizeIndexerFp8(std::span<const float> key, std::span<std::byte> record, ScaleFormat scales) {
   if (key.empty()) return InvalidArgument("key", "empty key");
   TESSERA_RETURN_IF_ERROR(CheckSize("record", record.size(), key.size() + 4, "bytes"));
   TESSERA_ASSIGN_OR_RETURN(const float amax, FiniteAmax(key, 0, "key"));
-  const float scale = amax == 0.0f ? 1.0f : std::max(amax / kE4M3Max, FLT_MIN);
+  const float scale = IndexerScale(amax, scales);
   for (size_t i = 0; i < key.size(); ++i) record[i] = static_cast<std::byte>(EncodeE4M3(key[i] / scale));
   StoreLe32(FloatBits(scale), record.data() + key.size());
   return Status::Ok();

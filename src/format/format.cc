@@ -136,7 +136,7 @@ struct FormatDef {
 
 constexpr FormatDef kFormats[] = {
     {"mha-bf16", FormatId::kMhaBf16, FormatUse::kKv, FormatFamily::kMha,
-     "MHA/GQA K and V, bf16: 2 x kv_heads x head_dim x 2 B"},
+     "MHA/GQA K and V, bf16: kv_heads x (head_dim + v_head_dim) x 2 B"},
     {"mha-fp8", FormatId::kMhaFp8, FormatUse::kKv, FormatFamily::kMha,
      "MHA/GQA K and V, fp8 e4m3 (per-tensor scale kept outside the cache)"},
     {"expanded-bf16", FormatId::kExpandedBf16, FormatUse::kKv, FormatFamily::kExpanded,
@@ -148,7 +148,8 @@ constexpr FormatDef kFormats[] = {
      "MLA latent + RoPE, fp8 e4m3, per-tensor scale kept outside the cache (vLLM --kv-cache-dtype fp8 with dense "
      "MLA backends; SGLang fp8_e4m3)"},
     {"fp8_ds_mla", FormatId::kFp8DsMla, FormatUse::kLatent, FormatFamily::kFp8DsMla,
-     "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse)"},
+     "MLA latent e4m3 with one fp32 scale per 128 values, bf16 RoPE, per token contiguous (FlashMLA sparse); "
+     "scales amax/448 as vLLM writes them (scale format amax; ue8m0: FlashMLA's reference)"},
     {"v4-fp8", FormatId::kV4Fp8, FormatUse::kLatent, FormatFamily::kV4Fp8,
      "DeepSeek-V4 e4m3 content + bf16 RoPE rows, then ue8m0 scale rows (one per 64) padded to 8 B; region-major, "
      "pages padded to a multiple of the data row"},
@@ -157,16 +158,17 @@ constexpr FormatDef kFormats[] = {
     {"v4-seed", FormatId::kV4Seed, FormatUse::kLatent, FormatFamily::kSeed,
      "the seed note's structural V4 record: bf16 RoPE + fp8 content, no scales (pair with indexer-fp4-seed)"},
     {"indexer-fp8", FormatId::kIndexerFp8, FormatUse::kIndexer, FormatFamily::kIndexer,
-     "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4)"},
+     "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4); scale a power of two as vLLM writes it for "
+     "V3.2 (scale format ue8m0; amax: the raw quotient)"},
     {"indexer-mxfp4", FormatId::kIndexerMxfp4, FormatUse::kIndexer, FormatFamily::kIndexer,
      "lightning-indexer key, e2m1 with one ue8m0 scale per 32"},
     {"indexer-fp4-seed", FormatId::kIndexerFp4Seed, FormatUse::kIndexer, FormatFamily::kSeed,
      "the seed note's structural indexer: e2m1 values, no scales"},
 };
 
-Status NeedMla(const Geometry& g, std::string_view name, std::string_view field) {
-  if (!g.is_mla) {
-    return InvalidArgument(std::string(field), std::string(name) + " stores an MLA latent, but " + g.name +
+Status NeedMla(const FormatDims& g, std::string_view name, std::string_view field) {
+  if (!g.mla) {
+    return InvalidArgument(std::string(field), std::string(name) + " stores an MLA latent, but " + g.model +
                                                    " has no latent (no kv_lora_rank or compress_ratios)");
   }
   return Status::Ok();
@@ -183,27 +185,28 @@ Status NeedDivisible(uint64_t value, uint64_t group, std::string_view name, std:
 }
 
 // Per-head K and V: of the MHA/GQA heads, or of an MLA model's query heads (expanded).
-Status FillHeadRegions(FormatId id, const Geometry& g, std::string_view field, RecordFormat& f) {
+Status FillHeadRegions(FormatId id, const FormatDims& g, std::string_view field, RecordFormat& f) {
   if (id == FormatId::kExpandedBf16) {
     TESSERA_RETURN_IF_ERROR(NeedMla(g, f.name, field));
-    Checked heads(g.num_attention_heads);
+    Checked heads(g.attention_heads);
     Checked k = heads * (Checked(g.qk_nope_head_dim) + g.qk_rope_head_dim), v = heads * g.v_head_dim;
     if (k.overflowed() || v.overflowed()) {
-      return OutOfRange("head_dim", f.name + " records of " + g.name + " (heads x head dims) do not fit in 64 bits");
+      return OutOfRange("head_dim", f.name + " records of " + g.model + " (heads x head dims) do not fit in 64 bits");
     }
     f.regions = {{"k", ElementType::kBf16, k.value(), 0}, {"v", ElementType::kBf16, v.value(), 0}};
     return Status::Ok();
   }
   ElementType t = id == FormatId::kMhaBf16 ? ElementType::kBf16 : ElementType::kFp8E4M3;
-  // 32-bit heads times a 32-bit head_dim: up to 64 bits, then bits and bytes on top. Checked
+  // 32-bit heads times a 32-bit head dim: up to 64 bits, then bits and bytes on top. Checked
   // with the record's total; a wrapped width would price a record at 0 B.
-  uint64_t width = static_cast<uint64_t>(g.mha_heads()) * g.mha_head_dim();
-  f.regions = {{"k", t, width, 0}, {"v", t, width, 0}};
+  const uint64_t k = static_cast<uint64_t>(g.kv.kv_heads) * g.kv.k_head_dim;
+  const uint64_t v = static_cast<uint64_t>(g.kv.kv_heads) * g.kv.v_head_dim;
+  f.regions = {{"k", t, k, 0}, {"v", t, v, 0}};
   return Status::Ok();
 }
 
 // One record per token (or compressed group) of an MLA latent and its RoPE slice.
-Status FillLatentRegions(FormatId id, const Geometry& g, std::string_view field, RecordFormat& f) {
+Status FillLatentRegions(FormatId id, const FormatDims& g, std::string_view field, RecordFormat& f) {
   TESSERA_RETURN_IF_ERROR(NeedMla(g, f.name, field));
   const uint64_t latent = g.latent_dim;
   const uint64_t rope = g.qk_rope_head_dim;
@@ -219,6 +222,7 @@ Status FillLatentRegions(FormatId id, const Geometry& g, std::string_view field,
     }
     case FormatId::kFp8DsMla:
       TESSERA_RETURN_IF_ERROR(NeedDivisible(latent, 128, f.name, "the latent", field));
+      f.scale_format = ScaleFormat::kAmax;
       f.regions = {{"latent", ElementType::kFp8E4M3, latent, 0},
                    {"scales", ElementType::kFp32, latent / 128, 0},
                    {"rope", ElementType::kBf16, rope, 0}};
@@ -249,13 +253,14 @@ Status FillLatentRegions(FormatId id, const Geometry& g, std::string_view field,
   return Status::Ok();
 }
 
-Status FillIndexerRegions(FormatId id, const Geometry& g, std::string_view field, RecordFormat& f) {
+Status FillIndexerRegions(FormatId id, const FormatDims& g, std::string_view field, RecordFormat& f) {
   if (g.index_head_dim == 0) {
-    return InvalidArgument(std::string(field), f.name + " needs index_head_dim, which " + g.name + " lacks");
+    return InvalidArgument(std::string(field), f.name + " needs index_head_dim, which " + g.model + " lacks");
   }
   uint64_t d = g.index_head_dim;
   if (id == FormatId::kIndexerFp8) {
     f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 0}};
+    f.scale_format = ScaleFormat::kUe8m0;
   } else if (id == FormatId::kIndexerMxfp4) {
     TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 32, f.name, "index_head_dim", field));
     f.regions = {{"key", ElementType::kFp4E2M1, d, 0}, {"scales", ElementType::kUe8m0, d / 32, 0}};
@@ -268,10 +273,10 @@ Status FillIndexerRegions(FormatId id, const Geometry& g, std::string_view field
 
 // Region::bits() and record_bytes() multiply and add unchecked: every record built here is
 // checked once, so that a format that exists has a record size that fits in 64 bits.
-Status CheckRegions(const RecordFormat& f, const Geometry& g, std::string_view field) {
+Status CheckRegions(const RecordFormat& f, const FormatDims& g, std::string_view field) {
   for (const Region& r : f.regions) {
     if (r.count == 0) {
-      return InvalidArgument(std::string(field), f.name + " region \"" + r.name + "\" would be empty for " + g.name);
+      return InvalidArgument(std::string(field), f.name + " region \"" + r.name + "\" would be empty for " + g.model);
     }
   }
   Checked bits(0);
@@ -279,7 +284,7 @@ Status CheckRegions(const RecordFormat& f, const Geometry& g, std::string_view f
   if (bits.overflowed()) {
     const bool mha = f.use == FormatUse::kKv;
     return OutOfRange(mha ? "head_dim" : std::string(field),
-                      f.name + " records of " + g.name + " do not fit in 64 bits" +
+                      f.name + " records of " + g.model + " do not fit in 64 bits" +
                           (mha ? " (heads x head_dim is " + std::to_string(f.regions[0].count) + ")" : ""));
   }
   return Status::Ok();
@@ -292,6 +297,9 @@ std::vector<FormatInfo> FormatCatalog() {
   for (const FormatDef& d : kFormats) out.push_back({d.name, d.use, d.description});
   out.push_back({"v4-compressor-state", FormatUse::kState,
                  "DeepSeek-V4 compressor state: fp32 x (2 x coff x dim) per slot; built per layer, not selectable"});
+  out.push_back({"linear-state", FormatUse::kState,
+                 "linear-attention state (Gated DeltaNet, KDA): convolution rows + recurrent state, per request; "
+                 "built per layer, not selectable"});
   return out;
 }
 
@@ -305,7 +313,36 @@ RecordFormat CompressorStateFormat(uint32_t floats) {
   return f;
 }
 
+RecordFormat LinearStateFormat(uint64_t conv, ElementType conv_type, uint64_t recurrent, ElementType recurrent_type) {
+  RecordFormat f;
+  f.name = "linear-state";
+  f.description = "linear-attention state: convolution rows, then the recurrent state";
+  f.use = FormatUse::kState;
+  f.family = FormatFamily::kLinearState;
+  f.regions = {{"conv", conv_type, conv, 0}, {"recurrent", recurrent_type, recurrent, 0}};
+  return f;
+}
+
+FormatDims FormatDimsOf(const Geometry& g) {
+  FormatDims d;
+  d.model = g.name;
+  d.mla = g.is_mla;
+  d.attention_heads = g.num_attention_heads;
+  d.kv = g.is_mla ? KvDims{g.num_attention_heads, g.v_head_dim, g.v_head_dim}
+                  : KvDims{g.num_kv_heads, g.head_dim, g.v_head_dim};
+  d.qk_nope_head_dim = g.qk_nope_head_dim;
+  d.qk_rope_head_dim = g.qk_rope_head_dim;
+  d.v_head_dim = g.v_head_dim;
+  d.latent_dim = g.latent_dim;
+  d.index_head_dim = g.index_head_dim;
+  return d;
+}
+
 Result<RecordFormat> BuildFormat(std::string_view name, const Geometry& g, std::string_view field) {
+  return BuildFormat(name, FormatDimsOf(g), field);
+}
+
+Result<RecordFormat> BuildFormat(std::string_view name, const FormatDims& g, std::string_view field) {
   const FormatDef* def = nullptr;
   for (const FormatDef& d : kFormats) {
     if (name == d.name) def = &d;

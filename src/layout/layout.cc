@@ -206,15 +206,31 @@ std::string DefaultIndexerFormat(const Geometry& g, const RecordFormat& main_for
   return "indexer-fp8";
 }
 
+namespace {
+
+Status CheckKvHeadsSplit(uint32_t kv_heads, uint32_t tp) {
+  if (tp > kv_heads && tp % kv_heads != 0) {
+    return InvalidArgument("tp",
+                           std::to_string(tp) + " ranks cannot share " + std::to_string(kv_heads) + " KV heads evenly");
+  }
+  if (tp <= kv_heads && kv_heads % tp != 0) {
+    return InvalidArgument(
+        "tp", std::to_string(kv_heads) + " KV heads cannot be split over " + std::to_string(tp) + " ranks");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status CheckTensorParallel(const Geometry& g, uint32_t tp) {
   if (tp == 0) return InvalidArgument("tp", "must be positive");
-  if (!g.is_mla && tp > g.num_kv_heads && tp % g.num_kv_heads != 0) {
-    return InvalidArgument(
-        "tp", std::to_string(tp) + " ranks cannot share " + std::to_string(g.num_kv_heads) + " KV heads evenly");
-  }
-  if (!g.is_mla && tp <= g.num_kv_heads && g.num_kv_heads % tp != 0) {
-    return InvalidArgument(
-        "tp", std::to_string(g.num_kv_heads) + " KV heads cannot be split over " + std::to_string(tp) + " ranks");
+  if (!g.is_mla) TESSERA_RETURN_IF_ERROR(CheckKvHeadsSplit(g.num_kv_heads, tp));
+  for (const LayerSpec& l : g.layers) {
+    if (l.kv.kv_heads > 0) TESSERA_RETURN_IF_ERROR(CheckKvHeadsSplit(l.kv.kv_heads, tp));
+    if (l.kind == LayerKind::kLinear && l.linear.shard_heads % tp != 0) {
+      return InvalidArgument("tp", "a linear-attention state of " + std::to_string(l.linear.shard_heads) +
+                                       " head groups cannot be split over " + std::to_string(tp) + " ranks");
+    }
   }
   return Status::Ok();
 }
@@ -227,7 +243,29 @@ struct RankFormats {
   RecordFormat main;
   std::optional<RecordFormat> indexer;
   bool expanded = false;  // a per-head format replaces the latent of an MLA model
+  FormatDims dims;        // the model's (unsharded)
+  uint32_t tp = 1;
 };
+
+// A rank's share of `d`: heads over tensor-parallel ranks (at least one: heads replicate beyond
+// their count).
+FormatDims RankDims(FormatDims d, uint32_t tp) {
+  d.kv.kv_heads = std::max<uint32_t>(1, d.kv.kv_heads / tp);
+  d.attention_heads = std::max<uint32_t>(1, d.attention_heads / tp);
+  return d;
+}
+
+ElementType StateElementType(StateDtype t) {
+  switch (t) {
+    case StateDtype::kFp16:
+      return ElementType::kFp16;
+    case StateDtype::kFp32:
+      return ElementType::kFp32;
+    case StateDtype::kBf16:
+      break;
+  }
+  return ElementType::kBf16;
+}
 
 Status CheckMainUse(const Geometry& g, const CacheMap& map) {
   const RecordFormat& f = map.main_format;
@@ -251,14 +289,24 @@ bool HasIndexer(const Geometry& g) {
   return false;
 }
 
+// An explicit scale format, on a record that has fp32 scales.
+Status ApplyScaleFormat(std::optional<ScaleFormat> want, const char* field, RecordFormat& whole, RecordFormat& rank) {
+  if (!want.has_value()) return Status::Ok();
+  if (!whole.scale_format.has_value()) {
+    return InvalidArgument(field, whole.name + " has no fp32 scales to pick a format for (fp8_ds_mla, indexer-fp8 do)");
+  }
+  whole.scale_format = want;
+  rank.scale_format = want;
+  return Status::Ok();
+}
+
 Result<RankFormats> ResolveFormats(const Geometry& g, const CacheLayoutOptions& o, CacheMap& map) {
   RankFormats rank;
   map.kv_format = o.kv_format.empty() ? DefaultKvFormat(g) : o.kv_format;
-  TESSERA_ASSIGN_OR_RETURN(map.main_format, BuildFormat(map.kv_format, g, "kv-format"));
-  Geometry rank_geometry = g;
-  rank_geometry.num_kv_heads = std::max<uint32_t>(1, g.num_kv_heads / o.tp);
-  rank_geometry.num_attention_heads = std::max<uint32_t>(1, g.num_attention_heads / o.tp);
-  TESSERA_ASSIGN_OR_RETURN(rank.main, BuildFormat(map.kv_format, rank_geometry, "kv-format"));
+  rank.dims = FormatDimsOf(g);
+  rank.tp = o.tp;
+  TESSERA_ASSIGN_OR_RETURN(map.main_format, BuildFormat(map.kv_format, rank.dims, "kv-format"));
+  TESSERA_ASSIGN_OR_RETURN(rank.main, BuildFormat(map.kv_format, RankDims(rank.dims, o.tp), "kv-format"));
   TESSERA_RETURN_IF_ERROR(CheckMainUse(g, map));
   map.indexer_format = o.indexer_format.empty() ? DefaultIndexerFormat(g, map.main_format) : o.indexer_format;
   if (HasIndexer(g)) {
@@ -266,10 +314,15 @@ Result<RankFormats> ResolveFormats(const Geometry& g, const CacheLayoutOptions& 
     if (f.use != FormatUse::kIndexer) {
       return InvalidArgument("indexer-format", map.indexer_format + " is not an indexer format");
     }
+    RecordFormat whole = f;
+    TESSERA_RETURN_IF_ERROR(ApplyScaleFormat(o.indexer_scale_format, "indexer-scale-format", whole, f));
     rank.indexer = std::move(f);
   } else if (!o.indexer_format.empty()) {
     return InvalidArgument("indexer-format", g.name + " has no indexer");
+  } else if (o.indexer_scale_format.has_value()) {
+    return InvalidArgument("indexer-scale-format", g.name + " has no indexer");
   }
+  TESSERA_RETURN_IF_ERROR(ApplyScaleFormat(o.kv_scale_format, "kv-scale-format", map.main_format, rank.main));
   // A per-head expanded format on an MLA model replaces the latent: the whole model is then
   // cached the way an expanding stack caches it.
   rank.expanded = g.is_mla && map.main_format.use == FormatUse::kKv;
@@ -287,11 +340,29 @@ struct LineKey {
   uint32_t ratio;
   uint32_t slots;
   uint32_t floats;
+  KvDims kv;               // MHA/GQA and sliding-window layers
+  LinearStateDims linear;  // linear-attention layers
   // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 misreads a defaulted operator<=>.
   auto operator<=>(const LineKey&) const = default;
 };
 
-CacheLineSpec NewLine(const LineKey& key, const CacheMap& map, const RankFormats& rank) {
+// A K/V line whose layers' heads or widths differ from the model's: its own record, whole and
+// one rank's share.
+Status LayerKvFormat(const LineKey& key, const CacheMap& map, const RankFormats& rank, CacheLineSpec& line) {
+  FormatDims d = rank.dims;
+  d.kv = key.kv;
+  TESSERA_ASSIGN_OR_RETURN(RecordFormat whole, BuildFormat(map.kv_format, d, "kv-format"));
+  TESSERA_ASSIGN_OR_RETURN(line.format, BuildFormat(map.kv_format, RankDims(d, rank.tp), "kv-format"));
+  line.record_bytes = whole.record_bytes();
+  return Status::Ok();
+}
+
+RecordFormat LinearFormat(const LinearStateDims& s, uint32_t tp) {
+  return LinearStateFormat(s.conv_elements / tp, StateElementType(s.conv_dtype), s.recurrent_elements / tp,
+                           StateElementType(s.recurrent_dtype));
+}
+
+Result<CacheLineSpec> NewLine(const LineKey& key, const CacheMap& map, const RankFormats& rank) {
   CacheLineSpec line;
   line.name = std::string(key.mtp ? "mtp." : "") + std::string(LayerKindName(key.kind)) + "." +
               std::string(CacheRoleName(key.role));
@@ -301,11 +372,17 @@ CacheLineSpec NewLine(const LineKey& key, const CacheMap& map, const RankFormats
   line.compress_ratio = key.ratio;
   line.slots = key.slots;
   line.state_floats = key.floats;
+  line.kv = key.kv;
   switch (key.role) {
     case CacheRole::kKv:
+    case CacheRole::kWindow:
+      if (key.kv.kv_heads > 0 && !rank.expanded && key.kv != rank.dims.kv) {
+        TESSERA_RETURN_IF_ERROR(LayerKvFormat(key, map, rank, line));
+        return line;
+      }
+      [[fallthrough]];
     case CacheRole::kLatent:
     case CacheRole::kCompressed:
-    case CacheRole::kWindow:
       line.format = rank.main;
       line.record_bytes = map.main_format.record_bytes();
       return line;
@@ -316,6 +393,11 @@ CacheLineSpec NewLine(const LineKey& key, const CacheMap& map, const RankFormats
     case CacheRole::kIndexerCompressorState:
       line.format = CompressorStateFormat(key.floats);
       break;
+    case CacheRole::kLinearState:
+      line.format = LinearFormat(key.linear, 1);
+      line.record_bytes = line.format.record_bytes();
+      line.format = LinearFormat(key.linear, rank.tp);
+      return line;
   }
   line.record_bytes = line.format.record_bytes();
   return line;
@@ -333,11 +415,15 @@ Result<CacheMap> MapCaches(const Geometry& g, const CacheLayoutOptions& options)
     ++map.layers_counted;
     for (const CacheSpec& spec : layer.caches) {
       if (rank.expanded && spec.role == CacheRole::kIndexer) continue;
-      LineKey key{layer.kind,   rank.expanded ? CacheRole::kKv : spec.role,
+      LineKey key{layer.kind,   rank.expanded && spec.role == CacheRole::kLatent ? CacheRole::kKv : spec.role,
                   layer.is_mtp, spec.compress_ratio,
-                  spec.slots,   spec.state_floats};
+                  spec.slots,   spec.state_floats,
+                  layer.kv,     layer.linear};
       auto [it, inserted] = index.try_emplace(key, map.lines.size());
-      if (inserted) map.lines.push_back(NewLine(key, map, rank));
+      if (inserted) {
+        TESSERA_ASSIGN_OR_RETURN(CacheLineSpec line, NewLine(key, map, rank));
+        map.lines.push_back(std::move(line));
+      }
       map.lines[it->second].model_layers.push_back(layer.index);
     }
   }

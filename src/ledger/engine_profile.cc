@@ -111,6 +111,8 @@ CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& o) {
   lo.kernel = o.kernel;
   lo.include_mtp = o.include_mtp;
   lo.tp = o.tp;
+  lo.kv_scale_format = o.kv_scale_format;
+  lo.indexer_scale_format = o.indexer_scale_format;
   return lo;
 }
 
@@ -163,6 +165,18 @@ std::unique_ptr<EngineProfile> MakeEngineProfile(Engine engine, const EngineInpu
       break;
   }
   return MakeTesseraProfile(in);
+}
+
+Status RefuseUnmodelledLayers(const EngineInputs& in, const Ledger& ledger) {
+  if (in.g.is_hybrid) return Status::Ok();
+  for (const CacheLine& l : ledger.lines) {
+    if (l.role != CacheRole::kWindow && l.role != CacheRole::kLinearState) continue;
+    const std::string engine = in.options.engine == Engine::kVllm ? "vLLM" : "SGLang";
+    return InvalidArgument("engine", engine + "'s allocator for " + in.g.name + "'s " +
+                                         std::string(LayerKindName(l.layer_kind)) + " layers (" + l.name +
+                                         ") is not modelled; price it with --engine tessera");
+  }
+  return Status::Ok();
 }
 
 Result<uint32_t> ServedV4BlockTokens(const EngineInputs& in, Ledger& ledger) {

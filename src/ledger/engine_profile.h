@@ -131,6 +131,13 @@ std::unique_ptr<EngineProfile> MakeEngineProfile(Engine engine, const EngineInpu
 
 // The page rules vLLM and SGLang share.
 //
+// Models with sliding-window MHA/GQA layers or linear-attention layers (gpt-oss, MiMo, Step,
+// Qwen3-Next/3.5, Kimi-Linear/K3): the engines' hybrid allocators for them (vLLM's
+// SlidingWindowSpec/MambaSpec groups with a shared page size, SGLang's SWA and Mamba pools) are
+// not modelled, so their profile refuses the model naming "engine" rather than price it as
+// dense (ADR 0033). OK for every other model.
+Status RefuseUnmodelledLayers(const EngineInputs& in, const Ledger& ledger);
+//
 // DeepSeek-V4: compressed caches (and the indexer) in 256-token blocks, or --block-tokens checked
 // against the ratios. Sets the ledger's block span and its reason, and notes a main record other
 // than the one both engines serve V4 with.

@@ -106,9 +106,46 @@ Status ValidateOptions(const LedgerOptions& o) {
   return Status::Ok();
 }
 
+std::string Grouped(uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The formula of a line's requested bytes per request (ADR 0033).
+std::string FormulaOf(const CacheLine& line, const CacheLineSpec& spec, const Geometry& g) {
+  const std::string per =
+      Grouped(line.record_bytes) + " B x " + std::to_string(line.layers) + (line.layers == 1 ? " layer" : " layers");
+  switch (line.role) {
+    case CacheRole::kKv:
+    case CacheRole::kLatent:
+    case CacheRole::kIndexer:
+    case CacheRole::kCompressed:
+      return line.compress_ratio > 1 ? "floor(tokens / " + std::to_string(line.compress_ratio) + ") x " + per
+                                     : "tokens x " + per;
+    case CacheRole::kWindow:
+      return "min(tokens, " + std::to_string(line.slots) + ") x " + per + " (a " + std::to_string(line.slots) +
+             "-token window)";
+    case CacheRole::kCompressorState:
+    case CacheRole::kIndexerCompressorState:
+      return "min(tokens, " + std::to_string(line.slots) + ") x " + per + " (a " + std::to_string(line.slots) +
+             "-slot compressor ring)";
+    case CacheRole::kLinearState:
+      break;
+  }
+  std::string rule;
+  for (const LayerSpec& l : g.layers) {
+    if (!spec.model_layers.empty() && l.index == spec.model_layers.front()) rule = l.linear.rule;
+  }
+  return per + ", constant per request (linear-attention state: " + rule + ")";
+}
+
 // A ledger line from the layout's: the structure, and the per-token figures of the whole model
 // (not per rank).
-CacheLine LineOf(const CacheLineSpec& spec) {
+CacheLine LineOf(const CacheLineSpec& spec, const Geometry& g) {
   CacheLine line;
   line.name = spec.name;
   line.layer_kind = spec.layer_kind;
@@ -120,16 +157,20 @@ CacheLine LineOf(const CacheLineSpec& spec) {
   line.grows = IsPaged(spec.role);
   line.compress_ratio = spec.compress_ratio;
   line.slots = spec.slots;
+  line.kv = spec.kv;
   line.bytes_per_token_per_layer =
       line.grows ? Fraction(line.record_bytes, line.compress_ratio) : Fraction::Integer(line.record_bytes);
+  line.formula = FormulaOf(line, spec, g);
   return line;
 }
 
 // Shape of one cache line's tensor for the whole batch.
 void FillShape(CacheLine& line, const Geometry& g, uint64_t batch, uint64_t tokens) {
   uint64_t entries = line.grows ? Entries(tokens, line.compress_ratio).value() : std::min<uint64_t>(tokens, line.slots);
-  if (line.role == CacheRole::kKv && line.format.single_element_type() && line.format.regions.size() == 2) {
-    line.shape = {line.layers, batch, entries, 2, g.mha_heads(), g.mha_head_dim()};
+  const KvDims kv = line.kv.kv_heads > 0 ? line.kv : KvDims{g.mha_heads(), g.mha_head_dim(), g.mha_head_dim()};
+  if ((line.role == CacheRole::kKv || (line.role == CacheRole::kWindow && line.kv.kv_heads > 0)) &&
+      line.format.single_element_type() && line.format.regions.size() == 2 && kv.k_head_dim == kv.v_head_dim) {
+    line.shape = {line.layers, batch, entries, 2, kv.kv_heads, kv.k_head_dim};
     line.shape_unit = "elements";
     return;
   }
@@ -144,7 +185,8 @@ void FillShape(CacheLine& line, const Geometry& g, uint64_t batch, uint64_t toke
 
 // Entries one generated token reads from a line (one sequence, one rank): dense MLA/MHA every
 // cached token; DSA (V3.2) the top-k records and an indexer scan of every token; CSA the top-k
-// compressed entries, HCA every compressed entry; the window ring; compressor state is not read.
+// compressed entries, HCA every compressed entry; the window ring; a linear-attention state
+// whole; compressor state is not read.
 uint64_t ReadEntries(const CacheLine& line, const Geometry& g, uint64_t n) {
   switch (line.role) {
     case CacheRole::kKv:
@@ -162,6 +204,8 @@ uint64_t ReadEntries(const CacheLine& line, const Geometry& g, uint64_t n) {
     case CacheRole::kCompressorState:
     case CacheRole::kIndexerCompressorState:
       return 0;
+    case CacheRole::kLinearState:
+      return line.slots;  // the state is read (and rewritten) whole for every token
   }
   return 0;
 }
@@ -256,10 +300,11 @@ Status PriceRequested(const Geometry& g, const LedgerOptions& o, Ledger& ledger)
   return Status::Ok();
 }
 
-// The MHA-equivalent baseline: K and V, bf16: 2 x heads x head_dim x 2 B, each factor from the
-// config, for every token of every counted layer.
+// The MHA-equivalent baseline: K and V, bf16: heads x (K + V widths) x 2 B (MLA: 2 x query
+// heads x v_head_dim x 2 B), each factor from the config, for every token of every counted layer.
 Status PriceMhaBaseline(const Geometry& g, const LedgerOptions& o, Ledger& ledger) {
-  Checked mha_record = Checked(2) * g.mha_heads() * g.mha_head_dim() * 2;
+  const uint32_t k_dim = g.is_mla ? g.mha_head_dim() : g.head_dim;
+  Checked mha_record = Checked(g.mha_heads()) * (Checked(k_dim) + g.mha_head_dim()) * 2;
   if (mha_record.overflowed()) {
     return OutOfRange("head_dim", "the MHA-equivalent record (2 x heads x head_dim x 2 B) overflows 64 bits");
   }
@@ -339,7 +384,7 @@ LedgerSweep::LedgerSweep(const Geometry& g, const LedgerOptions& options) : s_(s
   ledger.kv_format = s.caches.kv_format;
   ledger.indexer_format = s.caches.indexer_format;
   ledger.layers_counted = s.caches.layers_counted;
-  for (const CacheLineSpec& spec : s.caches.lines) ledger.lines.push_back(LineOf(spec));
+  for (const CacheLineSpec& spec : s.caches.lines) ledger.lines.push_back(LineOf(spec, g));
 
   // The engine: block span, page layouts (a profile's Plan does not read the context).
   s.profile = detail::MakeEngineProfile(s.options.engine, {g, s.options, s.caches});

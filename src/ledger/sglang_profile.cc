@@ -64,6 +64,7 @@ class SglangProfile final : public EngineProfile {
   using EngineProfile::EngineProfile;
 
   Status Plan(Ledger& ledger) override {
+    TESSERA_RETURN_IF_ERROR(RefuseUnmodelledLayers(in_, ledger));
     if (!in_.g.is_hybrid) {
       TESSERA_RETURN_IF_ERROR(PageDenseModel(in_, Kernel::kFlashMla, kSglangMhaPageTokens, "SGLang default page size 1",
                                              ledger, policies_));

@@ -155,6 +155,7 @@ class VllmProfile final : public EngineProfile {
       return InvalidArgument("kernel", "vLLM serves DeepSeek-V4 with FlashMLA sparse only, not " +
                                            std::string(KernelName(in_.options.kernel)));
     }
+    TESSERA_RETURN_IF_ERROR(RefuseUnmodelledLayers(in_, ledger));
     if (!g.is_hybrid) {
       TESSERA_ASSIGN_OR_RETURN(Kernel kernel, DenseKernel());
       TESSERA_RETURN_IF_ERROR(

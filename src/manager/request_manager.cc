@@ -105,6 +105,15 @@ Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
     plan.pool.groups.push_back({group.name, group.format, group.layers, group.page});
   }
   if (plan.pool.groups.empty()) return InvalidArgument("model", g.name + " has no paged cache");
+  // Sliding-window MHA and linear-attention layers (ADR 0033) keep per-request state the state
+  // component builds for DeepSeek-V4 only: refused rather than held without it.
+  for (const CacheGroup& group : layout.groups) {
+    if (!group.in_pages && !g.is_hybrid) {
+      return InvalidArgument("model", g.name + "'s " + group.name +
+                                          " state (sliding-window or linear-attention layers) is not held by the "
+                                          "request manager yet");
+    }
+  }
   const bool windows = g.is_hybrid && g.sliding_window > 0;
   if (compressed && !windows) {
     return InvalidArgument("sliding_window", g.name + " has compressed caches but no sliding window to build them");

@@ -45,6 +45,10 @@ std::pair<uint64_t, uint64_t> Attended(const Geometry& g, const LayerGroup& l, u
     case LayerKind::kMha:
     case LayerKind::kMla:
       return {n, 0};
+    case LayerKind::kSliding:
+      return {window, 0};
+    case LayerKind::kLinear:
+      return {0, 0};
     case LayerKind::kMlaSparse:
       return {std::min<uint64_t>(n, g.index_topk), n};
     case LayerKind::kSwa:
