@@ -6,21 +6,11 @@
 
 #include "tessera/codec.h"
 #include "tessera/model.h"
+#include "tessera/v4_attention.h"
 
 namespace tessera {
 
 namespace {
-
-// y = W x, W [out, in] row-major.
-void MatVec(const std::vector<float>& w, std::span<const float> x, std::span<float> y) {
-  const size_t in = x.size();
-  for (size_t o = 0; o < y.size(); ++o) {
-    const float* row = w.data() + o * in;
-    float s = 0.0f;
-    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
-    y[o] = s;
-  }
-}
 
 void RmsNorm(std::span<const float> v, const std::vector<float>& w, float eps, std::span<float> out) {
   float ss = 0.0f;
@@ -47,17 +37,6 @@ void Angle(double theta, uint64_t p, size_t i, size_t dim, float* c, float* s) {
   *s = static_cast<float>(std::sin(a));
 }
 
-// Interleaved (DeepSeek-V3 apply_rotary_emb): pairs (x[2i], x[2i+1]).
-void RopeInterleaved(std::span<float> x, uint64_t p, double theta) {
-  for (size_t i = 0; i < x.size() / 2; ++i) {
-    float c, s;
-    Angle(theta, p, i, x.size(), &c, &s);
-    const float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * c - b * s;
-    x[2 * i + 1] = a * s + b * c;
-  }
-}
-
 // Half split (the V3.2 indexer): pairs (x[i], x[i + d/2]).
 void RopeHalf(std::span<float> x, uint64_t p, double theta) {
   const size_t half = x.size() / 2;
@@ -70,25 +49,19 @@ void RopeHalf(std::span<float> x, uint64_t p, double theta) {
   }
 }
 
-// Sylvester Hadamard (H[i][j] = (-1)^popcount(i & j)) times n^-0.5, by the fast transform.
-void Hadamard(std::span<float> x) {
-  const size_t n = x.size();
-  for (size_t len = 1; len < n; len <<= 1) {
-    for (size_t i = 0; i < n; i += 2 * len) {
-      for (size_t j = i; j < i + len; ++j) {
-        const float a = x[j], b = x[j + len];
-        x[j] = a + b;
-        x[j + len] = a - b;
-      }
-    }
-  }
-  const float s = 1.0f / std::sqrt(static_cast<float>(n));
-  for (float& v : x) v *= s;
-}
-
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
+
+void MatVec(std::span<const float> w, std::span<const float> x, std::span<float> y) {
+  const size_t in = x.size();
+  for (size_t o = 0; o < y.size(); ++o) {
+    const float* row = w.data() + o * in;
+    float s = 0.0f;
+    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
+    y[o] = s;
+  }
+}
 
 struct TinyRunner::Cache {
   struct Layer {
@@ -209,12 +182,12 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
                   q_nope.begin() + static_cast<std::ptrdiff_t>(hd * N));
       std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(hd * (N + R) + N), R,
                   q_pe.begin() + static_cast<std::ptrdiff_t>(hd * R));
-      RopeInterleaved(std::span(q_pe).subspan(hd * R, R), p, cf.rope_theta);
+      RopeInterleaved(std::span(q_pe).subspan(hd * R, R), p, cf.rope_theta, false);
     }
     MatVec(*W.wkv_a, x, kv);
     RmsNorm(std::span(kv).first(L), *W.kv_norm, cf.rms_eps, cn);
     std::span<float> k_pe = std::span(kv).subspan(L, R);
-    RopeInterleaved(k_pe, p, cf.rope_theta);
+    RopeInterleaved(k_pe, p, cf.rope_theta, false);
     // The token's record, as the page will hold it.
     std::vector<std::byte>& rec = c.latent_records[l];
     if (options_.kv_format == "fp8_ds_mla") {
@@ -238,12 +211,12 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
       for (size_t j = 0; j < I; ++j) {
         std::span<float> qj = std::span(iq).subspan(j * ID, ID);
         RopeHalf(qj.first(R), p, cf.rope_theta);
-        Hadamard(qj);
+        TESSERA_RETURN_IF_ERROR(HadamardTransform(qj));
       }
       MatVec(*W.iwk, x, ik);
       LayerNorm(ik, *W.ik_norm_w, *W.ik_norm_b, 1e-6f);
       RopeHalf(std::span(ik).first(R), p, cf.rope_theta);
-      Hadamard(ik);
+      TESSERA_RETURN_IF_ERROR(HadamardTransform(ik));
       TESSERA_RETURN_IF_ERROR(QuantizeIndexerFp8(ik, c.indexer_records[l]));
       MatVec(*W.iweights, x, iw);
       const float wscale = 1.0f / std::sqrt(static_cast<float>(I)) / std::sqrt(static_cast<float>(ID));

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tessera/checked.h"
@@ -13,40 +12,11 @@
 
 namespace tessera {
 
-using nlohmann::json;
-
 namespace {
 
 constexpr uint32_t kIndexHeadDim = 128;  // the Hadamard size
 
-Result<uint32_t> Count(const json& cfg, const char* field) {
-  if (!cfg.contains(field)) return InvalidArgument(field, "missing");
-  const json& v = cfg[field];
-  if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > (uint64_t{1} << 20)) {
-    return InvalidArgument(field, "must be a positive integer up to 2^20");
-  }
-  return static_cast<uint32_t>(v.get<uint64_t>());
-}
-
-Result<double> Number(const json& cfg, const char* field) {
-  if (!cfg.contains(field) || !cfg[field].is_number()) return InvalidArgument(field, "must be a number");
-  const double d = cfg[field].get<double>();
-  if (!std::isfinite(d) || d <= 0) return InvalidArgument(field, "must be a positive finite number");
-  return d;
-}
-
 Status Bad(const std::string& what) { return InvalidArgument("weights", what); }
-
-// y = W x, W [out, in] row-major.
-void Linear(std::span<const float> w, std::span<const float> x, std::span<float> y) {
-  const size_t in = x.size();
-  for (size_t o = 0; o < y.size(); ++o) {
-    const float* row = w.data() + o * in;
-    float s = 0.0f;
-    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
-    y[o] = s;
-  }
-}
 
 // v / sqrt(mean(v^2) + eps) * w (w empty: no weight).
 void RmsNorm(std::span<float> v, std::span<const float> w, float eps) {
@@ -65,27 +35,24 @@ Result<TinyV4Config> LoadTinyV4Config(std::string_view model) {
   c.name = std::string(model);
   TESSERA_ASSIGN_OR_RETURN(c.geometry, LoadPreset(model));
   TESSERA_ASSIGN_OR_RETURN(std::string text, PresetConfigText(model));
-  const json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!cfg.is_object()) return InvalidArgument("config", c.name + " is not a JSON object");
+  TESSERA_ASSIGN_OR_RETURN(const TinyConfigFields cfg, TinyConfigFields::Parse(c.name, text));
   const Geometry& g = c.geometry;
   if (g.model_type != "deepseek_v4") return InvalidArgument("model_type", g.model_type + " (tiny-v4 runs deepseek_v4)");
-  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
-    return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
-  }
+  if (cfg.Has("rope_scaling")) return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
   if (g.num_mtp_layers != 0) return InvalidArgument("num_nextn_predict_layers", "tiny-v4 has no MTP layers");
   TESSERA_ASSIGN_OR_RETURN(c.dims, V4Dims::Of(g));
   c.layers = g.num_layers;
   for (const LayerSpec& l : g.layers) c.ratios.push_back(l.compress_ratio);
-  TESSERA_ASSIGN_OR_RETURN(c.hidden, Count(cfg, "hidden_size"));
-  TESSERA_ASSIGN_OR_RETURN(c.q_lora, Count(cfg, "q_lora_rank"));
-  TESSERA_ASSIGN_OR_RETURN(c.o_groups, Count(cfg, "o_groups"));
-  TESSERA_ASSIGN_OR_RETURN(c.o_lora, Count(cfg, "o_lora_rank"));
-  TESSERA_ASSIGN_OR_RETURN(c.vocab, Count(cfg, "vocab_size"));
-  TESSERA_ASSIGN_OR_RETURN(c.ffn, Count(cfg, "intermediate_size"));
-  TESSERA_ASSIGN_OR_RETURN(double eps, Number(cfg, "rms_norm_eps"));
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, cfg.Count("hidden_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.q_lora, cfg.Count("q_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.o_groups, cfg.Count("o_groups"));
+  TESSERA_ASSIGN_OR_RETURN(c.o_lora, cfg.Count("o_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.vocab, cfg.Count("vocab_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.ffn, cfg.Count("intermediate_size"));
+  TESSERA_ASSIGN_OR_RETURN(double eps, cfg.Number("rms_norm_eps"));
   c.rms_eps = static_cast<float>(eps);
-  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, Number(cfg, "rope_theta"));
-  TESSERA_ASSIGN_OR_RETURN(c.compress_rope_theta, Number(cfg, "compress_rope_theta"));
+  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, cfg.Number("rope_theta"));
+  TESSERA_ASSIGN_OR_RETURN(c.compress_rope_theta, cfg.Number("compress_rope_theta"));
   if (c.dims.heads % c.o_groups != 0) return InvalidArgument("o_groups", "must divide num_attention_heads");
   if (c.dims.window == 0) return InvalidArgument("sliding_window", "must be positive");
   for (uint32_t r : c.ratios) {
@@ -236,15 +203,15 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
     const double theta = c.theta(l);
     x = h;
     RmsNorm(x, W(pre + "attn_norm.weight"), c.rms_eps);
-    Linear(W(pre + "attn.wq_a.weight"), x, qr);
+    MatVec(W(pre + "attn.wq_a.weight"), x, qr);
     RmsNorm(qr, W(pre + "attn.q_norm.weight"), c.rms_eps);
-    Linear(W(pre + "attn.wq_b.weight"), qr, q);
+    MatVec(W(pre + "attn.wq_b.weight"), qr, q);
     for (size_t hh = 0; hh < H; ++hh) {
       std::span<float> qh(q.data() + hh * D, D);
       RmsNorm(qh, {}, c.rms_eps);
       RopeInterleaved(qh.subspan(N), p, theta, false);
     }
-    Linear(W(pre + "attn.wkv.weight"), x, kv);
+    MatVec(W(pre + "attn.wkv.weight"), x, kv);
     RmsNorm(kv, W(pre + "attn.kv_norm.weight"), c.rms_eps);
     RopeInterleaved(std::span(kv).subspan(N), p, theta, false);
     pending_rows_[l].assign(kV4DataRowBytes + kV4ScaleRowBytes, std::byte{0});
@@ -267,8 +234,8 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
       const std::string cp = pre + (indexer ? "attn.indexer.compressor." : "attn.compressor.");
       const size_t dim = indexer ? ID : D, coff = ratio == 4 ? 2 : 1;
       row.assign(2 * coff * dim, 0.0f);
-      Linear(W(cp + "wkv.weight"), x, std::span(row).first(coff * dim));
-      Linear(W(cp + "wgate.weight"), x, std::span(row).subspan(coff * dim));
+      MatVec(W(cp + "wkv.weight"), x, std::span(row).first(coff * dim));
+      MatVec(W(cp + "wgate.weight"), x, std::span(row).subspan(coff * dim));
       const std::span<const float> ape = W(cp + "ape").subspan((p % ratio) * coff * dim, coff * dim);
       for (size_t i = 0; i < coff * dim; ++i) row[coff * dim + i] += ape[i];
       if (scratch != nullptr) (indexer ? scratch->istate : scratch->state)[l][p] = row;
@@ -300,14 +267,14 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
     std::vector<uint64_t> selected;
     if (ratio == 4) {
       std::vector<float> iq(I * ID), iw(I);
-      Linear(W(pre + "attn.indexer.wq_b.weight"), qr, iq);
+      MatVec(W(pre + "attn.indexer.wq_b.weight"), qr, iq);
       for (size_t j = 0; j < I; ++j) {
         std::span<float> qj(iq.data() + j * ID, ID);
         RopeInterleaved(qj.subspan(ID - R), p, theta, false);
         TESSERA_RETURN_IF_ERROR(HadamardTransform(qj));
         TESSERA_RETURN_IF_ERROR(RoundFp4Blocks(qj));
       }
-      Linear(W(pre + "attn.indexer.weights_proj.weight"), x, iw);
+      MatVec(W(pre + "attn.indexer.weights_proj.weight"), x, iw);
       const float ws = 1.0f / std::sqrt(static_cast<float>(ID)) / std::sqrt(static_cast<float>(I));
       for (float& v : iw) v *= ws;
       TESSERA_RETURN_IF_ERROR(V4IndexerSelect(pages, IndexerQuery{iq, iw}, d.indexer, &selected, counters));
@@ -322,23 +289,23 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
     // Grouped output projection: group g's heads through wo_a's rows g*o_lora.., then wo_b.
     const size_t gin = H * D / c.o_groups;
     for (size_t g = 0; g < c.o_groups; ++g) {
-      Linear(W(pre + "attn.wo_a.weight").subspan(g * c.o_lora * gin, size_t{c.o_lora} * gin),
+      MatVec(W(pre + "attn.wo_a.weight").subspan(g * c.o_lora * gin, size_t{c.o_lora} * gin),
              std::span<const float>(o).subspan(g * gin, gin), std::span(y).subspan(g * c.o_lora, c.o_lora));
     }
-    Linear(W(pre + "attn.wo_b.weight"), y, out);
+    MatVec(W(pre + "attn.wo_b.weight"), y, out);
     for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
     // Dense SwiGLU.
     std::vector<float> yn = h, a(c.ffn), b(c.ffn);
     RmsNorm(yn, W(pre + "ffn_norm.weight"), c.rms_eps);
-    Linear(W(pre + "ffn.w1.weight"), yn, a);
-    Linear(W(pre + "ffn.w3.weight"), yn, b);
+    MatVec(W(pre + "ffn.w1.weight"), yn, a);
+    MatVec(W(pre + "ffn.w3.weight"), yn, b);
     for (size_t i = 0; i < c.ffn; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
-    Linear(W(pre + "ffn.w2.weight"), a, out);
+    MatVec(W(pre + "ffn.w2.weight"), a, out);
     for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
   }
   if (scratch != nullptr) return Status::Ok();  // rows only
   RmsNorm(h, W("norm.weight"), c.rms_eps);
-  Linear(W("head.weight"), h, logits);
+  MatVec(W("head.weight"), h, logits);
 
   // Append: the writers copy the rows just attended to; entries are rebuilt from the manager's
   // rows (the same rows, so the same bytes as the pending ones).
