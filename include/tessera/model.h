@@ -175,6 +175,13 @@ class TinyRunner {
   std::unique_ptr<RequestManager> manager_;
   std::optional<RequestId> request_;
   struct Cache;  // per-layer weight pointers
+  // Step's layer l at position p: the token's records (pending in the pages), attention over its
+  // positions, the FFN, added into the residual stream h.
+  Status Layer(RequestId r, uint32_t l, uint64_t p, std::span<float> h, AttentionCounters* counters);
+  // The positions layer l's query attends: every one, or (V3.2) the indexer's top-k; sets the
+  // layer's pending records.
+  Status Positions(uint32_t l, uint64_t p, std::span<const float> x, std::span<const float> qr, PagedLayer& pages,
+                   std::vector<uint64_t>* positions, AttentionCounters* counters);
   std::unique_ptr<Cache> cache_;
   std::vector<std::vector<uint64_t>> last_selected_;  // per layer, what the last Step attended
 };

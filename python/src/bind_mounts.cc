@@ -299,6 +299,101 @@ py::array ReferenceV4Decode(PyManager& pm, const py::object& request_id, const p
   return out;
 }
 
+// ---- Builders ------------------------------------------------------------------------------------
+
+py::dict FlashMlaDense(const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
+                       const py::object& pending) {
+  const py::module_ torch = Torch();
+  ManagerLock lk(*pm);
+  const std::vector<RequestId> ids = Requests(*pm, request_ids);
+  const mounts::FlashMlaDenseArgs a = Take(mounts::BuildFlashMlaDense(
+      *pm->m, ids, ToU32(layer, "layer"), mounts::MountOptions{.pending = ToU32(pending, "pending")}));
+  py::dict d;
+  d["k_cache"] = ToTorch(torch, pm, a.k_cache);
+  d["block_table"] = Int32Tensor(torch, a.block_table, {static_cast<int64_t>(ids.size()), a.max_blocks});
+  d["cache_seqlens"] = Int32Tensor(torch, a.cache_seqlens, {static_cast<int64_t>(ids.size())});
+  d["head_dim_v"] = a.head_dim_v;
+  return d;
+}
+
+py::dict FlashMlaSparse(const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
+                        const py::object& selected, const py::object& topk, const py::object& pending) {
+  const py::module_ torch = Torch();
+  ManagerLock lk(*pm);
+  const std::vector<RequestId> ids = Requests(*pm, request_ids);
+  const auto sel = Selections(selected, ids.size());
+  const auto spans = Spans(sel);
+  const mounts::FlashMlaSparseArgs a =
+      Take(mounts::BuildFlashMlaSparse(*pm->m, ids, ToU32(layer, "layer"), spans, TopK(topk),
+                                       mounts::MountOptions{.pending = ToU32(pending, "pending")}));
+  return SparseDict(torch, pm, a, ids.size());
+}
+
+py::dict V4CompressedEntries(const std::shared_ptr<PyManager>& pm, const py::object& request_ids,
+                             const py::object& layer, const py::object& selected, const py::object& topk,
+                             const py::object& pending) {
+  const py::module_ torch = Torch();
+  ManagerLock lk(*pm);
+  const std::vector<RequestId> ids = Requests(*pm, request_ids);
+  std::vector<std::vector<uint64_t>> sel;
+  if (!selected.is_none()) sel = Selections(selected, ids.size());
+  const auto spans = Spans(sel);
+  const mounts::FlashMlaSparseArgs a =
+      Take(mounts::BuildV4CompressedEntries(*pm->m, ids, ToU32(layer, "layer"), spans, TopK(topk),
+                                            mounts::MountOptions{.pending = ToU32(pending, "pending")}));
+  return SparseDict(torch, pm, a, ids.size());
+}
+
+void V4Window(PyManager& pm, const py::object& layer) {
+  ManagerLock lk(pm);
+  Check(mounts::BuildV4Window(*pm.m, ToU32(layer, "layer")));
+}
+
+py::dict FlashInferMla(const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
+                       const py::object& q_len, const py::object& pending) {
+  const py::module_ torch = Torch();
+  ManagerLock lk(*pm);
+  const std::vector<RequestId> ids = Requests(*pm, request_ids);
+  const mounts::FlashInferMlaArgs a =
+      Take(mounts::BuildFlashInferMla(*pm->m, ids, ToU32(layer, "layer"), ToU32(q_len, "q_len"),
+                                      mounts::MountOptions{.pending = ToU32(pending, "pending")}));
+  const auto n = [](const std::vector<int32_t>& v) { return std::vector<int64_t>{static_cast<int64_t>(v.size())}; };
+  py::dict plan;
+  plan["qo_indptr"] = Int32Tensor(torch, a.qo_indptr, n(a.qo_indptr));
+  plan["kv_indptr"] = Int32Tensor(torch, a.kv_indptr, n(a.kv_indptr));
+  plan["kv_indices"] = Int32Tensor(torch, a.kv_indices, n(a.kv_indices));
+  plan["kv_len_arr"] = Int32Tensor(torch, a.kv_len_arr, n(a.kv_len_arr));
+  plan["head_dim_ckv"] = a.head_dim_ckv;
+  plan["head_dim_kpe"] = a.head_dim_kpe;
+  plan["page_size"] = a.page_size;
+  plan["kv_data_type"] = torch.attr("bfloat16");
+  py::dict run;
+  run["ckv_cache"] = ToTorch(torch, pm, a.ckv_cache);
+  run["kpe_cache"] = ToTorch(torch, pm, a.kpe_cache);
+  py::dict d;
+  d["plan"] = plan;
+  d["run"] = run;
+  return d;
+}
+
+void AppendRandom(PyManager& pm, const py::object& request_id, const py::object& tokens, const py::object& seed) {
+  U32Array t;
+  ToU32Array(tokens, "tokens", &t);
+  const uint64_t s = ToU64(seed, "seed");
+  ManagerLock lk(pm);
+  const RequestId r = pm.Live(request_id);
+  if (!pm.backed) ThrowValue("backed", "an unbacked manager holds no KV bytes to write");
+  auto failed = std::make_shared<Status>();
+  const KvWriters w = RandomWriters(pm.m->pool(), s, failed);
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), w);
+  }
+  Check(st);
+  Check(*failed);
+}
+
 }  // namespace
 
 void BindMounts(py::module_& root) {
@@ -311,134 +406,30 @@ void BindMounts(py::module_& root) {
       });
   m.attr("FLASH_MLA_VERSION") = std::string(mounts::kFlashMlaVersion);
   m.attr("FLASHINFER_VERSION") = std::string(mounts::kFlashInferVersion);
-
-  m.def(
-      "flash_mla_dense",
-      [](const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
-         const py::object& pending) {
-        const py::module_ torch = Torch();
-        ManagerLock lk(*pm);
-        const std::vector<RequestId> ids = Requests(*pm, request_ids);
-        const mounts::FlashMlaDenseArgs a = Take(mounts::BuildFlashMlaDense(
-            *pm->m, ids, ToU32(layer, "layer"), mounts::MountOptions{.pending = ToU32(pending, "pending")}));
-        py::dict d;
-        d["k_cache"] = ToTorch(torch, pm, a.k_cache);
-        d["block_table"] = Int32Tensor(torch, a.block_table, {static_cast<int64_t>(ids.size()), a.max_blocks});
-        d["cache_seqlens"] = Int32Tensor(torch, a.cache_seqlens, {static_cast<int64_t>(ids.size())});
-        d["head_dim_v"] = a.head_dim_v;
-        return d;
-      },
-      py::arg("manager"), py::arg("request_ids"), py::arg("layer"), py::kw_only(), py::arg("pending") = 0,
-      "FlashMLA flash_mla_with_kvcache's dense arguments: k_cache (bf16 [blocks, 64, 1, 576], a view of the "
-      "pool), block_table, cache_seqlens (int32), head_dim_v.");
-
-  m.def(
-      "flash_mla_sparse",
-      [](const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
-         const py::object& selected, const py::object& topk, const py::object& pending) {
-        const py::module_ torch = Torch();
-        ManagerLock lk(*pm);
-        const std::vector<RequestId> ids = Requests(*pm, request_ids);
-        const auto sel = Selections(selected, ids.size());
-        const auto spans = Spans(sel);
-        const mounts::FlashMlaSparseArgs a =
-            Take(mounts::BuildFlashMlaSparse(*pm->m, ids, ToU32(layer, "layer"), spans, TopK(topk),
-                                             mounts::MountOptions{.pending = ToU32(pending, "pending")}));
-        return SparseDict(torch, pm, a, ids.size());
-      },
-      py::arg("manager"), py::arg("request_ids"), py::arg("layer"), py::arg("selected"), py::kw_only(),
-      py::arg("topk") = py::none(), py::arg("pending") = 0,
-      "FlashMLA's sparse decode arguments (DeepSeek-V3.2): k_cache (uint8 [blocks, block_tokens, 1, 656]), indices "
-      "(int32 [batch, 1, topk]) of the positions `selected` per request, topk_length.");
-
-  m.def(
-      "v4_compressed_entries",
-      [](const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
-         const py::object& selected, const py::object& topk, const py::object& pending) {
-        const py::module_ torch = Torch();
-        ManagerLock lk(*pm);
-        const std::vector<RequestId> ids = Requests(*pm, request_ids);
-        std::vector<std::vector<uint64_t>> sel;
-        if (!selected.is_none()) sel = Selections(selected, ids.size());
-        const auto spans = Spans(sel);
-        const mounts::FlashMlaSparseArgs a =
-            Take(mounts::BuildV4CompressedEntries(*pm->m, ids, ToU32(layer, "layer"), spans, TopK(topk),
-                                                  mounts::MountOptions{.pending = ToU32(pending, "pending")}));
-        return SparseDict(torch, pm, a, ids.size());
-      },
-      py::arg("manager"), py::arg("request_ids"), py::arg("layer"), py::arg("selected") = py::none(), py::kw_only(),
-      py::arg("topk") = py::none(), py::arg("pending") = 0,
-      "DeepSeek-V4's compressed entries of one CSA/HCA layer as FlashMLA MODEL1 arguments: k_cache (uint8 "
-      "[blocks, entries per block, 1, 584]), indices of `selected` entries (None: every complete one), topk_length.");
-
-  m.def(
-      "v4_window",
-      [](PyManager& pm, const py::object& layer) {
-        ManagerLock lk(pm);
-        Check(mounts::BuildV4Window(*pm.m, ToU32(layer, "layer")));
-      },
-      py::arg("manager"), py::arg("layer"),
-      "DeepSeek-V4's window rows: refused (ValueError naming 'window', with the reason).");
-
-  m.def(
-      "flashinfer_mla",
-      [](const std::shared_ptr<PyManager>& pm, const py::object& request_ids, const py::object& layer,
-         const py::object& q_len, const py::object& pending) {
-        const py::module_ torch = Torch();
-        ManagerLock lk(*pm);
-        const std::vector<RequestId> ids = Requests(*pm, request_ids);
-        const mounts::FlashInferMlaArgs a =
-            Take(mounts::BuildFlashInferMla(*pm->m, ids, ToU32(layer, "layer"), ToU32(q_len, "q_len"),
-                                            mounts::MountOptions{.pending = ToU32(pending, "pending")}));
-        const auto n = [](const std::vector<int32_t>& v) {
-          return std::vector<int64_t>{static_cast<int64_t>(v.size())};
-        };
-        py::dict plan;
-        plan["qo_indptr"] = Int32Tensor(torch, a.qo_indptr, n(a.qo_indptr));
-        plan["kv_indptr"] = Int32Tensor(torch, a.kv_indptr, n(a.kv_indptr));
-        plan["kv_indices"] = Int32Tensor(torch, a.kv_indices, n(a.kv_indices));
-        plan["kv_len_arr"] = Int32Tensor(torch, a.kv_len_arr, n(a.kv_len_arr));
-        plan["head_dim_ckv"] = a.head_dim_ckv;
-        plan["head_dim_kpe"] = a.head_dim_kpe;
-        plan["page_size"] = a.page_size;
-        plan["kv_data_type"] = torch.attr("bfloat16");
-        py::dict run;
-        run["ckv_cache"] = ToTorch(torch, pm, a.ckv_cache);
-        run["kpe_cache"] = ToTorch(torch, pm, a.kpe_cache);
-        py::dict d;
-        d["plan"] = plan;
-        d["run"] = run;
-        return d;
-      },
-      py::arg("manager"), py::arg("request_ids"), py::arg("layer"), py::kw_only(), py::arg("q_len") = 1,
-      py::arg("pending") = 0,
-      "FlashInfer BatchMLAPagedAttentionWrapper's arguments: {'plan': qo_indptr, kv_indptr, kv_indices, kv_len_arr, "
-      "head_dim_ckv, head_dim_kpe, page_size, kv_data_type; 'run': ckv_cache, kpe_cache (two views of the same "
-      "records)}.");
-
-  m.def(
-      "append_random",
-      [](PyManager& pm, const py::object& request_id, const py::object& tokens, const py::object& seed) {
-        U32Array t;
-        ToU32Array(tokens, "tokens", &t);
-        const uint64_t s = ToU64(seed, "seed");
-        ManagerLock lk(pm);
-        const RequestId r = pm.Live(request_id);
-        if (!pm.backed) ThrowValue("backed", "an unbacked manager holds no KV bytes to write");
-        auto failed = std::make_shared<Status>();
-        const KvWriters w = RandomWriters(pm.m->pool(), s, failed);
-        Status st;
-        {
-          py::gil_scoped_release nogil;
-          st = pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), w);
-        }
-        Check(st);
-        Check(*failed);
-      },
-      py::arg("manager"), py::arg("request_id"), py::arg("tokens"), py::kw_only(), py::arg("seed") = 0,
-      "Appends tokens whose records are valid random values in [-1, 1), a function of (seed, layer, position) "
-      "(for examples and checks of a mount).");
-
+  m.def("flash_mla_dense", &FlashMlaDense, py::arg("manager"), py::arg("request_ids"), py::arg("layer"), py::kw_only(),
+        py::arg("pending") = 0,
+        "FlashMLA flash_mla_with_kvcache's dense arguments: k_cache (bf16 [blocks, 64, 1, 576], a view of the "
+        "pool), block_table, cache_seqlens (int32), head_dim_v.");
+  m.def("flash_mla_sparse", &FlashMlaSparse, py::arg("manager"), py::arg("request_ids"), py::arg("layer"),
+        py::arg("selected"), py::kw_only(), py::arg("topk") = py::none(), py::arg("pending") = 0,
+        "FlashMLA's sparse decode arguments (DeepSeek-V3.2): k_cache (uint8 [blocks, block_tokens, 1, 656]), "
+        "indices (int32 [batch, 1, topk]) of the positions `selected` per request, topk_length.");
+  m.def("v4_compressed_entries", &V4CompressedEntries, py::arg("manager"), py::arg("request_ids"), py::arg("layer"),
+        py::arg("selected") = py::none(), py::kw_only(), py::arg("topk") = py::none(), py::arg("pending") = 0,
+        "DeepSeek-V4's compressed entries of one CSA/HCA layer as FlashMLA MODEL1 arguments: k_cache (uint8 "
+        "[blocks, entries per block, 1, 584]), indices of `selected` entries (None: every complete one), "
+        "topk_length.");
+  m.def("v4_window", &V4Window, py::arg("manager"), py::arg("layer"),
+        "DeepSeek-V4's window rows: refused (ValueError naming 'window', with the reason).");
+  m.def("flashinfer_mla", &FlashInferMla, py::arg("manager"), py::arg("request_ids"), py::arg("layer"), py::kw_only(),
+        py::arg("q_len") = 1, py::arg("pending") = 0,
+        "FlashInfer BatchMLAPagedAttentionWrapper's arguments: {'plan': qo_indptr, kv_indptr, kv_indices, "
+        "kv_len_arr, head_dim_ckv, head_dim_kpe, page_size, kv_data_type; 'run': ckv_cache, kpe_cache (two views "
+        "of the same records)}.");
+  m.def("append_random", &AppendRandom, py::arg("manager"), py::arg("request_id"), py::arg("tokens"), py::kw_only(),
+        py::arg("seed") = 0,
+        "Appends tokens whose records are valid random values in [-1, 1), a function of (seed, layer, position) "
+        "(for examples and checks of a mount).");
   m.def("reference_decode", &ReferenceDecode, py::arg("manager"), py::arg("request_id"), py::arg("layer"),
         py::arg("q_lat"), py::arg("q_pe"), py::kw_only(), py::arg("softmax_scale"), py::arg("positions") = py::none(),
         "Tessera's CPU reference decode in the kernels' terms (attention.h MlaLatentDecode): (out float32 "
