@@ -388,9 +388,11 @@ TEST_P(V4Entries, IndicesNameTheEntriesAsModel1Blocks) {
       auto entry = b.manager->Entry(b.ids[i], c.layer, false, static_cast<uint64_t>(e));
       ASSERT_TRUE(entry.ok()) << entry.status().ToString();
       ASSERT_EQ(entry->plane_count, 2u);
-      ASSERT_EQ(base + row * 576, entry->planes[0].data()) << "entry " << e;
-      ASSERT_EQ(base + c.per_block * 576 + row * 8, entry->planes[1].data()) << "entry " << e;
-      sum = Fnv1a(Fnv1a(sum, std::span(base + row * 576, 576)), std::span(base + c.per_block * 576 + row * 8, 8));
+      const std::byte* data_row = base + ptrdiff_t{row} * 576;
+      const std::byte* scale_row = base + ptrdiff_t{c.per_block} * 576 + ptrdiff_t{row} * 8;
+      ASSERT_EQ(data_row, entry->planes[0].data()) << "entry " << e;
+      ASSERT_EQ(scale_row, entry->planes[1].data()) << "entry " << e;
+      sum = Fnv1a(Fnv1a(sum, std::span(data_row, 576)), std::span(scale_row, 8));
     }
   }
   EXPECT_EQ(sum, c.checksum);

@@ -174,7 +174,7 @@ Status WriteRecord(const RecordFormat& f, uint64_t seed, uint64_t key, const Rec
 
 // Valid records of every cache with values uniform in [-1, 1): page records, window rows, compressor
 // rows, and entries (drawn, not compressed from the rows: a mount reads entries as bytes).
-KvWriters RandomWriters(const BlockPool& pool, uint64_t seed, std::shared_ptr<Status> failed) {
+KvWriters RandomWriters(const BlockPool& pool, uint64_t seed, const std::shared_ptr<Status>& failed) {
   std::vector<RecordFormat> formats;
   for (const PoolGroup& g : pool.groups()) formats.push_back(g.format);
   KvWriters w([formats, seed, failed](uint32_t g, uint32_t l, uint64_t p, const RecordView& r) {
@@ -190,8 +190,8 @@ KvWriters RandomWriters(const BlockPool& pool, uint64_t seed, std::shared_ptr<St
         Draws(seed, (uint64_t{3} << 62) ^ (uint64_t{l} << 40) ^ (uint64_t{indexer} << 39) ^ p, row.size());
     std::copy(v.begin(), v.end(), row.begin());
   };
-  w.compress = [formats, seed, failed, &pool](uint32_t l, bool indexer, uint64_t group, std::span<const float>,
-                                              uint32_t, const RecordView& e) {
+  w.compress = [seed, failed, &pool](uint32_t l, bool indexer, uint64_t group, std::span<const float>, uint32_t,
+                                     const RecordView& e) {
     const RecordFormat* f = nullptr;
     for (const PoolGroup& g : pool.groups()) {
       if (g.page.compress_ratio > 1 && (g.format.use == FormatUse::kIndexer) == indexer) f = &g.format;
