@@ -206,6 +206,92 @@ TEST(MlaDecode, AbsorbedEqualsNaiveOnRandomPages) {
   }
 }
 
+// The kernels' form is the absorbed form without its two projections: W_UV applied to the
+// latent output of q_lat = W_UK^T q_nope equals MlaDecode(kAbsorbed) bit for bit, and lse is the
+// log-sum-exp of the scaled scores, recomputed here in double from the decoded records.
+TEST(MlaLatentDecode, IsTheAbsorbedFormWithoutItsProjections) {
+  const Geometry g = Preset("tiny-mla");
+  for (const char* format : {"mla-bf16", "fp8_ds_mla"}) {
+    SCOPED_TRACE(format);
+    RandomPages p = MakePages(g, format, 150, 11);
+    auto dims = MlaDims::Of(g);
+    ASSERT_TRUE(dims.ok());
+    auto pages = PagedLayer::Of(*p.manager, p.id, 2);
+    ASSERT_TRUE(pages.ok());
+    const size_t H = dims->heads, L = dims->latent, R = dims->rope, N = dims->nope, V = dims->v;
+    const std::vector<float> q_nope = RandomFloats(H * N, 1, 4.0f), q_pe = RandomFloats(H * R, 2, 4.0f);
+    const std::vector<float> wkv_b = RandomFloats(H * (N + V) * L, 3, 0.1f);
+    std::vector<float> q_lat(H * L, 0.0f);
+    for (size_t h = 0; h < H; ++h) {
+      for (size_t i = 0; i < N; ++i) {
+        for (size_t j = 0; j < L; ++j) q_lat[h * L + j] += q_nope[h * N + i] * wkv_b[(h * (N + V) + i) * L + j];
+      }
+    }
+    const std::vector<uint64_t> subset = {149, 3, 77, 0, 64, 65, 120};
+    for (const std::vector<uint64_t>& pos : {AllPositions(150), subset}) {
+      std::vector<float> absorbed(H * V), lat(H * L), lse(H), projected(H * V);
+      ASSERT_TRUE(
+          MlaDecode(*pages, pos, MlaQuery{q_nope, q_pe}, wkv_b, *dims, AttentionForm::kAbsorbed, absorbed, nullptr)
+              .ok());
+      AttentionCounters c;
+      ASSERT_TRUE(
+          MlaLatentDecode(*pages, pos, LatentQuery{q_lat, q_pe, dims->heads, dims->scale()}, lat, lse, &c).ok());
+      for (size_t h = 0; h < H; ++h) {
+        for (size_t i = 0; i < V; ++i) {
+          float s = 0.0f;
+          for (size_t j = 0; j < L; ++j) s += wkv_b[(h * (N + V) + N + i) * L + j] * lat[h * L + j];
+          projected[h * V + i] = s;
+        }
+      }
+      EXPECT_EQ(projected, absorbed);
+      EXPECT_EQ(c.records, pos.size());
+      EXPECT_EQ(c.page_bytes, pos.size() * p.manager->pool().groups()[0].format.record_bytes());
+      EXPECT_EQ(c.flops, MlaLatentDecodeFlops(dims->heads, dims->latent, dims->rope, pos.size()));
+      EXPECT_EQ(c.flops, 2 * H * pos.size() * (2 * L + R));
+      std::vector<float> c_t(L), kpe(R);
+      for (size_t h = 0; h < H; ++h) {
+        double m = -INFINITY;
+        std::vector<double> s(pos.size());
+        for (size_t t = 0; t < pos.size(); ++t) {
+          ASSERT_TRUE(pages->ReadLatent(pos[t], c_t, kpe, nullptr).ok());
+          double d = 0;
+          for (size_t j = 0; j < L; ++j) d += double{q_lat[h * L + j]} * c_t[j];
+          for (size_t j = 0; j < R; ++j) d += double{q_pe[h * R + j]} * kpe[j];
+          s[t] = d * dims->scale();
+          m = std::max(m, s[t]);
+        }
+        double sum = 0;
+        for (double x : s) sum += std::exp(x - m);
+        EXPECT_NEAR(lse[h], m + std::log(sum), 1e-4 * std::max(1.0, std::fabs(m))) << "head " << h;
+      }
+    }
+  }
+}
+
+TEST(MlaLatentDecode, Refusals) {
+  const Geometry g = Preset("tiny-mla");
+  RandomPages p = MakePages(g, "mla-bf16", 10, 1);
+  auto pages = PagedLayer::Of(*p.manager, p.id, 0);
+  ASSERT_TRUE(pages.ok());
+  const std::vector<float> q_lat(2 * 512), q_pe(2 * 64);
+  std::vector<float> out(2 * 512), lse(2);
+  const std::vector<uint64_t> pos{0, 9};
+  auto field = [&](LatentQuery q, std::span<float> o, std::span<float> l, std::span<const uint64_t> ps) {
+    return MlaLatentDecode(*pages, ps, q, o, l, nullptr).field();
+  };
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, 0.1f}, out, lse, pos), "");
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 0, 0.1f}, out, lse, pos), "heads");
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, 0.0f}, out, lse, pos), "softmax_scale");
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, NAN}, out, lse, pos), "softmax_scale");
+  EXPECT_EQ(field(LatentQuery{std::span(q_lat).first(512), q_pe, 2, 0.1f}, out, lse, pos), "q_lat");
+  EXPECT_EQ(field(LatentQuery{q_lat, std::span(q_pe).first(64), 2, 0.1f}, out, lse, pos), "q_pe");
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, 0.1f}, std::span(out).first(512), lse, pos), "out");
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, 0.1f}, out, std::span(lse).first(1), pos), "lse");
+  const std::vector<uint64_t> past{10};
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, 0.1f}, out, lse, past), "positions");
+  EXPECT_EQ(field(LatentQuery{q_lat, q_pe, 2, 0.1f}, out, lse, {}), "positions");
+}
+
 // The indexer's top-k: the highest scores, ties to the lower position, returned in order. Keys
 // are one-hot on dim 0 with exactly representable e4m3 values, one query head looks at dim 0.
 TEST(IndexerSelect, TopKByScoreTiesToLowerPosition) {

@@ -157,6 +157,29 @@ Status MlaDecode(const PagedLayer& pages, std::span<const uint64_t> positions, c
                  std::span<const float> wkv_b, const MlaDims& dims, AttentionForm form, std::span<float> out,
                  AttentionCounters* counters);
 
+// The decode in the terms an attention kernel takes it (FlashMLA, FlashInfer's MLA: the absorbed
+// query, the latent as the value). Per head h, with c[t] and k_pe[t] the latent and rope of
+// record t:
+//   s_h[t] = softmax_scale (q_lat_h . c[t] + q_pe_h . k_pe[t]);  out_h = sum_t softmax(s_h)[t] c[t];
+//   lse_h = log sum_t exp(s_h[t])   (natural log; FlashInfer returns it in base 2 by default).
+// MlaDecode(kAbsorbed) is W_UV_h applied to out_h with q_lat_h = W_UK_h^T q_nope_h and
+// softmax_scale = MlaDims::scale(), bit for bit: both run the same code.
+struct LatentQuery {
+  std::span<const float> q_lat;  // heads x latent
+  std::span<const float> q_pe;   // heads x rope, RoPE already applied
+  uint32_t heads = 0;
+  float softmax_scale = 0.0f;
+};
+
+// Closed form of MlaLatentDecode's FLOP count: 2 H n (2 L + R).
+uint64_t MlaLatentDecodeFlops(uint32_t heads, uint32_t latent, uint32_t rope, uint64_t records);
+
+// Attention of `query` over the records at `positions` (as MlaDecode). out: heads x latent; lse:
+// heads. Errors: kInvalidArgument naming "heads", "softmax_scale" (not positive and finite), the
+// spans ("q_lat", "q_pe", "out", "lse") or "positions".
+Status MlaLatentDecode(const PagedLayer& pages, std::span<const uint64_t> positions, const LatentQuery& query,
+                       std::span<float> out, std::span<float> lse, AttentionCounters* counters);
+
 // The lightning indexer's query for one token in one layer (after its Hadamard transform).
 struct IndexerQuery {
   std::span<const float> q;        // heads x head_dim

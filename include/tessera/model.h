@@ -39,6 +39,33 @@ struct TinyConfig {
   bool has_indexer() const { return index_heads != 0; }
 };
 
+// The fields of a tiny preset's config.json that a tiny forward reads beyond its Geometry
+// (tiny-mla and tiny-dsa here, tiny-v4 in v4_model.h), checked as both read them.
+class TinyConfigFields {
+ public:
+  // Errors: kInvalidArgument on "config" when `text` is not a JSON object (`model` names it).
+  static Result<TinyConfigFields> Parse(std::string_view model, std::string_view text);
+  // A positive integer up to 2^20 (0 when absent and not `required`). Errors: kInvalidArgument on
+  // `field`: "missing", or "must be a positive integer up to 2^20".
+  Result<uint32_t> Count(const char* field, bool required = true) const;
+  // A positive finite number. Errors: kInvalidArgument on `field`.
+  Result<double> Number(const char* field) const;
+  // Present and not null.
+  bool Has(const char* field) const;
+
+ private:
+  struct Field {
+    enum class Kind : uint8_t { kUnsigned, kNumber, kNull, kOther } kind = Kind::kOther;
+    uint64_t count = 0;  // kUnsigned
+    double number = 0;   // kUnsigned, kNumber
+  };
+  std::map<std::string, Field, std::less<>> fields_;
+};
+
+// y = W x with W [y.size(), x.size()] row-major, each row summed in index order (the order the
+// oracle's products are checked against: ADR 0017).
+void MatVec(std::span<const float> w, std::span<const float> x, std::span<float> y);
+
 // The tiny presets ("tiny-mla", "tiny-dsa"). Errors: kNotFound on "model" for any other name;
 // kInvalidArgument naming the config field the forward cannot run with (e.g. "rope_scaling",
 // "index_head_dim" not 128, "qk_rope_head_dim" odd, a model_type other than deepseek_v3/_v32).
@@ -148,6 +175,13 @@ class TinyRunner {
   std::unique_ptr<RequestManager> manager_;
   std::optional<RequestId> request_;
   struct Cache;  // per-layer weight pointers
+  // Step's layer l at position p: the token's records (pending in the pages), attention over its
+  // positions, the FFN, added into the residual stream h.
+  Status Layer(RequestId r, uint32_t l, uint64_t p, std::span<float> h, AttentionCounters* counters);
+  // The positions layer l's query attends: every one, or (V3.2) the indexer's top-k; sets the
+  // layer's pending records.
+  Status Positions(uint32_t l, uint64_t p, std::span<const float> x, std::span<const float> qr, PagedLayer& pages,
+                   std::vector<uint64_t>* positions, AttentionCounters* counters);
   std::unique_ptr<Cache> cache_;
   std::vector<std::vector<uint64_t>> last_selected_;  // per layer, what the last Step attended
 };

@@ -116,6 +116,20 @@ class TinyV4Runner {
   // pending entries, no logits).
   Status Forward(RequestId r, uint64_t p, uint32_t token, Scratch* scratch, std::span<float> logits,
                  AttentionCounters* counters);
+  // Forward's layer l: the token's window row, compressor rows and entries (pending in the pages,
+  // or kept in `scratch`), attention, the grouped output projection and the FFN, added into h.
+  Status Layer(RequestId r, uint64_t p, uint32_t l, Scratch* scratch, std::span<float> h, AttentionCounters* counters);
+  // Layer l's pages as of position p: the manager's, or (scratch) the scratch's local window rows.
+  Result<V4PagedLayer> Bind(RequestId r, uint64_t p, uint32_t l, Scratch* scratch);
+  // The token's compressor row (main or the indexer's) and, when it completes a group, the
+  // entry's record bytes (nothing with `scratch`).
+  Status Compress(uint64_t p, uint32_t l, bool indexer, std::span<const float> x, const V4PagedLayer& pages,
+                  Scratch* scratch, std::vector<float>& row, std::vector<std::byte>& bytes);
+  // The entries layer l attends: none (SWA), every complete one (HCA), the indexer's top-k (CSA).
+  Status Select(uint64_t p, uint32_t l, std::span<const float> x, std::span<const float> qr, const V4PagedLayer& pages,
+                std::vector<uint64_t>* selected, AttentionCounters* counters);
+  // Appends the token: writers copy the pending rows; entries are rebuilt from the manager's rows.
+  Status AppendToken(RequestId r, uint32_t token);
   Status RebuildRings(const Admission& a, std::span<const uint32_t> prompt);
   TinyV4Config config_;
   TinyV4Weights weights_;

@@ -34,6 +34,7 @@ void BindManager(py::module_& m);
 void BindStore(py::module_& m);
 void BindEvents(py::module_& m);      // after BindManager: adds to tessera.RequestManager
 void BindEnginePool(py::module_& m);  // bind_engine_pool.cc (vLLM adapter, several KV-cache groups)
+void BindMounts(py::module_& m);      // bind_mounts.cc: tessera.mounts (kernel arguments over the pages)
 
 // Exception types, created by BindErrors (module attributes TesseraError, OutOfBlocksError,
 // DataLossError, TierIOError).

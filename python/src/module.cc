@@ -15,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
   tessera::py_bind::BindStore(m);
   tessera::py_bind::BindEvents(m);
   tessera::py_bind::BindEnginePool(m);
+  tessera::py_bind::BindMounts(m);
 }

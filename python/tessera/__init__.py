@@ -20,6 +20,7 @@ from ._core import (  # noqa: F401  (re-exported)
     TieredStore,
     TierIOError,
     models,
+    mounts,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "TierIOError",
     "ledger",
     "models",
+    "mounts",
 ]
 
 

@@ -82,8 +82,8 @@ float Dot(const float* a, const float* b, size_t n) {
   return s;
 }
 
-// In place: exp(s - max) / sum.
-void Softmax(std::span<float> s) {
+// In place: exp(s - max) / sum. Returns the log-sum-exp, max + log(sum) (natural log).
+float Softmax(std::span<float> s) {
   float m = -INFINITY;
   for (float x : s) m = std::max(m, x);
   float sum = 0.0f;
@@ -92,6 +92,7 @@ void Softmax(std::span<float> s) {
     sum += x;
   }
   for (float& x : s) x /= sum;
+  return m + std::log(sum);
 }
 
 }  // namespace
@@ -221,6 +222,110 @@ Status PagedLayer::ReadIndexerKey(uint64_t position, std::span<float> key, Atten
   return Status::Ok();
 }
 
+namespace {
+
+// Every position below the pages' tokens, and at least one.
+Status CheckPositions(const PagedLayer& pages, std::span<const uint64_t> positions) {
+  if (positions.empty()) return InvalidArgument("positions", "no positions to attend to");
+  const uint64_t tokens = pages.tokens();
+  for (uint64_t p : positions) {
+    if (p >= tokens) return InvalidArgument("positions", "position " + std::to_string(p) + " not written");
+  }
+  return Status::Ok();
+}
+
+// The latent attention both the absorbed form and the kernels' form compute: per head h,
+// softmax over scale (q_lat_h . c[t] + q_pe_h . k_pe[t]) and out_h = sum_t p[t] c[t] (heads x
+// latent); lse (heads, or empty) the log-sum-exp of the scaled scores. Each record is read once.
+Status LatentAttention(const PagedLayer& pages, std::span<const uint64_t> positions, std::span<const float> q_lat,
+                       std::span<const float> q_pe, size_t heads, float scale, std::span<float> out,
+                       std::span<float> lse, AttentionCounters* counters) {
+  const size_t H = heads, L = pages.latent_dim(), R = pages.rope_dim(), n = positions.size();
+  std::vector<float> kpe(R);
+  std::vector<float> scores(H * n);  // [h][t]
+  std::vector<float> cs(n * L);      // the latent rows, kept for the weighted sum
+  for (size_t t = 0; t < n; ++t) {
+    TESSERA_RETURN_IF_ERROR(pages.ReadLatent(positions[t], std::span(cs).subspan(t * L, L), kpe, counters));
+    for (size_t h = 0; h < H; ++h) {
+      scores[h * n + t] =
+          scale * (Dot(q_lat.data() + h * L, cs.data() + t * L, L) + Dot(q_pe.data() + h * R, kpe.data(), R));
+    }
+  }
+  for (size_t h = 0; h < H; ++h) {
+    std::span<float> s(scores.data() + h * n, n);
+    const float h_lse = Softmax(s);
+    if (!lse.empty()) lse[h] = h_lse;
+    float* acc = out.data() + h * L;
+    std::fill(acc, acc + L, 0.0f);
+    for (size_t t = 0; t < n; ++t) {
+      const float* ct = cs.data() + t * L;
+      for (size_t j = 0; j < L; ++j) acc[j] += s[t] * ct[j];
+    }
+  }
+  return Status::Ok();
+}
+
+// Absorbed: q_lat_h = W_UK_h^T q_nope_h, the latent attention, then o_h = W_UV_h acc_h.
+Status AbsorbedDecode(const PagedLayer& pages, std::span<const uint64_t> positions, const MlaQuery& query,
+                      std::span<const float> wkv_b, const MlaDims& d, std::span<float> out,
+                      AttentionCounters* counters) {
+  const size_t H = d.heads, L = d.latent, N = d.nope, V = d.v;
+  std::vector<float> q_lat(H * L, 0.0f);
+  for (size_t h = 0; h < H; ++h) {
+    float* ql = q_lat.data() + h * L;
+    const float* qn = query.q_nope.data() + h * N;
+    const float* w = wkv_b.data() + h * (N + V) * L;
+    for (size_t i = 0; i < N; ++i) {
+      const float qi = qn[i];
+      const float* row = w + i * L;
+      for (size_t j = 0; j < L; ++j) ql[j] += qi * row[j];
+    }
+  }
+  std::vector<float> acc(H * L);
+  TESSERA_RETURN_IF_ERROR(LatentAttention(pages, positions, q_lat, query.q_pe, H, d.scale(), acc, {}, counters));
+  for (size_t h = 0; h < H; ++h) {
+    const float* w = wkv_b.data() + (h * (N + V) + N) * L;
+    for (size_t i = 0; i < V; ++i) out[h * V + i] = Dot(w + i * L, acc.data() + h * L, L);
+  }
+  return Status::Ok();
+}
+
+// Naive: per record, K and V of every head rebuilt from the latent.
+Status NaiveDecode(const PagedLayer& pages, std::span<const uint64_t> positions, const MlaQuery& query,
+                   std::span<const float> wkv_b, const MlaDims& d, std::span<float> out, AttentionCounters* counters) {
+  const size_t H = d.heads, L = d.latent, R = d.rope, N = d.nope, V = d.v, n = positions.size();
+  const float scale = d.scale();
+  std::vector<float> c(L), kpe(R);
+  std::vector<float> scores(H * n);  // [h][t]
+  std::vector<float> vs(H * n * V);  // [h][t][v]
+  std::vector<float> k(N);
+  for (size_t t = 0; t < n; ++t) {
+    TESSERA_RETURN_IF_ERROR(pages.ReadLatent(positions[t], c, kpe, counters));
+    for (size_t h = 0; h < H; ++h) {
+      const float* wk = wkv_b.data() + h * (N + V) * L;
+      for (size_t i = 0; i < N; ++i) k[i] = Dot(wk + i * L, c.data(), L);
+      const float* wv = wk + N * L;
+      float* vt = vs.data() + (h * n + t) * V;
+      for (size_t i = 0; i < V; ++i) vt[i] = Dot(wv + i * L, c.data(), L);
+      scores[h * n + t] =
+          scale * (Dot(query.q_nope.data() + h * N, k.data(), N) + Dot(query.q_pe.data() + h * R, kpe.data(), R));
+    }
+  }
+  for (size_t h = 0; h < H; ++h) {
+    std::span<float> s(scores.data() + h * n, n);
+    Softmax(s);
+    float* o = out.data() + h * V;
+    std::fill(o, o + V, 0.0f);
+    for (size_t t = 0; t < n; ++t) {
+      const float* vt = vs.data() + (h * n + t) * V;
+      for (size_t i = 0; i < V; ++i) o[i] += s[t] * vt[i];
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status MlaDecode(const PagedLayer& pages, std::span<const uint64_t> positions, const MlaQuery& query,
                  std::span<const float> wkv_b, const MlaDims& d, AttentionForm form, std::span<float> out,
                  AttentionCounters* counters) {
@@ -234,81 +339,37 @@ Status MlaDecode(const PagedLayer& pages, std::span<const uint64_t> positions, c
   TESSERA_RETURN_IF_ERROR(CheckSpan("q_pe", query.q_pe.size(), H * R));
   TESSERA_RETURN_IF_ERROR(CheckSpan("wkv_b", wkv_b.size(), H * (N + V) * L));
   TESSERA_RETURN_IF_ERROR(CheckSpan("out", out.size(), H * V));
-  if (positions.empty()) return InvalidArgument("positions", "no positions to attend to");
-  const uint64_t tokens = pages.tokens();
-  for (uint64_t p : positions) {
-    if (p >= tokens) return InvalidArgument("positions", "position " + std::to_string(p) + " not written");
-  }
-  const size_t n = positions.size();
-  const float scale = d.scale();
+  TESSERA_RETURN_IF_ERROR(CheckPositions(pages, positions));
   AttentionCounters local;
-  std::vector<float> c(L), kpe(R);
-  std::vector<float> scores(H * n);  // [h][t]
-  auto w_uk = [&](size_t h) { return wkv_b.data() + h * (N + V) * L; };
-  auto w_uv = [&](size_t h) { return wkv_b.data() + (h * (N + V) + N) * L; };
+  TESSERA_RETURN_IF_ERROR(form == AttentionForm::kAbsorbed
+                              ? AbsorbedDecode(pages, positions, query, wkv_b, d, out, &local)
+                              : NaiveDecode(pages, positions, query, wkv_b, d, out, &local));
+  local.flops = MlaDecodeFlops(d, form, positions.size());
+  if (counters != nullptr) *counters += local;
+  return Status::Ok();
+}
 
-  if (form == AttentionForm::kAbsorbed) {
-    // q_lat_h = W_UK_h^T q_nope_h.
-    std::vector<float> q_lat(H * L, 0.0f);
-    for (size_t h = 0; h < H; ++h) {
-      float* ql = q_lat.data() + h * L;
-      const float* qn = query.q_nope.data() + h * N;
-      const float* w = w_uk(h);
-      for (size_t i = 0; i < N; ++i) {
-        const float qi = qn[i];
-        const float* row = w + i * L;
-        for (size_t j = 0; j < L; ++j) ql[j] += qi * row[j];
-      }
-    }
-    // Scores, and the latent rows kept for the weighted sum (read once each).
-    std::vector<float> cs(n * L);
-    for (size_t t = 0; t < n; ++t) {
-      TESSERA_RETURN_IF_ERROR(pages.ReadLatent(positions[t], std::span(cs).subspan(t * L, L), kpe, &local));
-      for (size_t h = 0; h < H; ++h) {
-        scores[h * n + t] =
-            scale * (Dot(q_lat.data() + h * L, cs.data() + t * L, L) + Dot(query.q_pe.data() + h * R, kpe.data(), R));
-      }
-    }
-    std::vector<float> acc(L);
-    for (size_t h = 0; h < H; ++h) {
-      std::span<float> s(scores.data() + h * n, n);
-      Softmax(s);
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (size_t t = 0; t < n; ++t) {
-        const float* ct = cs.data() + t * L;
-        for (size_t j = 0; j < L; ++j) acc[j] += s[t] * ct[j];
-      }
-      const float* w = w_uv(h);
-      for (size_t i = 0; i < V; ++i) out[h * V + i] = Dot(w + i * L, acc.data(), L);
-    }
-  } else {
-    // Per record: K and V of every head rebuilt from the latent.
-    std::vector<float> vs(H * n * V);  // [h][t][v]
-    std::vector<float> k(N);
-    for (size_t t = 0; t < n; ++t) {
-      TESSERA_RETURN_IF_ERROR(pages.ReadLatent(positions[t], c, kpe, &local));
-      for (size_t h = 0; h < H; ++h) {
-        const float* wk = w_uk(h);
-        for (size_t i = 0; i < N; ++i) k[i] = Dot(wk + i * L, c.data(), L);
-        const float* wv = w_uv(h);
-        float* vt = vs.data() + (h * n + t) * V;
-        for (size_t i = 0; i < V; ++i) vt[i] = Dot(wv + i * L, c.data(), L);
-        scores[h * n + t] =
-            scale * (Dot(query.q_nope.data() + h * N, k.data(), N) + Dot(query.q_pe.data() + h * R, kpe.data(), R));
-      }
-    }
-    for (size_t h = 0; h < H; ++h) {
-      std::span<float> s(scores.data() + h * n, n);
-      Softmax(s);
-      float* o = out.data() + h * V;
-      std::fill(o, o + V, 0.0f);
-      for (size_t t = 0; t < n; ++t) {
-        const float* vt = vs.data() + (h * n + t) * V;
-        for (size_t i = 0; i < V; ++i) o[i] += s[t] * vt[i];
-      }
-    }
+uint64_t MlaLatentDecodeFlops(uint32_t heads, uint32_t latent, uint32_t rope, uint64_t records) {
+  return 2 * uint64_t{heads} * records * (2 * uint64_t{latent} + rope);
+}
+
+Status MlaLatentDecode(const PagedLayer& pages, std::span<const uint64_t> positions, const LatentQuery& query,
+                       std::span<float> out, std::span<float> lse, AttentionCounters* counters) {
+  const size_t H = query.heads, L = pages.latent_dim(), R = pages.rope_dim();
+  if (H == 0) return InvalidArgument("heads", "0 heads");
+  if (!(query.softmax_scale > 0.0f) || !std::isfinite(query.softmax_scale)) {
+    return InvalidArgument("softmax_scale", "must be a positive finite number");
   }
-  local.flops = MlaDecodeFlops(d, form, n);
+  TESSERA_RETURN_IF_ERROR(CheckSpan("q_lat", query.q_lat.size(), H * L));
+  TESSERA_RETURN_IF_ERROR(CheckSpan("q_pe", query.q_pe.size(), H * R));
+  TESSERA_RETURN_IF_ERROR(CheckSpan("out", out.size(), H * L));
+  TESSERA_RETURN_IF_ERROR(CheckSpan("lse", lse.size(), H));
+  TESSERA_RETURN_IF_ERROR(CheckPositions(pages, positions));
+  AttentionCounters local;
+  TESSERA_RETURN_IF_ERROR(
+      LatentAttention(pages, positions, query.q_lat, query.q_pe, H, query.softmax_scale, out, lse, &local));
+  local.flops = MlaLatentDecodeFlops(static_cast<uint32_t>(H), static_cast<uint32_t>(L), static_cast<uint32_t>(R),
+                                     positions.size());
   if (counters != nullptr) *counters += local;
   return Status::Ok();
 }

@@ -6,21 +6,11 @@
 
 #include "tessera/codec.h"
 #include "tessera/model.h"
+#include "tessera/v4_attention.h"
 
 namespace tessera {
 
 namespace {
-
-// y = W x, W [out, in] row-major.
-void MatVec(const std::vector<float>& w, std::span<const float> x, std::span<float> y) {
-  const size_t in = x.size();
-  for (size_t o = 0; o < y.size(); ++o) {
-    const float* row = w.data() + o * in;
-    float s = 0.0f;
-    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
-    y[o] = s;
-  }
-}
 
 void RmsNorm(std::span<const float> v, const std::vector<float>& w, float eps, std::span<float> out) {
   float ss = 0.0f;
@@ -47,17 +37,6 @@ void Angle(double theta, uint64_t p, size_t i, size_t dim, float* c, float* s) {
   *s = static_cast<float>(std::sin(a));
 }
 
-// Interleaved (DeepSeek-V3 apply_rotary_emb): pairs (x[2i], x[2i+1]).
-void RopeInterleaved(std::span<float> x, uint64_t p, double theta) {
-  for (size_t i = 0; i < x.size() / 2; ++i) {
-    float c, s;
-    Angle(theta, p, i, x.size(), &c, &s);
-    const float a = x[2 * i], b = x[2 * i + 1];
-    x[2 * i] = a * c - b * s;
-    x[2 * i + 1] = a * s + b * c;
-  }
-}
-
 // Half split (the V3.2 indexer): pairs (x[i], x[i + d/2]).
 void RopeHalf(std::span<float> x, uint64_t p, double theta) {
   const size_t half = x.size() / 2;
@@ -70,25 +49,19 @@ void RopeHalf(std::span<float> x, uint64_t p, double theta) {
   }
 }
 
-// Sylvester Hadamard (H[i][j] = (-1)^popcount(i & j)) times n^-0.5, by the fast transform.
-void Hadamard(std::span<float> x) {
-  const size_t n = x.size();
-  for (size_t len = 1; len < n; len <<= 1) {
-    for (size_t i = 0; i < n; i += 2 * len) {
-      for (size_t j = i; j < i + len; ++j) {
-        const float a = x[j], b = x[j + len];
-        x[j] = a + b;
-        x[j + len] = a - b;
-      }
-    }
-  }
-  const float s = 1.0f / std::sqrt(static_cast<float>(n));
-  for (float& v : x) v *= s;
-}
-
 float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
+
+void MatVec(std::span<const float> w, std::span<const float> x, std::span<float> y) {
+  const size_t in = x.size();
+  for (size_t o = 0; o < y.size(); ++o) {
+    const float* row = w.data() + o * in;
+    float s = 0.0f;
+    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
+    y[o] = s;
+  }
+}
 
 struct TinyRunner::Cache {
   struct Layer {
@@ -184,6 +157,25 @@ Result<std::unique_ptr<TinyRunner>> TinyRunner::Create(TinyConfig config, Weight
   return r;
 }
 
+namespace {
+
+// The token's latent record of one layer, as the page will hold it.
+Status EncodeLatent(std::string_view kv_format, std::span<const float> latent, std::span<const float> k_pe,
+                    std::span<std::byte> rec) {
+  if (kv_format == "fp8_ds_mla") return QuantizeFp8DsMla(latent, k_pe, rec);
+  size_t at = 0;  // mla-bf16: latent then rope, little-endian bf16
+  auto put = [&](float f) {
+    const uint16_t b = FloatToBf16(f);
+    rec[at++] = static_cast<std::byte>(b & 0xff);
+    rec[at++] = static_cast<std::byte>(b >> 8);
+  };
+  for (float f : latent) put(f);
+  for (float f : k_pe) put(f);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, AttentionCounters* counters) {
   const TinyConfig& cf = config_;
   Cache& c = *cache_;
@@ -191,84 +183,11 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
     return InvalidArgument("token", std::to_string(token) + " is not below vocab " + std::to_string(cf.vocab));
   if (logits.size() != cf.vocab) return InvalidArgument("logits", "must hold vocab floats");
   const uint64_t p = manager_->Tokens(rid);
-  const size_t D = cf.hidden, H = cf.heads, N = cf.nope, R = cf.rope, L = cf.kv_lora, V = cf.v;
-  TESSERA_ASSIGN_OR_RETURN(const MlaDims dims, MlaDims::Of(cf.geometry));
+  const size_t D = cf.hidden;
   std::vector<float> h(c.embed->begin() + static_cast<std::ptrdiff_t>(token * D),
                        c.embed->begin() + static_cast<std::ptrdiff_t>((token + 1) * D));
-  std::vector<float> x(D), qa(cf.q_lora), qr(cf.q_lora), q(H * (N + R)), kv(L + R), cn(L);
-  std::vector<float> q_nope(H * N), q_pe(H * R), o(H * V), attn(D), y(D), f1(cf.ffn), f3(cf.ffn), f2(D);
-  std::vector<uint64_t> positions;
-  for (uint32_t l = 0; l < cf.layers; ++l) {
-    const Cache::Layer& W = c.layers[l];
-    RmsNorm(h, *W.attn_norm, cf.rms_eps, x);
-    MatVec(*W.wq_a, x, qa);
-    RmsNorm(qa, *W.q_norm, cf.rms_eps, qr);
-    MatVec(*W.wq_b, qr, q);
-    for (size_t hd = 0; hd < H; ++hd) {
-      std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(hd * (N + R)), N,
-                  q_nope.begin() + static_cast<std::ptrdiff_t>(hd * N));
-      std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(hd * (N + R) + N), R,
-                  q_pe.begin() + static_cast<std::ptrdiff_t>(hd * R));
-      RopeInterleaved(std::span(q_pe).subspan(hd * R, R), p, cf.rope_theta);
-    }
-    MatVec(*W.wkv_a, x, kv);
-    RmsNorm(std::span(kv).first(L), *W.kv_norm, cf.rms_eps, cn);
-    std::span<float> k_pe = std::span(kv).subspan(L, R);
-    RopeInterleaved(k_pe, p, cf.rope_theta);
-    // The token's record, as the page will hold it.
-    std::vector<std::byte>& rec = c.latent_records[l];
-    if (options_.kv_format == "fp8_ds_mla") {
-      TESSERA_RETURN_IF_ERROR(QuantizeFp8DsMla(cn, k_pe, rec));
-    } else {  // mla-bf16: latent then rope, little-endian bf16
-      size_t at = 0;
-      auto put = [&](float f) {
-        const uint16_t b = FloatToBf16(f);
-        rec[at++] = static_cast<std::byte>(b & 0xff);
-        rec[at++] = static_cast<std::byte>(b >> 8);
-      };
-      for (float f : cn) put(f);
-      for (float f : k_pe) put(f);
-    }
-    TESSERA_ASSIGN_OR_RETURN(PagedLayer pages, PagedLayer::Of(*manager_, rid, l));
-    positions.clear();
-    if (cf.has_indexer()) {
-      const size_t I = cf.index_heads, ID = cf.index_head_dim;
-      std::vector<float> iq(I * ID), ik(ID), iw(I);
-      MatVec(*W.iwq_b, qr, iq);
-      for (size_t j = 0; j < I; ++j) {
-        std::span<float> qj = std::span(iq).subspan(j * ID, ID);
-        RopeHalf(qj.first(R), p, cf.rope_theta);
-        Hadamard(qj);
-      }
-      MatVec(*W.iwk, x, ik);
-      LayerNorm(ik, *W.ik_norm_w, *W.ik_norm_b, 1e-6f);
-      RopeHalf(std::span(ik).first(R), p, cf.rope_theta);
-      Hadamard(ik);
-      TESSERA_RETURN_IF_ERROR(QuantizeIndexerFp8(ik, c.indexer_records[l]));
-      MatVec(*W.iweights, x, iw);
-      const float wscale = 1.0f / std::sqrt(static_cast<float>(I)) / std::sqrt(static_cast<float>(ID));
-      for (float& v : iw) v *= wscale;
-      pages.SetPending(rec, c.indexer_records[l]);
-      TESSERA_ASSIGN_OR_RETURN(const IndexerDims idims, IndexerDims::Of(cf.geometry));
-      TESSERA_RETURN_IF_ERROR(IndexerSelect(pages, p + 1, IndexerQuery{iq, iw}, idims, &positions, counters));
-      last_selected_.resize(cf.layers);
-      last_selected_[l] = positions;
-    } else {
-      pages.SetPending(rec, {});
-      positions.resize(p + 1);
-      for (uint64_t t = 0; t <= p; ++t) positions[t] = t;
-    }
-    TESSERA_RETURN_IF_ERROR(
-        MlaDecode(pages, positions, MlaQuery{q_nope, q_pe}, *W.wkv_b, dims, options_.form, o, counters));
-    MatVec(*W.wo, o, attn);
-    for (size_t i = 0; i < D; ++i) h[i] += attn[i];
-    RmsNorm(h, *W.ffn_norm, cf.rms_eps, y);
-    MatVec(*W.w1, y, f1);
-    MatVec(*W.w3, y, f3);
-    for (size_t i = 0; i < f1.size(); ++i) f1[i] = Silu(f1[i]) * f3[i];
-    MatVec(*W.w2, f1, f2);
-    for (size_t i = 0; i < D; ++i) h[i] += f2[i];
-  }
+  std::vector<float> x(D);
+  for (uint32_t l = 0; l < cf.layers; ++l) TESSERA_RETURN_IF_ERROR(Layer(rid, l, p, h, counters));
   RmsNorm(h, *c.norm, cf.rms_eps, x);
   MatVec(*c.head, x, logits);
   // Append: the writer copies the records attention just read.
@@ -281,6 +200,82 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
   };
   const uint32_t tok[1] = {token};
   return manager_->Append(rid, tok, KvWriters(writer));
+}
+
+Status TinyRunner::Layer(RequestId rid, uint32_t l, uint64_t p, std::span<float> h, AttentionCounters* counters) {
+  const TinyConfig& cf = config_;
+  Cache& c = *cache_;
+  const Cache::Layer& W = c.layers[l];
+  const size_t D = cf.hidden, H = cf.heads, N = cf.nope, R = cf.rope, L = cf.kv_lora, V = cf.v;
+  TESSERA_ASSIGN_OR_RETURN(const MlaDims dims, MlaDims::Of(cf.geometry));
+  std::vector<float> x(D), qa(cf.q_lora), qr(cf.q_lora), q(H * (N + R)), kv(L + R), cn(L);
+  std::vector<float> q_nope(H * N), q_pe(H * R), o(H * V), attn(D), y(D), f1(cf.ffn), f3(cf.ffn), f2(D);
+  RmsNorm(h, *W.attn_norm, cf.rms_eps, x);
+  MatVec(*W.wq_a, x, qa);
+  RmsNorm(qa, *W.q_norm, cf.rms_eps, qr);
+  MatVec(*W.wq_b, qr, q);
+  for (size_t hd = 0; hd < H; ++hd) {
+    std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(hd * (N + R)), N,
+                q_nope.begin() + static_cast<std::ptrdiff_t>(hd * N));
+    std::copy_n(q.begin() + static_cast<std::ptrdiff_t>(hd * (N + R) + N), R,
+                q_pe.begin() + static_cast<std::ptrdiff_t>(hd * R));
+    RopeInterleaved(std::span(q_pe).subspan(hd * R, R), p, cf.rope_theta, false);
+  }
+  MatVec(*W.wkv_a, x, kv);
+  RmsNorm(std::span(kv).first(L), *W.kv_norm, cf.rms_eps, cn);
+  std::span<float> k_pe = std::span(kv).subspan(L, R);
+  RopeInterleaved(k_pe, p, cf.rope_theta, false);
+  TESSERA_RETURN_IF_ERROR(EncodeLatent(options_.kv_format, cn, k_pe, c.latent_records[l]));
+  TESSERA_ASSIGN_OR_RETURN(PagedLayer pages, PagedLayer::Of(*manager_, rid, l));
+  std::vector<uint64_t> positions;
+  TESSERA_RETURN_IF_ERROR(Positions(l, p, x, qr, pages, &positions, counters));
+  TESSERA_RETURN_IF_ERROR(
+      MlaDecode(pages, positions, MlaQuery{q_nope, q_pe}, *W.wkv_b, dims, options_.form, o, counters));
+  MatVec(*W.wo, o, attn);
+  for (size_t i = 0; i < D; ++i) h[i] += attn[i];
+  RmsNorm(h, *W.ffn_norm, cf.rms_eps, y);
+  MatVec(*W.w1, y, f1);
+  MatVec(*W.w3, y, f3);
+  for (size_t i = 0; i < f1.size(); ++i) f1[i] = Silu(f1[i]) * f3[i];
+  MatVec(*W.w2, f1, f2);
+  for (size_t i = 0; i < D; ++i) h[i] += f2[i];
+  return Status::Ok();
+}
+
+Status TinyRunner::Positions(uint32_t l, uint64_t p, std::span<const float> x, std::span<const float> qr,
+                             PagedLayer& pages, std::vector<uint64_t>* positions, AttentionCounters* counters) {
+  const TinyConfig& cf = config_;
+  Cache& c = *cache_;
+  const std::vector<std::byte>& rec = c.latent_records[l];
+  if (!cf.has_indexer()) {
+    pages.SetPending(rec, {});
+    positions->resize(p + 1);
+    for (uint64_t t = 0; t <= p; ++t) (*positions)[t] = t;
+    return Status::Ok();
+  }
+  const Cache::Layer& W = c.layers[l];
+  const size_t I = cf.index_heads, ID = cf.index_head_dim, R = cf.rope;
+  std::vector<float> iq(I * ID), ik(ID), iw(I);
+  MatVec(*W.iwq_b, qr, iq);
+  for (size_t j = 0; j < I; ++j) {
+    std::span<float> qj = std::span(iq).subspan(j * ID, ID);
+    RopeHalf(qj.first(R), p, cf.rope_theta);
+    TESSERA_RETURN_IF_ERROR(HadamardTransform(qj));
+  }
+  MatVec(*W.iwk, x, ik);
+  LayerNorm(ik, *W.ik_norm_w, *W.ik_norm_b, 1e-6f);
+  RopeHalf(std::span(ik).first(R), p, cf.rope_theta);
+  TESSERA_RETURN_IF_ERROR(HadamardTransform(ik));
+  TESSERA_RETURN_IF_ERROR(QuantizeIndexerFp8(ik, c.indexer_records[l]));
+  MatVec(*W.iweights, x, iw);
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(I)) / std::sqrt(static_cast<float>(ID));
+  for (float& v : iw) v *= wscale;
+  pages.SetPending(rec, c.indexer_records[l]);
+  TESSERA_ASSIGN_OR_RETURN(const IndexerDims idims, IndexerDims::Of(cf.geometry));
+  TESSERA_RETURN_IF_ERROR(IndexerSelect(pages, p + 1, IndexerQuery{iq, iw}, idims, positions, counters));
+  last_selected_.resize(cf.layers);
+  last_selected_[l] = *positions;
+  return Status::Ok();
 }
 
 Result<Generation> TinyRunner::Generate(std::span<const uint32_t> prompt, uint32_t steps,

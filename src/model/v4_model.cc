@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tessera/checked.h"
@@ -13,40 +12,11 @@
 
 namespace tessera {
 
-using nlohmann::json;
-
 namespace {
 
 constexpr uint32_t kIndexHeadDim = 128;  // the Hadamard size
 
-Result<uint32_t> Count(const json& cfg, const char* field) {
-  if (!cfg.contains(field)) return InvalidArgument(field, "missing");
-  const json& v = cfg[field];
-  if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > (uint64_t{1} << 20)) {
-    return InvalidArgument(field, "must be a positive integer up to 2^20");
-  }
-  return static_cast<uint32_t>(v.get<uint64_t>());
-}
-
-Result<double> Number(const json& cfg, const char* field) {
-  if (!cfg.contains(field) || !cfg[field].is_number()) return InvalidArgument(field, "must be a number");
-  const double d = cfg[field].get<double>();
-  if (!std::isfinite(d) || d <= 0) return InvalidArgument(field, "must be a positive finite number");
-  return d;
-}
-
 Status Bad(const std::string& what) { return InvalidArgument("weights", what); }
-
-// y = W x, W [out, in] row-major.
-void Linear(std::span<const float> w, std::span<const float> x, std::span<float> y) {
-  const size_t in = x.size();
-  for (size_t o = 0; o < y.size(); ++o) {
-    const float* row = w.data() + o * in;
-    float s = 0.0f;
-    for (size_t i = 0; i < in; ++i) s += row[i] * x[i];
-    y[o] = s;
-  }
-}
 
 // v / sqrt(mean(v^2) + eps) * w (w empty: no weight).
 void RmsNorm(std::span<float> v, std::span<const float> w, float eps) {
@@ -65,27 +35,24 @@ Result<TinyV4Config> LoadTinyV4Config(std::string_view model) {
   c.name = std::string(model);
   TESSERA_ASSIGN_OR_RETURN(c.geometry, LoadPreset(model));
   TESSERA_ASSIGN_OR_RETURN(std::string text, PresetConfigText(model));
-  const json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!cfg.is_object()) return InvalidArgument("config", c.name + " is not a JSON object");
+  TESSERA_ASSIGN_OR_RETURN(const TinyConfigFields cfg, TinyConfigFields::Parse(c.name, text));
   const Geometry& g = c.geometry;
   if (g.model_type != "deepseek_v4") return InvalidArgument("model_type", g.model_type + " (tiny-v4 runs deepseek_v4)");
-  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
-    return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
-  }
+  if (cfg.Has("rope_scaling")) return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
   if (g.num_mtp_layers != 0) return InvalidArgument("num_nextn_predict_layers", "tiny-v4 has no MTP layers");
   TESSERA_ASSIGN_OR_RETURN(c.dims, V4Dims::Of(g));
   c.layers = g.num_layers;
   for (const LayerSpec& l : g.layers) c.ratios.push_back(l.compress_ratio);
-  TESSERA_ASSIGN_OR_RETURN(c.hidden, Count(cfg, "hidden_size"));
-  TESSERA_ASSIGN_OR_RETURN(c.q_lora, Count(cfg, "q_lora_rank"));
-  TESSERA_ASSIGN_OR_RETURN(c.o_groups, Count(cfg, "o_groups"));
-  TESSERA_ASSIGN_OR_RETURN(c.o_lora, Count(cfg, "o_lora_rank"));
-  TESSERA_ASSIGN_OR_RETURN(c.vocab, Count(cfg, "vocab_size"));
-  TESSERA_ASSIGN_OR_RETURN(c.ffn, Count(cfg, "intermediate_size"));
-  TESSERA_ASSIGN_OR_RETURN(double eps, Number(cfg, "rms_norm_eps"));
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, cfg.Count("hidden_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.q_lora, cfg.Count("q_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.o_groups, cfg.Count("o_groups"));
+  TESSERA_ASSIGN_OR_RETURN(c.o_lora, cfg.Count("o_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.vocab, cfg.Count("vocab_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.ffn, cfg.Count("intermediate_size"));
+  TESSERA_ASSIGN_OR_RETURN(double eps, cfg.Number("rms_norm_eps"));
   c.rms_eps = static_cast<float>(eps);
-  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, Number(cfg, "rope_theta"));
-  TESSERA_ASSIGN_OR_RETURN(c.compress_rope_theta, Number(cfg, "compress_rope_theta"));
+  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, cfg.Number("rope_theta"));
+  TESSERA_ASSIGN_OR_RETURN(c.compress_rope_theta, cfg.Number("compress_rope_theta"));
   if (c.dims.heads % c.o_groups != 0) return InvalidArgument("o_groups", "must divide num_attention_heads");
   if (c.dims.window == 0) return InvalidArgument("sliding_window", "must be positive");
   for (uint32_t r : c.ratios) {
@@ -222,126 +189,149 @@ Status TinyV4Runner::Forward(RequestId rid, uint64_t p, uint32_t token, Scratch*
   const TinyV4Config& c = config_;
   if (token >= c.vocab) return InvalidArgument("token", std::to_string(token) + " is past the vocabulary");
   if (logits.size() != c.vocab) return InvalidArgument("logits", "must hold vocab_size floats");
-  const V4Dims& d = c.dims;
-  const size_t hidden = c.hidden, H = d.heads, D = d.head_dim, N = d.nope(), R = d.rope;
-  const size_t I = d.indexer.heads, ID = d.indexer.head_dim;
-  const auto W = [&](const std::string& name) -> std::span<const float> { return weights_.at(name); };
-
-  std::vector<float> h(W("embed.weight").subspan(size_t{token} * hidden, hidden).begin(),
-                       W("embed.weight").subspan(size_t{token} * hidden, hidden).end());
-  std::vector<float> x(hidden), qr(c.q_lora), q(H * D), kv(D), o(H * D), y(size_t{c.o_groups} * c.o_lora), out(hidden);
-  for (uint32_t l = 0; l < c.layers; ++l) {
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    const uint32_t ratio = c.ratios[l];
-    const double theta = c.theta(l);
-    x = h;
-    RmsNorm(x, W(pre + "attn_norm.weight"), c.rms_eps);
-    Linear(W(pre + "attn.wq_a.weight"), x, qr);
-    RmsNorm(qr, W(pre + "attn.q_norm.weight"), c.rms_eps);
-    Linear(W(pre + "attn.wq_b.weight"), qr, q);
-    for (size_t hh = 0; hh < H; ++hh) {
-      std::span<float> qh(q.data() + hh * D, D);
-      RmsNorm(qh, {}, c.rms_eps);
-      RopeInterleaved(qh.subspan(N), p, theta, false);
-    }
-    Linear(W(pre + "attn.wkv.weight"), x, kv);
-    RmsNorm(kv, W(pre + "attn.kv_norm.weight"), c.rms_eps);
-    RopeInterleaved(std::span(kv).subspan(N), p, theta, false);
-    pending_rows_[l].assign(kV4DataRowBytes + kV4ScaleRowBytes, std::byte{0});
-    TESSERA_RETURN_IF_ERROR(EncodeV4WindowRow(kv, pending_rows_[l]));
-
-    auto bind = [&]() -> Result<V4PagedLayer> {
-      if (scratch == nullptr) return V4PagedLayer::Of(*manager_, rid, l);
-      // The local rows of the window ending at p (fewer near the scratch's start).
-      scratch->rows[l][p] = pending_rows_[l];
-      std::vector<std::byte> rows;
-      const uint64_t first = std::max<uint64_t>(scratch->begin, p + 1 > d.window ? p + 1 - d.window : 0);
-      for (uint64_t t = first; t <= p; ++t)
-        rows.insert(rows.end(), scratch->rows[l][t].begin(), scratch->rows[l][t].end());
-      return V4PagedLayer::AsOf(*manager_, rid, l, p + 1, rows);
-    };
-    TESSERA_ASSIGN_OR_RETURN(V4PagedLayer pages, bind());
-    std::vector<std::byte> entry, ientry;
-    // The compressor rows of this token and, when it completes a group, the entry.
-    auto compress = [&](bool indexer, std::vector<float>& row, std::vector<std::byte>& bytes) -> Status {
-      const std::string cp = pre + (indexer ? "attn.indexer.compressor." : "attn.compressor.");
-      const size_t dim = indexer ? ID : D, coff = ratio == 4 ? 2 : 1;
-      row.assign(2 * coff * dim, 0.0f);
-      Linear(W(cp + "wkv.weight"), x, std::span(row).first(coff * dim));
-      Linear(W(cp + "wgate.weight"), x, std::span(row).subspan(coff * dim));
-      const std::span<const float> ape = W(cp + "ape").subspan((p % ratio) * coff * dim, coff * dim);
-      for (size_t i = 0; i < coff * dim; ++i) row[coff * dim + i] += ape[i];
-      if (scratch != nullptr) (indexer ? scratch->istate : scratch->state)[l][p] = row;
-      if (scratch != nullptr || (p + 1) % ratio != 0) return Status::Ok();
-      std::vector<float> rows(pages.state_rows(indexer).begin(), pages.state_rows(indexer).end());
-      rows.insert(rows.end(), row.begin(), row.end());
-      V4Compressor comp{
-          ratio,  static_cast<uint32_t>(dim), static_cast<uint32_t>(R), theta, c.rms_eps, W(cp + "norm.weight"),
-          indexer};
-      std::vector<float> e(dim);
-      TESSERA_RETURN_IF_ERROR(V4CompressEntry(comp, (p + 1) / ratio - 1, rows, static_cast<uint32_t>(row.size()), e));
-      const auto& groups = manager_->pool().groups();
-      for (const StateLayer& sl : manager_->states()->layers()) {
-        if (sl.layer != l) continue;
-        const RecordFormat& f = groups[static_cast<size_t>(indexer ? sl.igroup : sl.group)].format;
-        bytes.assign(f.record_bytes(), std::byte{0});
-        RecordView v;
-        v.plane_count = f.plane_count();
-        v.planes[0] = std::span(bytes).first(f.plane_bytes(0));
-        if (v.plane_count == 2) v.planes[1] = std::span(bytes).subspan(f.plane_bytes(0));
-        TESSERA_RETURN_IF_ERROR(EncodeV4Entry(e, f, v));
-      }
-      return Status::Ok();
-    };
-    if (ratio > 0) TESSERA_RETURN_IF_ERROR(compress(false, pending_state_[l], entry));
-    if (ratio == 4) TESSERA_RETURN_IF_ERROR(compress(true, pending_istate_[l], ientry));
-    if (scratch == nullptr) TESSERA_RETURN_IF_ERROR(pages.SetPending(V4Pending{pending_rows_[l], entry, ientry}));
-
-    std::vector<uint64_t> selected;
-    if (ratio == 4) {
-      std::vector<float> iq(I * ID), iw(I);
-      Linear(W(pre + "attn.indexer.wq_b.weight"), qr, iq);
-      for (size_t j = 0; j < I; ++j) {
-        std::span<float> qj(iq.data() + j * ID, ID);
-        RopeInterleaved(qj.subspan(ID - R), p, theta, false);
-        TESSERA_RETURN_IF_ERROR(HadamardTransform(qj));
-        TESSERA_RETURN_IF_ERROR(RoundFp4Blocks(qj));
-      }
-      Linear(W(pre + "attn.indexer.weights_proj.weight"), x, iw);
-      const float ws = 1.0f / std::sqrt(static_cast<float>(ID)) / std::sqrt(static_cast<float>(I));
-      for (float& v : iw) v *= ws;
-      TESSERA_RETURN_IF_ERROR(V4IndexerSelect(pages, IndexerQuery{iq, iw}, d.indexer, &selected, counters));
-    } else if (ratio > 0) {
-      for (uint64_t e = 0; e < pages.entries(); ++e) selected.push_back(e);
-    }
-    TESSERA_RETURN_IF_ERROR(V4Attend(pages, selected, q, W(pre + "attn.attn_sink"), d, theta, o, counters));
-    if (scratch == nullptr) {
-      last_selected_.resize(c.layers);
-      last_selected_[l] = selected;
-    }
-    // Grouped output projection: group g's heads through wo_a's rows g*o_lora.., then wo_b.
-    const size_t gin = H * D / c.o_groups;
-    for (size_t g = 0; g < c.o_groups; ++g) {
-      Linear(W(pre + "attn.wo_a.weight").subspan(g * c.o_lora * gin, size_t{c.o_lora} * gin),
-             std::span<const float>(o).subspan(g * gin, gin), std::span(y).subspan(g * c.o_lora, c.o_lora));
-    }
-    Linear(W(pre + "attn.wo_b.weight"), y, out);
-    for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
-    // Dense SwiGLU.
-    std::vector<float> yn = h, a(c.ffn), b(c.ffn);
-    RmsNorm(yn, W(pre + "ffn_norm.weight"), c.rms_eps);
-    Linear(W(pre + "ffn.w1.weight"), yn, a);
-    Linear(W(pre + "ffn.w3.weight"), yn, b);
-    for (size_t i = 0; i < c.ffn; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
-    Linear(W(pre + "ffn.w2.weight"), a, out);
-    for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
-  }
+  const size_t hidden = c.hidden;
+  const std::span<const float> embed = weights_.at("embed.weight");
+  std::vector<float> h(embed.subspan(size_t{token} * hidden, hidden).begin(),
+                       embed.subspan(size_t{token} * hidden, hidden).end());
+  for (uint32_t l = 0; l < c.layers; ++l) TESSERA_RETURN_IF_ERROR(Layer(rid, p, l, scratch, h, counters));
   if (scratch != nullptr) return Status::Ok();  // rows only
-  RmsNorm(h, W("norm.weight"), c.rms_eps);
-  Linear(W("head.weight"), h, logits);
+  RmsNorm(h, weights_.at("norm.weight"), c.rms_eps);
+  MatVec(weights_.at("head.weight"), h, logits);
+  return AppendToken(rid, token);
+}
 
-  // Append: the writers copy the rows just attended to; entries are rebuilt from the manager's
-  // rows (the same rows, so the same bytes as the pending ones).
+Status TinyV4Runner::Layer(RequestId rid, uint64_t p, uint32_t l, Scratch* scratch, std::span<float> h,
+                           AttentionCounters* counters) {
+  const TinyV4Config& c = config_;
+  const V4Dims& d = c.dims;
+  const size_t hidden = c.hidden, H = d.heads, D = d.head_dim, N = d.nope();
+  const auto W = [&](const std::string& name) -> std::span<const float> { return weights_.at(name); };
+  const std::string pre = "layers." + std::to_string(l) + ".";
+  const uint32_t ratio = c.ratios[l];
+  const double theta = c.theta(l);
+  std::vector<float> x(h.begin(), h.end()), qr(c.q_lora), q(H * D), kv(D), o(H * D);
+  std::vector<float> y(size_t{c.o_groups} * c.o_lora), out(hidden);
+  RmsNorm(x, W(pre + "attn_norm.weight"), c.rms_eps);
+  MatVec(W(pre + "attn.wq_a.weight"), x, qr);
+  RmsNorm(qr, W(pre + "attn.q_norm.weight"), c.rms_eps);
+  MatVec(W(pre + "attn.wq_b.weight"), qr, q);
+  for (size_t hh = 0; hh < H; ++hh) {
+    std::span<float> qh(q.data() + hh * D, D);
+    RmsNorm(qh, {}, c.rms_eps);
+    RopeInterleaved(qh.subspan(N), p, theta, false);
+  }
+  MatVec(W(pre + "attn.wkv.weight"), x, kv);
+  RmsNorm(kv, W(pre + "attn.kv_norm.weight"), c.rms_eps);
+  RopeInterleaved(std::span(kv).subspan(N), p, theta, false);
+  pending_rows_[l].assign(kV4DataRowBytes + kV4ScaleRowBytes, std::byte{0});
+  TESSERA_RETURN_IF_ERROR(EncodeV4WindowRow(kv, pending_rows_[l]));
+  TESSERA_ASSIGN_OR_RETURN(V4PagedLayer pages, Bind(rid, p, l, scratch));
+  std::vector<std::byte> entry, ientry;
+  if (ratio > 0) TESSERA_RETURN_IF_ERROR(Compress(p, l, false, x, pages, scratch, pending_state_[l], entry));
+  if (ratio == 4) TESSERA_RETURN_IF_ERROR(Compress(p, l, true, x, pages, scratch, pending_istate_[l], ientry));
+  if (scratch == nullptr) TESSERA_RETURN_IF_ERROR(pages.SetPending(V4Pending{pending_rows_[l], entry, ientry}));
+  std::vector<uint64_t> selected;
+  TESSERA_RETURN_IF_ERROR(Select(p, l, x, qr, pages, &selected, counters));
+  TESSERA_RETURN_IF_ERROR(V4Attend(pages, selected, q, W(pre + "attn.attn_sink"), d, theta, o, counters));
+  if (scratch == nullptr) {
+    last_selected_.resize(c.layers);
+    last_selected_[l] = selected;
+  }
+  // Grouped output projection: group g's heads through wo_a's rows g*o_lora.., then wo_b.
+  const size_t gin = H * D / c.o_groups;
+  for (size_t g = 0; g < c.o_groups; ++g) {
+    MatVec(W(pre + "attn.wo_a.weight").subspan(g * c.o_lora * gin, size_t{c.o_lora} * gin),
+           std::span<const float>(o).subspan(g * gin, gin), std::span(y).subspan(g * c.o_lora, c.o_lora));
+  }
+  MatVec(W(pre + "attn.wo_b.weight"), y, out);
+  for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
+  // Dense SwiGLU.
+  std::vector<float> yn(h.begin(), h.end()), a(c.ffn), b(c.ffn);
+  RmsNorm(yn, W(pre + "ffn_norm.weight"), c.rms_eps);
+  MatVec(W(pre + "ffn.w1.weight"), yn, a);
+  MatVec(W(pre + "ffn.w3.weight"), yn, b);
+  for (size_t i = 0; i < c.ffn; ++i) a[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+  MatVec(W(pre + "ffn.w2.weight"), a, out);
+  for (size_t i = 0; i < hidden; ++i) h[i] += out[i];
+  return Status::Ok();
+}
+
+Result<V4PagedLayer> TinyV4Runner::Bind(RequestId rid, uint64_t p, uint32_t l, Scratch* scratch) {
+  if (scratch == nullptr) return V4PagedLayer::Of(*manager_, rid, l);
+  // The local rows of the window ending at p (fewer near the scratch's start).
+  scratch->rows[l][p] = pending_rows_[l];
+  std::vector<std::byte> rows;
+  const uint64_t window = config_.dims.window;
+  const uint64_t first = std::max<uint64_t>(scratch->begin, p + 1 > window ? p + 1 - window : 0);
+  for (uint64_t t = first; t <= p; ++t) rows.insert(rows.end(), scratch->rows[l][t].begin(), scratch->rows[l][t].end());
+  return V4PagedLayer::AsOf(*manager_, rid, l, p + 1, rows);
+}
+
+Status TinyV4Runner::Compress(uint64_t p, uint32_t l, bool indexer, std::span<const float> x, const V4PagedLayer& pages,
+                              Scratch* scratch, std::vector<float>& row, std::vector<std::byte>& bytes) {
+  const TinyV4Config& c = config_;
+  const uint32_t ratio = c.ratios[l];
+  const std::string cp =
+      "layers." + std::to_string(l) + "." + (indexer ? "attn.indexer.compressor." : "attn.compressor.");
+  const size_t dim = indexer ? c.dims.indexer.head_dim : c.dims.head_dim, coff = ratio == 4 ? 2 : 1;
+  row.assign(2 * coff * dim, 0.0f);
+  MatVec(weights_.at(cp + "wkv.weight"), x, std::span(row).first(coff * dim));
+  MatVec(weights_.at(cp + "wgate.weight"), x, std::span(row).subspan(coff * dim));
+  const std::span<const float> ape =
+      std::span<const float>(weights_.at(cp + "ape")).subspan((p % ratio) * coff * dim, coff * dim);
+  for (size_t i = 0; i < coff * dim; ++i) row[coff * dim + i] += ape[i];
+  if (scratch != nullptr) (indexer ? scratch->istate : scratch->state)[l][p] = row;
+  if (scratch != nullptr || (p + 1) % ratio != 0) return Status::Ok();
+  std::vector<float> rows(pages.state_rows(indexer).begin(), pages.state_rows(indexer).end());
+  rows.insert(rows.end(), row.begin(), row.end());
+  V4Compressor comp{ratio,     static_cast<uint32_t>(dim),      c.dims.rope, c.theta(l),
+                    c.rms_eps, weights_.at(cp + "norm.weight"), indexer};
+  std::vector<float> e(dim);
+  TESSERA_RETURN_IF_ERROR(V4CompressEntry(comp, (p + 1) / ratio - 1, rows, static_cast<uint32_t>(row.size()), e));
+  const auto& groups = manager_->pool().groups();
+  for (const StateLayer& sl : manager_->states()->layers()) {
+    if (sl.layer != l) continue;
+    const RecordFormat& f = groups[static_cast<size_t>(indexer ? sl.igroup : sl.group)].format;
+    bytes.assign(f.record_bytes(), std::byte{0});
+    RecordView v;
+    v.plane_count = f.plane_count();
+    v.planes[0] = std::span(bytes).first(f.plane_bytes(0));
+    if (v.plane_count == 2) v.planes[1] = std::span(bytes).subspan(f.plane_bytes(0));
+    TESSERA_RETURN_IF_ERROR(EncodeV4Entry(e, f, v));
+  }
+  return Status::Ok();
+}
+
+Status TinyV4Runner::Select(uint64_t p, uint32_t l, std::span<const float> x, std::span<const float> qr,
+                            const V4PagedLayer& pages, std::vector<uint64_t>* selected, AttentionCounters* counters) {
+  const TinyV4Config& c = config_;
+  const uint32_t ratio = c.ratios[l];
+  if (ratio == 0) return Status::Ok();
+  if (ratio != 4) {
+    for (uint64_t e = 0; e < pages.entries(); ++e) selected->push_back(e);
+    return Status::Ok();
+  }
+  const std::string pre = "layers." + std::to_string(l) + ".";
+  const size_t I = c.dims.indexer.heads, ID = c.dims.indexer.head_dim, R = c.dims.rope;
+  std::vector<float> iq(I * ID), iw(I);
+  MatVec(weights_.at(pre + "attn.indexer.wq_b.weight"), qr, iq);
+  for (size_t j = 0; j < I; ++j) {
+    std::span<float> qj(iq.data() + j * ID, ID);
+    RopeInterleaved(qj.subspan(ID - R), p, c.theta(l), false);
+    TESSERA_RETURN_IF_ERROR(HadamardTransform(qj));
+    TESSERA_RETURN_IF_ERROR(RoundFp4Blocks(qj));
+  }
+  MatVec(weights_.at(pre + "attn.indexer.weights_proj.weight"), x, iw);
+  const float ws = 1.0f / std::sqrt(static_cast<float>(ID)) / std::sqrt(static_cast<float>(I));
+  for (float& v : iw) v *= ws;
+  return V4IndexerSelect(pages, IndexerQuery{iq, iw}, c.dims.indexer, selected, counters);
+}
+
+Status TinyV4Runner::AppendToken(RequestId rid, uint32_t token) {
+  const TinyV4Config& c = config_;
+  const V4Dims& d = c.dims;
+  // The writers copy the rows just attended to; entries are rebuilt from the manager's rows (the
+  // same rows, so the same bytes as the pending ones).
   KvWriters w;
   w.window = [this](uint32_t layer, uint64_t, std::span<std::byte> row) {
     std::copy(pending_rows_[layer].begin(), pending_rows_[layer].end(), row.begin());

@@ -21,25 +21,6 @@ constexpr uint64_t kMaxWeightFileBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 20;
 constexpr int kMaxHeaderDepth = 8;
 
-Result<uint32_t> Count(const json& cfg, const char* field, bool required) {
-  if (!cfg.contains(field)) {
-    if (required) return InvalidArgument(field, "missing");
-    return uint32_t{0};
-  }
-  const json& v = cfg[field];
-  if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > (uint64_t{1} << 20)) {
-    return InvalidArgument(field, "must be a positive integer up to 2^20");
-  }
-  return static_cast<uint32_t>(v.get<uint64_t>());
-}
-
-Result<double> Number(const json& cfg, const char* field) {
-  if (!cfg.contains(field) || !cfg[field].is_number()) return InvalidArgument(field, "must be a number");
-  const double d = cfg[field].get<double>();
-  if (!std::isfinite(d) || d <= 0) return InvalidArgument(field, "must be a positive finite number");
-  return d;
-}
-
 // Deepest nesting of `text` (outside strings); nlohmann recurses once per level.
 int JsonDepth(std::string_view text) {
   int depth = 0, max_depth = 0;
@@ -98,6 +79,51 @@ std::string Shown(std::string_view name) {
 
 }  // namespace
 
+Result<TinyConfigFields> TinyConfigFields::Parse(std::string_view model, std::string_view text) {
+  const json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!cfg.is_object()) return InvalidArgument("config", std::string(model) + " is not a JSON object");
+  TinyConfigFields f;
+  for (const auto& [key, v] : cfg.items()) {
+    Field& field = f.fields_[key];
+    if (v.is_number_unsigned()) {
+      field = Field{Field::Kind::kUnsigned, v.get<uint64_t>(), v.get<double>()};
+    } else if (v.is_number()) {
+      field = Field{Field::Kind::kNumber, 0, v.get<double>()};
+    } else if (v.is_null()) {
+      field.kind = Field::Kind::kNull;
+    }
+  }
+  return f;
+}
+
+Result<uint32_t> TinyConfigFields::Count(const char* field, bool required) const {
+  const auto it = fields_.find(field);
+  if (it == fields_.end()) {
+    if (required) return InvalidArgument(field, "missing");
+    return uint32_t{0};
+  }
+  const Field& v = it->second;
+  if (v.kind != Field::Kind::kUnsigned || v.count == 0 || v.count > (uint64_t{1} << 20)) {
+    return InvalidArgument(field, "must be a positive integer up to 2^20");
+  }
+  return static_cast<uint32_t>(v.count);
+}
+
+Result<double> TinyConfigFields::Number(const char* field) const {
+  const auto it = fields_.find(field);
+  if (it == fields_.end() || (it->second.kind != Field::Kind::kUnsigned && it->second.kind != Field::Kind::kNumber)) {
+    return InvalidArgument(field, "must be a number");
+  }
+  const double d = it->second.number;
+  if (!std::isfinite(d) || d <= 0) return InvalidArgument(field, "must be a positive finite number");
+  return d;
+}
+
+bool TinyConfigFields::Has(const char* field) const {
+  const auto it = fields_.find(field);
+  return it != fields_.end() && it->second.kind != Field::Kind::kNull;
+}
+
 double NextWeightDraw(uint64_t& state) {
   const uint64_t u24 = SplitMix64Next(state) >> 40;
   return (static_cast<double>(u24) + 0.5) / 16777216.0 * 2.0 - 1.0;
@@ -113,15 +139,12 @@ Result<TinyConfig> LoadTinyConfig(std::string_view model) {
   c.name = std::string(model);
   TESSERA_ASSIGN_OR_RETURN(c.geometry, LoadPreset(model));
   TESSERA_ASSIGN_OR_RETURN(std::string text, PresetConfigText(model));
-  const json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!cfg.is_object()) return InvalidArgument("config", c.name + " is not a JSON object");
+  TESSERA_ASSIGN_OR_RETURN(const TinyConfigFields cfg, TinyConfigFields::Parse(c.name, text));
   const Geometry& g = c.geometry;
   if (g.model_type != "deepseek_v3" && g.model_type != "deepseek_v32") {
     return InvalidArgument("model_type", g.model_type + " (the tiny forward runs deepseek_v3 and deepseek_v32)");
   }
-  if (cfg.contains("rope_scaling") && !cfg["rope_scaling"].is_null()) {
-    return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
-  }
+  if (cfg.Has("rope_scaling")) return InvalidArgument("rope_scaling", "the tiny forward has no YaRN");
   c.layers = g.num_layers;
   c.heads = g.num_attention_heads;
   c.kv_lora = g.kv_lora_rank;
@@ -129,13 +152,13 @@ Result<TinyConfig> LoadTinyConfig(std::string_view model) {
   c.rope = g.qk_rope_head_dim;
   c.v = g.v_head_dim;
   if (c.rope % 2 != 0) return InvalidArgument("qk_rope_head_dim", "must be even (RoPE rotates pairs)");
-  TESSERA_ASSIGN_OR_RETURN(c.hidden, Count(cfg, "hidden_size", true));
-  TESSERA_ASSIGN_OR_RETURN(c.q_lora, Count(cfg, "q_lora_rank", true));
-  TESSERA_ASSIGN_OR_RETURN(c.vocab, Count(cfg, "vocab_size", true));
-  TESSERA_ASSIGN_OR_RETURN(c.ffn, Count(cfg, "intermediate_size", true));
-  TESSERA_ASSIGN_OR_RETURN(double eps, Number(cfg, "rms_norm_eps"));
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, cfg.Count("hidden_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.q_lora, cfg.Count("q_lora_rank"));
+  TESSERA_ASSIGN_OR_RETURN(c.vocab, cfg.Count("vocab_size"));
+  TESSERA_ASSIGN_OR_RETURN(c.ffn, cfg.Count("intermediate_size"));
+  TESSERA_ASSIGN_OR_RETURN(double eps, cfg.Number("rms_norm_eps"));
   c.rms_eps = static_cast<float>(eps);
-  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, Number(cfg, "rope_theta"));
+  TESSERA_ASSIGN_OR_RETURN(c.rope_theta, cfg.Number("rope_theta"));
   if (g.num_mtp_layers != 0) return InvalidArgument("num_nextn_predict_layers", "the tiny models have no MTP layers");
   if (g.model_type == "deepseek_v32") {
     c.index_heads = g.index_n_heads;
