@@ -7,7 +7,14 @@
 - ``Connector``: the shape of vLLM's ``KVConnectorBase_V1`` over Tessera's tiers.
 """
 
-from ._vllm_connector import BlockTransfer, Connector, ConnectorMetadata  # noqa: F401
+from ._vllm_connector import (  # noqa: F401
+    HAVE_VLLM,
+    BlockTransfer,
+    Connector,
+    ConnectorMetadata,
+    KVConnectorRole,
+    TesseraConnector,
+)
 from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
 from ._vllm_manager import (  # noqa: F401
     AllBlocksCleared,
@@ -19,4 +26,5 @@ from ._vllm_manager import (  # noqa: F401
 )
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
+           "HAVE_VLLM", "KVConnectorRole", "TesseraConnector",
            "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups"]
