@@ -75,7 +75,8 @@ def name_field(extra, key, default, limit=256):
     if v is None:
         v = ""
     if not isinstance(v, str) or len(v) > limit:
-        raise ValueError("%s: must be a str of at most %d characters (got %r)" % (key, limit, v))
+        got = type(v).__name__ if not isinstance(v, str) else "%d characters" % len(v)
+        raise ValueError("%s: must be a str of at most %d characters (got %s)" % (key, limit, got))
     return v
 
 
