@@ -116,7 +116,31 @@ def page_bytes(t, b):
     return t[b].reshape(-1).view(torch.uint8).clone()
 
 
+# vLLM's KVConnectorBase_V1 members at 28be48fa9 (read with vLLM's own class loaded: ADR 0030).
+VLLM_BASE_MEMBERS = [
+    "__init__", "_get_connector_metadata", "bind_connector_metadata", "bind_gpu_block_pool", "build_connector_meta",
+    "build_connector_worker_meta", "build_kv_connector_stats", "build_prom_metrics", "clear_connector_metadata",
+    "get_block_ids_with_load_errors", "get_finished", "get_finished_count", "get_handshake_metadata",
+    "get_kv_connector_kv_cache_events", "get_kv_connector_stats", "get_num_new_matched_tokens",
+    "get_required_kvcache_layout", "handle_preemptions", "has_connector_metadata", "on_new_request",
+    "prefer_cross_layer_blocks", "register_cross_layers_kv_cache", "register_kv_caches", "request_finished",
+    "requires_piecewise_for_cudagraph", "reset_cache", "role", "save_kv_layer", "set_host_xfer_buffer_ops",
+    "set_xfer_handshake_metadata", "shutdown", "start_load_kv", "take_events", "update_connector_output",
+    "update_state_after_alloc", "wait_for_layer_load", "wait_for_save"]
+VLLM_ABSTRACT = ["build_connector_meta", "get_num_new_matched_tokens", "save_kv_layer", "start_load_kv",
+                 "update_state_after_alloc", "wait_for_layer_load", "wait_for_save"]
+
+
 class VllmDoor(unittest.TestCase):
+    def test_stand_in_base_has_vllms_members(self):
+        b = _vllm_base.KVConnectorBase_V1
+        names = sorted(n for n, v in vars(b).items() if callable(v) or isinstance(v, (property, classmethod)))
+        self.assertEqual(names, VLLM_BASE_MEMBERS)
+        self.assertEqual(sorted(b.__abstractmethods__), VLLM_ABSTRACT)
+        self.assertEqual([(r.name, r.value) for r in _vllm_base.KVConnectorRole], [("SCHEDULER", 0), ("WORKER", 1)])
+        self.assertEqual(sorted(tv.TesseraConnector.__abstractmethods__), [])
+
+
     def setUp(self):
         self.extra = {"tessera_tiers": [{"kind": "host", "capacity_bytes": 64 << 20}], "tessera_secret": SECRET}
 
