@@ -144,9 +144,9 @@ class VllmDoor(unittest.TestCase):
     def setUp(self):
         self.extra = {"tessera_tiers": [{"kind": "host", "capacity_bytes": 64 << 20}], "tessera_secret": SECRET}
 
-    def share(self, kind, async_load=False, layers=3):
+    def share(self, kind, async_load=False, layers=3, tiers=None):
         from tessera._core import RecordTiers
-        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        tiers = tiers or RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
         a = Engine(vllm_config(dict(self.extra, tessera_async_load=async_load)), mla_caches(layers, 12, kind))
         b = Engine(vllm_config(dict(self.extra, tessera_async_load=async_load)),
                    {n: torch.zeros_like(t) for n, t in mla_caches(layers, 12, kind).items()})
@@ -183,6 +183,19 @@ class VllmDoor(unittest.TestCase):
 
     def test_asynchronous_load_reported_by_get_finished(self):
         self.share("bf16", async_load=True)
+
+    def test_bf16_through_disk_and_a_real_redis_server(self):
+        from tessera._core import RecordTiers
+        with tempfile.TemporaryDirectory() as d:
+            self.share("bf16", tiers=RecordTiers([{"kind": "disk", "dir": d}]))
+        from redis_support import RedisServer
+        r = RedisServer()
+        try:
+            self.share("v4", layers=0, tiers=RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port,
+                                                           "secret": SECRET.encode()}]))
+            self.assertGreater(r.command("DBSIZE"), 0)
+        finally:
+            r.close()
 
     def test_secret_from_a_file_and_from_the_environment(self):
         with tempfile.TemporaryDirectory() as d:
@@ -366,6 +379,24 @@ class SglangDoor(unittest.TestCase):
         long_a, long_b = "n" * 250 + "a", "n" * 250 + "b"
         backend(tessera_namespace=long_a).set("k", page)
         self.assertFalse(backend(tessera_namespace=long_b).exists("k"))
+
+    def test_v1_pages_through_a_redis_cluster_every_byte(self):
+        from redis_support import RedisCluster
+        c = RedisCluster()
+        try:
+            extra = self.extra(tessera_tiers=[{"kind": "redis_cluster", "seeds": c.seeds()}])
+            a = load_sglang_backend(storage_config(extra))
+            b = load_sglang_backend(storage_config(extra, tp_rank=1))
+            pa, pb = HostPool(4, 64, 4, 576, torch.bfloat16, 9), HostPool(4, 64, 4, 576, torch.bfloat16, 10)
+            a.register_mem_pool_host(pa)
+            b.register_mem_pool_host(pb)
+            idx = torch.arange(0, 2 * 64)
+            self.assertEqual(a.batch_set_v1(["c0", "c1"], idx), [True, True])
+            self.assertEqual(b.batch_get_v1(["c0", "c1"], idx + 128), [True, True])
+            self.assertTrue(torch.equal(pa.kv_buffer[:128].view(torch.int16), pb.kv_buffer[128:256].view(torch.int16)))
+            self.assertEqual(sum(n.command("DBSIZE") for n in c.nodes), 2)
+        finally:
+            c.close()
 
     def test_bad_extra_config_names_the_key(self):
         for bad, key in (({"tessera_tiers": "host"}, "tessera_tiers"), ({"tessera_secret": None,
