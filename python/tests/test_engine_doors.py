@@ -184,6 +184,21 @@ class VllmDoor(unittest.TestCase):
     def test_asynchronous_load_reported_by_get_finished(self):
         self.share("bf16", async_load=True)
 
+    @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (the device path runs where one exists)")
+    def test_cuda_bf16_cache_staged_through_host_memory(self):
+        from tessera._core import RecordTiers
+        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        src = {n: t.cuda() for n, t in mla_caches(2, 12, "bf16").items()}
+        dst = {n: torch.zeros_like(t) for n, t in src.items()}
+        a, b = Engine(vllm_config(self.extra), src), Engine(vllm_config(self.extra), dst)
+        for e in (a, b):
+            e.sched._tiers = e.worker._tiers = tiers
+        tokens = list(range(3 * BS + 1))
+        a.step(Request("r", tokens), [0, 1, 2, 3], 0)
+        self.assertEqual(b.step(Request("s", tokens), [4, 5, 6, 7], 0)[0], 3 * BS)
+        for n in src:
+            self.assertTrue(torch.equal(src[n][:3].view(torch.int16), dst[n][4:7].view(torch.int16)))
+
     def test_bf16_through_disk_and_a_real_redis_server(self):
         from tessera._core import RecordTiers
         with tempfile.TemporaryDirectory() as d:
