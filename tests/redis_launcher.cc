@@ -23,7 +23,7 @@ namespace {
 // Whether the server on `port` answers INFO with `mine` ("process_id:<pid>\r\n").
 bool AnswersAs(int port, const std::string& mine) {
 #if TESSERA_HAVE_REDIS
-  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeval{0, 200 * 1000});
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port, timeval{0, 200000});
   if (c == nullptr) return false;
   bool up = false;
   if (c->err == 0) {
@@ -49,6 +49,7 @@ RedisLaunch LaunchRedisServer(int port, const std::string& dir, const std::vecto
       "--dir",        dir,      "--loglevel",         "warning"};
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   *pid = ::fork();
