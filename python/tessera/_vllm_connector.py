@@ -41,6 +41,42 @@ except Exception:  # noqa: BLE001  (vLLM absent or not importable here: the stan
     from ._vllm_base import KVConnectorRole
     from ._vllm_base import SupportsHMA as _HMA
 
+try:  # vLLM's stats base class (a dataclass with `data`)
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats as _StatsBase  # type: ignore
+except Exception:  # noqa: BLE001
+    _StatsBase = None
+
+STAT_NAMES = ("matched_blocks", "loaded_blocks", "saved_blocks", "load_errors", "save_failures")
+
+
+class _StandInStats:
+    def __init__(self, data=None):
+        self.data = dict(data or {})
+
+
+@dataclass
+class TesseraConnectorStats(_StatsBase or _StandInStats):
+    """The connector's counters for one interval, as vLLM's KVConnectorStats: `data` holds one int
+    per counter; aggregate sums, reduce gives the sums, is_empty is all zero. vLLM's scheduler
+    aggregates the workers' (and KVConnectorLogging rebuilds them with build_kv_connector_stats),
+    which the base class leaves unimplemented."""
+    data: dict = field(default_factory=dict)
+
+    def reset(self):
+        self.data = {k: 0 for k in STAT_NAMES}
+
+    def aggregate(self, other):
+        for k, v in (getattr(other, "data", None) or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
 ROLE_SCHEDULER = KVConnectorRole.SCHEDULER
 ROLE_WORKER = KVConnectorRole.WORKER
 
@@ -207,8 +243,8 @@ class TesseraConnector(_Base, _HMA):
         self._staged_saves = {}   # (req, index) -> [page bytes per layer]
         self._load_errors = set()
         self._events = []
-        self.stats = {"matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0, "load_errors": 0,
-                      "save_failures": 0}
+        self.stats = {k: 0 for k in STAT_NAMES}
+        self._stats_reported = {}
 
     # --- keys -------------------------------------------------------------------------------------
     def _root_for(self, request):
@@ -525,12 +561,16 @@ class TesseraConnector(_Base, _HMA):
         return None, (recv or None)
 
     def get_kv_connector_stats(self):
-        """The counters, in vLLM's KVConnectorStats when vLLM is present (else a dict)."""
-        data = dict(self.stats)
-        if HAVE_VLLM:
-            from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
-            return KVConnectorStats(data=data)
-        return data
+        """The counters since the last call, as TesseraConnectorStats (a KVConnectorStats when vLLM
+        is present); None when nothing happened. ``self.stats`` keeps the totals."""
+        delta = {k: self.stats[k] - self._stats_reported.get(k, 0) for k in STAT_NAMES}
+        self._stats_reported = dict(self.stats)
+        out = TesseraConnectorStats(data=delta)
+        return None if out.is_empty() else out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return TesseraConnectorStats(data=dict(data or {}))
 
     def shutdown(self):
         self._staged_loads = {}

@@ -14,6 +14,7 @@ from ._vllm_connector import (  # noqa: F401
     ConnectorMetadata,
     KVConnectorRole,
     TesseraConnector,
+    TesseraConnectorStats,
 )
 from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
 from ._vllm_manager import (  # noqa: F401
@@ -26,5 +27,5 @@ from ._vllm_manager import (  # noqa: F401
 )
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
-           "HAVE_VLLM", "KVConnectorRole", "TesseraConnector",
+           "HAVE_VLLM", "KVConnectorRole", "TesseraConnector", "TesseraConnectorStats",
            "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups"]

@@ -168,6 +168,14 @@ class VllmDoor(unittest.TestCase):
         c = load_vllm_connector(vllm_config(self.extra), tv.KVConnectorRole.WORKER)
         self.assertIs(c.role, tv.KVConnectorRole.WORKER)
         self.assertEqual(c.reset_cache(), True)
+        self.assertIsNone(c.get_kv_connector_stats())  # nothing happened yet
+        c.stats["loaded_blocks"] += 3
+        got = c.get_kv_connector_stats()
+        self.assertIsInstance(got, tv.TesseraConnectorStats)
+        agg = tv.TesseraConnector.build_kv_connector_stats(got.data).aggregate(got)
+        self.assertEqual(agg.reduce()["loaded_blocks"], 6)
+        self.assertFalse(agg.is_empty())
+        self.assertIsNone(c.get_kv_connector_stats())  # the interval's counts were reported
         self.assertIsInstance(c, tv.TesseraConnector)
         with self.assertRaisesRegex(ValueError, "role"):
             tv.TesseraConnector(vllm_config(self.extra), "leader")
