@@ -4,7 +4,9 @@
   with vLLM's semantics, over a Tessera ``RequestManager`` (one KV-cache group) or, for
   DeepSeek-V4's several groups, over one Tessera block pool with vLLM's hybrid coordinator's
   rules (ADR 0028; ``deepseek_v4_kv_cache_groups`` gives vLLM's group layout for a preset).
-- ``Connector``: the shape of vLLM's ``KVConnectorBase_V1`` over Tessera's tiers.
+- ``TesseraConnector`` (also ``Connector``): a vLLM v1 KV connector over Tessera's tiers, which
+  vLLM's ``KVConnectorFactory`` loads with ``kv_connector_module_path="tessera.vllm"`` (a
+  ``KVConnectorBase_V1`` and ``SupportsHMA`` subclass when vLLM is importable; ADR 0030).
 """
 
 from ._vllm_connector import (  # noqa: F401
