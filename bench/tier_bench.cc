@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "bench_support.h"
+#include "redis_launcher.h"
 
 #include <chrono>
 #include <ctime>
@@ -618,37 +619,13 @@ class LocalRedis {
     return r;
   }
   int port() const { return up_ ? port_ : -1; }
-  ~LocalRedis() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
+  ~LocalRedis() { testing::StopRedisServer(&pid_); }
 
  private:
   LocalRedis() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    port_ = ntohs(a.sin_port);
-    std::string port = std::to_string(port_);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--loglevel", "warning", nullptr);
-      ::_exit(127);
-    }
-    for (int i = 0; i < 300 && !up_; ++i) {
-      redisContext* c = redisConnect("127.0.0.1", port_);
-      up_ = c != nullptr && c->err == 0;
-      if (c != nullptr) redisFree(c);
-      if (!up_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    port_ = testing::FreeLoopbackPort();
+    up_ = port_ != 0 &&
+          testing::LaunchRedisServer(port_, bench::BenchDir("redis"), {}, &pid_) == testing::RedisLaunch::kUp;
   }
   int port_ = 0;
   pid_t pid_ = -1;

@@ -1,5 +1,7 @@
 #include "test_support.h"
 
+#include "redis_launcher.h"
+
 #include "tessera/codec.h"
 
 #include <arpa/inet.h>
@@ -182,52 +184,21 @@ void RedisServer::AddArgs(const std::vector<std::string>& args) { args_.insert(a
 void RedisServer::EnableCluster() { cluster_ = true; }
 
 RedisServer::Outcome RedisServer::Launch() {
-  std::vector<std::string> args{
-      "redis-server", "--port", std::to_string(port_), "--bind",     "127.0.0.1", "--save", "", "--appendonly",
-      "no",           "--dir",  dir_.path(),           "--loglevel", "warning"};
+  std::vector<std::string> extra;
   if (cluster_) {
-    args.insert(args.end(), {"--cluster-enabled", "yes", "--cluster-config-file", dir_.path() + "/nodes.conf",
-                             "--cluster-port", std::to_string(bus_port_)});
+    extra = {"--cluster-enabled",      "yes", "--cluster-config-file", dir_.path() + "/nodes.conf", "--cluster-port",
+             std::to_string(bus_port_)};
   }
-  args.insert(args.end(), args_.begin(), args_.end());
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test that dies does not leave servers behind
-    ::execvp("redis-server", argv.data());
-    ::_exit(127);
+  extra.insert(extra.end(), args_.begin(), args_.end());
+  switch (LaunchRedisServer(port_, dir_.path(), extra, &pid_)) {
+    case RedisLaunch::kUp:
+      return Outcome::kUp;
+    case RedisLaunch::kTimeout:
+      return Outcome::kTimeout;
+    case RedisLaunch::kExited:
+      break;
   }
-  if (pid_ < 0) return Outcome::kExited;
-  const std::string mine = "process_id:" + std::to_string(pid_) + "\r\n";
-  for (int i = 0; i < 500; ++i) {                     // up to 5 s
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {  // exited: bad arguments, port taken
-      pid_ = -1;
-      return Outcome::kExited;
-    }
-#if TESSERA_HAVE_REDIS
-    timeval tv{0, 200 * 1000};
-    redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, tv);
-    if (c != nullptr && c->err == 0) {
-      redisSetTimeout(c, timeval{1, 0});
-      // Another test's server may answer on a port taken before ours bound it: it must be ours.
-      redisReply* r = static_cast<redisReply*>(redisCommand(c, "INFO server"));
-      bool up = r != nullptr && r->type == REDIS_REPLY_STRING &&
-                std::string_view(r->str, r->len).find(mine) != std::string_view::npos;
-      if (r != nullptr) freeReplyObject(r);
-      redisFree(c);
-      if (up) return Outcome::kUp;
-    } else if (c != nullptr) {
-      redisFree(c);
-    }
-#else
-    (void)mine;  // a build without Redis starts no server (its Redis tests are not built)
-    return Outcome::kExited;
-#endif
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return Outcome::kTimeout;
+  return Outcome::kExited;
 }
 
 bool RedisServer::Start() {
@@ -261,12 +232,7 @@ bool RedisServer::Start() {
   return false;
 }
 
-void RedisServer::Stop() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, nullptr, 0);
-  pid_ = -1;
-}
+void RedisServer::Stop() { StopRedisServer(&pid_); }
 
 bool RedisReply::ok() const {
 #if TESSERA_HAVE_REDIS

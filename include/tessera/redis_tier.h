@@ -3,9 +3,11 @@
 // Admission: every Put is stored (SET, pipelined per batch). Promotion: none inside the tier —
 // GetBatch returns verified copies; the caller promotes.
 //
-// Keys are namespaced: "<namespace>:<key hex>", with the namespace built from the model, the
-// record format and the tenant domain (RedisNamespace, injective), so fleets and tenants never
-// read each other's blocks.
+// Keys are namespaced: "<namespace>:<key hex>". RedisNamespace builds one, injectively, from the
+// model, the record format and a tenant domain, so stores of different models, formats or
+// domains never read each other's blocks. The domain is the caller's to give: Python's
+// TieredStore takes it as `redis_tenant_domain` (default 0); `tessera serve` passes 0 (one
+// tenant per server) — tenants sharing a server and a domain share its blocks.
 //
 // The server is hostile until its bytes are checked (docs/adr/0014-redis-hardening.md):
 // - Values are authenticated: a 64-byte header (magic, version 2, record-format id, the key, the

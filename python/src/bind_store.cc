@@ -77,8 +77,9 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
                                 const py::object& disk_dir, const py::object& disk_bytes, const py::object& disk_fsync,
                                 const py::object& redis_url, const py::object& redis_cluster,
                                 const py::object& redis_secret, const py::object& redis_namespace,
-                                const py::object& redis_timeout_ms, const py::object& write_policy,
-                                const py::object& batch_records, const py::object& asynchronous) {
+                                const py::object& redis_tenant_domain, const py::object& redis_timeout_ms,
+                                const py::object& write_policy, const py::object& batch_records,
+                                const py::object& asynchronous) {
   if (!pm || !pm->m) ThrowType("manager", "must be a tessera.RequestManager");
   const uint64_t host = ToU64(host_bytes, "host_bytes");
   TieredStoreOptions so;
@@ -100,6 +101,10 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
   std::vector<std::byte> secret;
   std::string ns;
   uint32_t timeout = ToU32(redis_timeout_ms, "redis_timeout_ms");
+  const uint32_t tenant_domain = ToU32(redis_tenant_domain, "redis_tenant_domain");
+  if (tenant_domain != 0 && !redis_namespace.is_none()) {
+    ThrowValue("redis_tenant_domain", "give redis_namespace (used whole) or redis_tenant_domain, not both");
+  }
 #ifndef TESSERA_HAVE_REDIS
   if (redis) ThrowValue(!redis_url.is_none() ? "redis_url" : "redis_cluster", "this build has no Redis tier");
 #endif
@@ -108,7 +113,10 @@ std::shared_ptr<PyStore> Attach(const std::shared_ptr<PyManager>& pm, const py::
       ThrowValue("redis_secret", "missing: a Redis tier needs the fleet's secret (>= 16 bytes)");
     secret = SecretBytes(redis_secret, "redis_secret");
 #ifdef TESSERA_HAVE_REDIS
-    ns = redis_namespace.is_none() ? RedisNamespace(pm->geometry.name, pm->kv_format, 0)
+    // The namespace is the model, the record format and the tenant domain (RedisNamespace:
+    // injective), so two tenants of one server never read each other's blocks; a namespace given
+    // by the caller is used whole.
+    ns = redis_namespace.is_none() ? RedisNamespace(pm->geometry.name, pm->kv_format, tenant_domain)
                                    : ToStr(redis_namespace, "redis_namespace");
 #endif
   }
@@ -206,10 +214,12 @@ void BindStore(py::module_& m) {
            py::arg("disk_dir") = py::none(), py::arg("disk_bytes") = 0, py::arg("disk_fsync") = "batch",
            py::arg("redis_url") = py::none(), py::arg("redis_cluster") = py::none(),
            py::arg("redis_secret") = py::none(), py::arg("redis_namespace") = py::none(),
-           py::arg("redis_timeout_ms") = 200, py::arg("write_policy") = "write-back", py::arg("batch_records") = 16,
-           py::arg("asynchronous") = true,
+           py::arg("redis_tenant_domain") = 0, py::arg("redis_timeout_ms") = 200,
+           py::arg("write_policy") = "write-back", py::arg("batch_records") = 16, py::arg("asynchronous") = true,
            "Tiers under `manager` (attached as its block source, replacing any earlier store): host memory of "
-           "host_bytes, a disk directory, a Redis server (redis://HOST:PORT) or a Redis Cluster (host:port,...).")
+           "host_bytes, a disk directory, a Redis server (redis://HOST:PORT) or a Redis Cluster (host:port,...); "
+           "Redis keys live in the namespace of the model, the KV format and redis_tenant_domain (or redis_namespace, "
+           "whole).")
       .def("flush",
            [](PyStore& s) {
              ManagerLock lk(*s.pm);

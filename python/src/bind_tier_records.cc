@@ -101,8 +101,8 @@ std::unique_ptr<Tier> MakeTier(py::handle item, std::string_view arg) {
   if (!PyDict_Check(item.ptr())) ThrowType(arg, "each tier is a dict with \"kind\"");
   py::dict spec = py::reinterpret_borrow<py::dict>(item);
   const std::string kind = spec.contains("kind") ? ToStr(spec["kind"], std::string(arg) + ".kind") : "";
-  static const char* const kKnown[] = {"kind",  "capacity_bytes",  "dir",       "host", "port", "secret", "namespace",
-                                       "fsync", "max_value_bytes", "timeout_ms"};
+  static const char* const kKnown[] = {"kind",  "capacity_bytes",  "dir",        "host", "port", "secret", "namespace",
+                                       "fsync", "max_value_bytes", "timeout_ms", "seeds"};
   for (auto kv : spec) {
     const std::string name = ToStr(kv.first, std::string(arg) + " key");
     bool known = false;
@@ -135,7 +135,26 @@ std::unique_ptr<Tier> MakeTier(py::handle item, std::string_view arg) {
     o.timeout_ms = static_cast<uint32_t>(u64("timeout_ms", o.timeout_ms, 600000));
     return Take(MakeRedisTier(o));
   }
-  ThrowValue(std::string(arg) + ".kind", "must be \"host\", \"disk\" or \"redis\" (got \"" + kind + "\")");
+  if (kind == "redis_cluster") {
+    RedisClusterOptions o;
+    if (!spec.contains("seeds")) ThrowValue(std::string(arg) + ".seeds", "a Redis Cluster tier needs seeds");
+    const std::string seeds = ToStr(spec["seeds"], std::string(arg) + ".seeds");
+    for (size_t start = 0; start <= seeds.size();) {
+      const size_t comma = seeds.find(',', start);
+      const size_t end = comma == std::string::npos ? seeds.size() : comma;
+      if (end == start) ThrowValue(std::string(arg) + ".seeds", "an empty seed (give \"host:port,...\")");
+      o.seeds.push_back(seeds.substr(start, end - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (spec.contains("namespace")) o.key_namespace = ToStr(spec["namespace"], std::string(arg) + ".namespace");
+    o.secret = SecretOf(spec, arg);
+    o.max_value_bytes = u64("max_value_bytes", o.max_value_bytes);
+    o.timeout_ms = static_cast<uint32_t>(u64("timeout_ms", o.timeout_ms, 600000));
+    return Take(MakeRedisClusterTier(o));
+  }
+  ThrowValue(std::string(arg) + ".kind",
+             "must be \"host\", \"disk\", \"redis\" or \"redis_cluster\" (got \"" + kind + "\")");
 }
 
 class RecordTiers {

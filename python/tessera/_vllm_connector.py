@@ -1,30 +1,84 @@
-"""tessera.vllm.Connector: the shape of vLLM's KVConnectorBase_V1 over Tessera's tiers.
+"""tessera.vllm.TesseraConnector: a vLLM v1 KV connector over Tessera's tiers.
 
 vLLM's v1 connector API (``vllm/distributed/kv_transfer/kv_connector/v1/base.py``, read at
-github.com/local-inference-lab/vllm 28be48fa944d8c58aeffd1ab1b56e27828c6b268) splits a connector
-in two roles. The scheduler side decides what to load and save:
+github.com/local-inference-lab/vllm 28be48fa944d8c58aeffd1ab1b56e27828c6b268, upstream 9aaf83ef)
+splits a connector in two roles. The scheduler side decides what to load and save:
 ``get_num_new_matched_tokens``, ``update_state_after_alloc``, ``build_connector_meta``,
-``request_finished``. The worker side moves page bytes between vLLM's paged KV buffer and the
-store: ``register_kv_caches``, ``bind_connector_metadata``, ``start_load_kv``,
-``wait_for_layer_load``, ``save_kv_layer``, ``wait_for_save``, ``get_block_ids_with_load_errors``.
+``request_finished``. The worker side moves page bytes between vLLM's paged KV buffers and the
+store: ``register_kv_caches``, ``start_load_kv``, ``wait_for_layer_load``, ``save_kv_layer``,
+``wait_for_save``, ``get_finished``, ``get_block_ids_with_load_errors``.
 
-Here the store is Tessera's tiers (``RecordTiers``: host DRAM, a disk directory, Redis). One record
-per full block holds the block's page in every registered layer; its tier key is a keyed hash of
-the parent block's key and the block's tokens (a prefix chain, as vLLM's block hashes), and the
-record carries the parent key, the tokens and the layout (layer names, page bytes), all checked
-before a byte reaches the paged buffer. A block whose record is missing or fails a check is
-reported by ``get_block_ids_with_load_errors`` (vLLM then recomputes it).
+When vLLM is importable the class subclasses vLLM's ``KVConnectorBase_V1`` and ``SupportsHMA``, so
+that vLLM's ``KVConnectorFactory`` loads it from ``kv_connector_module_path="tessera.vllm"``;
+otherwise it subclasses a stand-in with the same methods and vLLM's role enum (tests).
+
+One record per full block holds the block's page in every registered layer; its tier key is a
+keyed hash of the parent block's key and the block's tokens (a prefix chain), rooted in the
+model's identity (name, weights revision), the tenant, the namespace and the request's own
+scope (cache_salt, LoRA adapter) with the multimodal inputs each block overlaps; the record
+carries the parent key, the tokens and the layout (layer names, page bytes), all checked before a
+byte reaches the paged buffer (docs/ENGINES.md, "Engine doors"; ADR 0030).
 """
 
 import hashlib
 import struct
 from dataclasses import dataclass, field
 
-from . import _records
-from ._core import RecordTiers
+from . import _engine_config, _records
 
-ROLE_SCHEDULER = "scheduler"
-ROLE_WORKER = "worker"
+try:  # vLLM's own base classes when vLLM is importable
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
+        KVConnectorBase_V1 as _Base,
+        KVConnectorMetadata as _MetaBase,
+        KVConnectorRole,
+        SupportsHMA as _HMA,
+    )
+    HAVE_VLLM = True
+except Exception:  # noqa: BLE001  (vLLM absent or not importable here: the stand-in)
+    HAVE_VLLM = False
+    from ._vllm_base import KVConnectorBase_V1 as _Base  # noqa: F401
+    from ._vllm_base import KVConnectorMetadata as _MetaBase
+    from ._vllm_base import KVConnectorRole
+    from ._vllm_base import SupportsHMA as _HMA
+
+try:  # vLLM's stats base class (a dataclass with `data`)
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats as _StatsBase  # type: ignore
+except Exception:  # noqa: BLE001
+    _StatsBase = None
+
+STAT_NAMES = ("matched_blocks", "loaded_blocks", "saved_blocks", "load_errors", "save_failures")
+
+
+class _StandInStats:
+    def __init__(self, data=None):
+        self.data = dict(data or {})
+
+
+@dataclass
+class TesseraConnectorStats(_StatsBase or _StandInStats):
+    """The connector's counters for one interval, as vLLM's KVConnectorStats: `data` holds one int
+    per counter; aggregate sums, reduce gives the sums, is_empty is all zero. vLLM's scheduler
+    aggregates the workers' (and KVConnectorLogging rebuilds them with build_kv_connector_stats),
+    which the base class leaves unimplemented."""
+    data: dict = field(default_factory=dict)
+
+    def reset(self):
+        self.data = {k: 0 for k in STAT_NAMES}
+
+    def aggregate(self, other):
+        for k, v in (getattr(other, "data", None) or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self):
+        return dict(self.data)
+
+    def is_empty(self):
+        return not any(self.data.values())
+
+
+ROLE_SCHEDULER = KVConnectorRole.SCHEDULER
+ROLE_WORKER = KVConnectorRole.WORKER
 
 
 @dataclass
@@ -40,10 +94,13 @@ class BlockTransfer:
 
 
 @dataclass
-class ConnectorMetadata:
-    """What the scheduler side hands the worker side for one step."""
+class ConnectorMetadata(_MetaBase):
+    """What the scheduler side hands the worker side for one step (a KVConnectorMetadata).
+    ``async_loads``: the requests whose loads the worker completes in start_load_kv and reports
+    through get_finished (vLLM's asynchronous load)."""
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
+    async_loads: list = field(default_factory=list)
 
 
 @dataclass
@@ -54,16 +111,19 @@ class _ReqState:
     saved: int = 0          # blocks [0, saved) are in the store (loaded, saved or scheduled to save)
     pending_load: list = field(default_factory=list)
     local_tokens: int = 0   # tokens the engine's own prefix cache had (get_num_new_matched_tokens)
+    loading: bool = False   # an asynchronous load is scheduled or running
 
 
-def _role_name(role):
-    name = getattr(role, "name", role)
-    name = str(name).lower()
-    if name.startswith("kv_"):
+def _role_of(role):
+    if isinstance(role, KVConnectorRole):
+        return role
+    name = str(getattr(role, "name", role)).upper()
+    if name.startswith("KV_"):
         name = name[3:]
-    if name not in (ROLE_SCHEDULER, ROLE_WORKER):
-        raise ValueError("role: must be 'scheduler' or 'worker' (got %r)" % (role,))
-    return name
+    for r in KVConnectorRole:
+        if r.name == name:
+            return r
+    raise ValueError("role: must be KVConnectorRole.SCHEDULER or .WORKER (got %r)" % (role,))
 
 
 def _block_ids_of(blocks):
@@ -77,23 +137,66 @@ def _block_ids_of(blocks):
     raise TypeError("blocks: must be KVCacheBlocks or a list of block ids (got %s)" % type(blocks).__name__)
 
 
-class Connector:
-    """KVConnectorBase_V1's shape over Tessera's tiers.
+def _request_scope(request):
+    """The parts of a request that make two equal token runs different KV: vLLM's cache_salt and
+    the LoRA adapter (vLLM puts both into its block hashes' extra keys)."""
+    salt = getattr(request, "cache_salt", None) or ""
+    lora = getattr(request, "lora_request", None)
+    lora_name = ""
+    if lora is not None:
+        lora_name = "%s#%s" % (getattr(lora, "lora_name", ""), getattr(lora, "lora_int_id", ""))
+    return salt, lora_name
 
-    ``vllm_config``/``kv_cache_config``: vLLM's objects when run inside vLLM (the block size is
-    read from ``vllm_config.cache_config.block_size``, tiers and secret from
-    ``kv_transfer_config.kv_connector_extra_config["tessera_tiers"/"tessera_secret"]``);
-    outside vLLM give ``block_size``, ``tiers`` (``RecordTiers`` or a list of tier dicts) and
-    ``secret`` (bytes, at least 16) directly. One object may serve both roles (tests).
+
+def _mm_in_block(request, start, end):
+    """The multimodal inputs (hash, offset, length) whose placeholder tokens overlap [start, end)."""
+    out = []
+    for f in getattr(request, "mm_features", None) or ():
+        pos = getattr(f, "mm_position", None)
+        ident = getattr(f, "mm_hash", None) or getattr(f, "identifier", None)
+        if pos is None or ident is None:
+            continue
+        off, n = int(pos.offset), int(pos.length)
+        if off < end and off + n > start:
+            out.append((str(ident), off, n))
+    return out
+
+
+def _as_torch_page(cache, block_id):
+    """The bytes of one block of a torch KV cache (any dtype, any device) as a flat uint8 tensor view."""
+    import torch
+    return cache[block_id].reshape(-1).view(torch.uint8)
+
+
+class TesseraConnector(_Base, _HMA):
+    """vLLM's KVConnectorBase_V1 (and SupportsHMA) over Tessera's tiers.
+
+    vLLM constructs it as ``TesseraConnector(vllm_config, role, kv_cache_config)``. Read from
+    ``vllm_config``: the block size (``cache_config.block_size``), the model's identity
+    (``model_config.model``, ``model_config.revision``) and ``kv_transfer_config.kv_connector_extra_config``:
+    ``tessera_tiers`` (a list of tier dicts: host, disk, redis, redis_cluster), the secret as
+    ``tessera_secret_file`` or ``tessera_secret_env`` (or ``tessera_secret``), ``tessera_tenant``,
+    ``tessera_namespace``, ``tessera_revision`` (overrides the model's) and ``tessera_async_load``.
+    Outside vLLM the keyword arguments give the same (``block_size``, ``tiers``, ``secret``, ``model``,
+    ``tenant``...). One object may serve both roles (tests).
     """
 
     def __init__(self, vllm_config=None, role=ROLE_SCHEDULER, kv_cache_config=None, *, block_size=None,
-                 tiers=None, secret=None, namespace="vllm"):
-        self.role = _role_name(role)
-        extra = {}
+                 tiers=None, secret=None, namespace=None, model=None, revision=None, tenant=None,
+                 async_load=None):
+        role = _role_of(role)
+        if vllm_config is not None and getattr(vllm_config, "kv_transfer_config", None) is not None:
+            _Base.__init__(self, vllm_config, role, kv_cache_config)
+        else:  # outside vLLM: the base's state, set by hand
+            self._connector_metadata = None
+            self._vllm_config = vllm_config
+            self._kv_cache_config = kv_cache_config
+            self._role = role
         ktc = getattr(vllm_config, "kv_transfer_config", None)
-        if ktc is not None:
-            extra = getattr(ktc, "kv_connector_extra_config", None) or {}
+        extra = (getattr(ktc, "kv_connector_extra_config", None) or {}) if ktc is not None else {}
+        if not isinstance(extra, dict):
+            raise ValueError("kv_connector_extra_config: must be a JSON object")
+        _engine_config.unknown_keys(extra, _engine_config.KEYS)
         if block_size is None and vllm_config is not None:
             block_size = vllm_config.cache_config.block_size
         if isinstance(block_size, bool) or not isinstance(block_size, int):
@@ -101,33 +204,54 @@ class Connector:
         if not 1 <= block_size <= 1 << 16:
             raise ValueError("block_size: must be 1..65536 (got %d)" % block_size)
         self.block_size = block_size
-        tiers = extra.get("tessera_tiers") if tiers is None else tiers
-        secret = extra.get("tessera_secret") if secret is None else secret
-        self._secret = _records.check_secret(secret)
-        if isinstance(tiers, RecordTiers):
-            self._tiers = tiers
-        elif isinstance(tiers, (list, tuple)):
-            self._tiers = RecordTiers([dict(t, secret=self._secret) if isinstance(t, dict) and
-                                       t.get("kind") == "redis" and "secret" not in t else t for t in tiers])
-        else:
-            raise TypeError("tiers: must be RecordTiers or a list of tier dicts (got %s)" % type(tiers).__name__)
-        if not isinstance(namespace, str) or not namespace or len(namespace) > 64:
-            raise ValueError("namespace: must be a non-empty str of at most 64 characters")
-        self._domain = ("vllm:" + namespace).encode()[:16]
-        self._root = _records.tier_key(self._secret, self._domain, b"root:" + namespace.encode())
+        mc = getattr(vllm_config, "model_config", None)
+        if model is None:
+            model = getattr(mc, "model", None) or ""
+        if revision is None:
+            revision = _engine_config.name_field(extra, "tessera_revision", getattr(mc, "revision", None) or "")
+        if tenant is None:
+            tenant = _engine_config.name_field(extra, "tessera_tenant", "")
+        if namespace is None:
+            namespace = _engine_config.name_field(extra, "tessera_namespace", "vllm")
+        for arg, v in (("model", model), ("revision", revision), ("tenant", tenant), ("namespace", namespace)):
+            if not isinstance(v, str) or len(v) > 1024:
+                raise ValueError("%s: must be a str of at most 1024 characters (got %r)" % (arg, v))
+        if not namespace:
+            raise ValueError("namespace: must not be empty")
+        if async_load is None:
+            async_load = extra.get("tessera_async_load", False)
+        if not isinstance(async_load, bool):
+            raise ValueError("tessera_async_load: must be true or false (got %r)" % (async_load,))
+        self.async_load = async_load
+        self._secret = _engine_config.secret_from(extra, secret)
+        self._tiers = _engine_config.tiers_from(extra.get("tessera_tiers") if tiers is None else tiers, self._secret,
+                                               "tessera_tiers" if tiers is None else "tiers")
+        self.identity = {"model": model, "revision": revision, "tenant": tenant, "namespace": namespace}
+        # The scope: every field whole (length-prefixed, hashed), never cut (issue 27 points 4-5).
+        self._scope = _engine_config.scope("vllm-connector", model, revision, tenant, namespace)
+        self._domain = b"tessera-vllm-kv"
         self._reqs = {}
         self._metadata = None
+        self._gpu_block_pool = None
+        self._finished_loads = set()
+        self._new_requests = 0
         # Worker side.
         self._layers = []
         self._caches = {}
-        self._page_bytes = 0
+        self._page_bytes = {}
         self._staged_loads = {}   # (req, index) -> (transfer, body memoryview)
         self._staged_saves = {}   # (req, index) -> [page bytes per layer]
         self._load_errors = set()
-        self.stats = {"matched_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0, "load_errors": 0,
-                      "save_failures": 0}
+        self._events = []
+        self.stats = {k: 0 for k in STAT_NAMES}
+        self._stats_reported = {}
 
     # --- keys -------------------------------------------------------------------------------------
+    def _root_for(self, request):
+        salt, lora = _request_scope(request)
+        return _records.tier_key(self._secret, self._domain, b"root" + _engine_config.scope("request", salt, lora) +
+                                 self._scope)
+
     def _keys_for(self, request):
         tokens = request.all_token_ids
         n = len(tokens) // self.block_size
@@ -136,28 +260,42 @@ class Connector:
             st = _ReqState(request=request, keys=[])
             self._reqs[request.request_id] = st
         if len(st.keys) < n:
-            st.keys += self._chain_from(tokens, st.keys, n)
+            st.keys += self._chain_from(request, tokens, st.keys, n)
         return st
 
-    def _chain_from(self, tokens, have, n):
+    def _chain_from(self, request, tokens, have, n):
         bs = self.block_size
-        parent = have[-1] if have else self._root
+        parent = have[-1] if have else self._root_for(request)
         out = []
         for b in range(len(have), n):
             blk = tokens[b * bs:(b + 1) * bs]
-            key = _records.tier_key(self._secret, self._domain, parent + struct.pack("<%dI" % bs, *blk))
+            mm = _mm_in_block(request, b * bs, (b + 1) * bs)
+            extra = _engine_config.scope("mm", *("%s@%d+%d" % m for m in mm)) if mm else b""
+            key = _records.tier_key(self._secret, self._domain, parent + struct.pack("<%dI" % bs, *blk) + extra)
             out.append(key)
             parent = key
         return out
 
+    def _parent(self, st, i):
+        return st.keys[i - 1] if i else self._root_for(st.request)
+
     # --- scheduler side --------------------------------------------------------------------------
+    def bind_gpu_block_pool(self, gpu_block_pool):
+        """vLLM's scheduler hands its BlockPool at start; kept, not used (keys are Tessera's own)."""
+        self._gpu_block_pool = gpu_block_pool
+
+    def on_new_request(self, request):
+        self._new_requests += 1
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """(tokens beyond `num_computed_tokens` the tiers hold for this prompt, False): the
+        """(tokens beyond `num_computed_tokens` the tiers hold for this prompt, load is async): the
         longest run of the prompt's whole blocks held, capped (as vLLM's own prefix cache) so
         that the last prompt token is computed."""
         if isinstance(num_computed_tokens, bool) or not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
             raise ValueError("num_computed_tokens: must be a non-negative int")
         st = self._keys_for(request)
+        if st.loading:  # vLLM asks again after an asynchronous load finished
+            return 0, False
         limit = max(0, (request.num_tokens - 1) // self.block_size)
         keys = st.keys[:limit]
         first = num_computed_tokens // self.block_size
@@ -171,7 +309,7 @@ class Connector:
         matched = n * self.block_size
         ext = max(0, matched - num_computed_tokens)
         self.stats["matched_blocks"] += ext // self.block_size
-        return ext, False
+        return ext, bool(self.async_load and ext)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """Records the blocks the scheduler allocated; with external tokens, the blocks to load
@@ -182,27 +320,27 @@ class Connector:
             if num_external_tokens % self.block_size:
                 raise ValueError("num_external_tokens: must be whole blocks of %d" % self.block_size)
             n_ext = num_external_tokens // self.block_size
-            # The external blocks follow the locally cached ones (vLLM hands every block of the
-            # request, local hits first): those get_num_new_matched_tokens was told of.
             start = st.local_tokens // self.block_size
             if start + n_ext > len(st.keys) or start + n_ext > len(st.block_ids):
                 raise ValueError("num_external_tokens: %d tokens past the request's blocks" % num_external_tokens)
             st.pending_load = list(range(start, start + n_ext))
             st.saved = max(st.saved, start + n_ext)
+            st.loading = self.async_load
 
     def build_connector_meta(self, scheduler_output):
         """The loads decided since the last call and the saves of blocks this step completes.
-        Reads, duck-typed, vLLM's SchedulerOutput: ``scheduled_new_reqs`` (req_id, block_ids,
+        Reads vLLM's SchedulerOutput: ``scheduled_new_reqs`` (req_id, block_ids,
         num_computed_tokens), ``scheduled_cached_reqs`` (req_ids, new_block_ids,
         num_computed_tokens) and ``num_scheduled_tokens``; it does not modify it."""
         meta = ConnectorMetadata()
         bs = self.block_size
         for st in self._reqs.values():
+            r = st.request
             for i in st.pending_load:
-                r = st.request
-                meta.loads.append(BlockTransfer(r.request_id, i, st.block_ids[i], st.keys[i],
-                                                st.keys[i - 1] if i else self._root,
+                meta.loads.append(BlockTransfer(r.request_id, i, st.block_ids[i], st.keys[i], self._parent(st, i),
                                                 tuple(r.all_token_ids[i * bs:(i + 1) * bs])))
+            if st.pending_load and st.loading:
+                meta.async_loads.append(r.request_id)
             st.pending_load = []
         sched = getattr(scheduler_output, "num_scheduled_tokens", {}) or {}
         computed = {}
@@ -228,55 +366,91 @@ class Connector:
             self._keys_for(r)
             upto = min(upto, len(st.keys), len(st.block_ids))
             for i in range(st.saved, upto):
-                meta.saves.append(BlockTransfer(rid, i, st.block_ids[i], st.keys[i],
-                                                st.keys[i - 1] if i else self._root,
+                meta.saves.append(BlockTransfer(rid, i, st.block_ids[i], st.keys[i], self._parent(st, i),
                                                 tuple(r.all_token_ids[i * bs:(i + 1) * bs])))
             st.saved = max(st.saved, upto)
         return meta
+
+    def update_connector_output(self, connector_output):
+        """vLLM's KVConnectorOutput of a step: the requests whose asynchronous loads finished."""
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            st = self._reqs.get(rid)
+            if st is not None:
+                st.loading = False
+                self._finished_loads.add(rid)
 
     def request_finished(self, request, block_ids):
         """Forgets the request. Saves are written by wait_for_save in the step that computes
         them, so vLLM may free the blocks at once: (False, None)."""
         self._reqs.pop(request.request_id, None)
+        self._finished_loads.discard(request.request_id)
         return False, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        """SupportsHMA: the same for every KV-cache group's blocks."""
+        return self.request_finished(request, block_ids)
+
+    def take_events(self):
+        out, self._events = self._events, []
+        return out
+
+    def reset_cache(self):
+        """vLLM's reset_prefix_cache: forgets what this connector tracks; the tiers' records stay
+        (another engine of the fleet may be reading them). True."""
+        self._reqs = {}
+        self._finished_loads = set()
+        return True
 
     # --- worker side -----------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches):
-        """vLLM's paged buffers, layer name -> array [num_blocks, block_size, ...] (numpy, or CPU
-        torch tensors); every layer's page (one block) must have the same byte size."""
+        """vLLM's paged buffers, layer name -> tensor [num_blocks, block_size, ...] of any dtype
+        (bf16 for the default MLA cache, uint8 for fp8_ds_mla, V4's per-group caches with their
+        own page sizes), on the CPU or a CUDA device (pages staged through host memory); numpy
+        arrays too. Pages are moved as bytes: nothing is converted."""
         if not isinstance(kv_caches, dict) or not kv_caches:
-            raise TypeError("kv_caches: must be a non-empty dict of layer name -> array")
-        caches, page = {}, None
+            raise TypeError("kv_caches: must be a non-empty dict of layer name -> tensor")
+        caches, pages = {}, {}
         for name, arr in kv_caches.items():
             if not isinstance(name, str):
                 raise TypeError("kv_caches: layer names must be str")
-            if type(arr).__module__.startswith("torch"):
-                arr = arr.numpy()
+            is_torch = type(arr).__module__.startswith("torch")
             if not hasattr(arr, "shape") or len(arr.shape) < 2:
-                raise ValueError("kv_caches[%r]: must be an array [num_blocks, block_size, ...]" % name)
+                raise ValueError("kv_caches[%r]: must be a tensor [num_blocks, block_size, ...]" % name)
             if arr.shape[1] != self.block_size:
                 raise ValueError("kv_caches[%r]: block dimension %d is not block_size %d" % (name, arr.shape[1],
                                                                                            self.block_size))
-            if not arr.flags.c_contiguous or not arr.flags.writeable:
-                raise ValueError("kv_caches[%r]: must be C-contiguous and writable" % name)
-            p = arr[0].nbytes
-            if page is not None and p != page:
-                raise ValueError("kv_caches[%r]: page of %d bytes, other layers %d" % (name, p, page))
-            page = p
+            if is_torch:
+                if not arr.is_contiguous():
+                    raise ValueError("kv_caches[%r]: must be contiguous" % name)
+                p = arr[0].numel() * arr.element_size()
+            else:
+                if not arr.flags.c_contiguous or not arr.flags.writeable:
+                    raise ValueError("kv_caches[%r]: must be C-contiguous and writable" % name)
+                p = arr[0].nbytes
             caches[name] = arr
+            pages[name] = p
         self._caches = caches
         self._layers = sorted(caches)
-        self._page_bytes = page
-        desc = struct.pack("<II", self.block_size, page) + b"\0".join(n.encode() for n in self._layers)
+        self._page_bytes = pages
+        desc = struct.pack("<I", self.block_size) + b"".join(
+            struct.pack("<IQ", len(n.encode()), pages[n]) + n.encode() for n in self._layers)
         self._layout = hashlib.blake2b(desc, digest_size=16).digest()
+        self._offsets = {}
+        off = 0
+        for n in self._layers:
+            self._offsets[n] = off
+            off += pages[n]
+        self._body_bytes = off
 
     def bind_connector_metadata(self, connector_metadata):
         if not isinstance(connector_metadata, ConnectorMetadata):
             raise TypeError("connector_metadata: must be ConnectorMetadata")
         self._metadata = connector_metadata
+        self._connector_metadata = connector_metadata
 
     def clear_connector_metadata(self):
         self._metadata = None
+        self._connector_metadata = None
         self._staged_loads = {}
 
     def has_connector_metadata(self):
@@ -293,49 +467,72 @@ class Connector:
         return self._metadata
 
     def start_load_kv(self, forward_context=None, **kwargs):
-        """Reads every block to load this step from the tiers and checks it; the bytes reach the
-        paged buffer layer by layer in wait_for_layer_load."""
+        """Reads every block to load this step from the tiers and checks it. Synchronous loads
+        reach the paged buffer layer by layer in wait_for_layer_load; asynchronous ones are
+        written here, whole, and reported by get_finished."""
         meta = self._meta()
         if not meta.loads:
             return
         got = self._tiers.get([t.key for t in meta.loads])
-        body_bytes = self._page_bytes * len(self._layers)
         for t, rec in zip(meta.loads, got):
             body = None
             if rec is not None and rec[0] == _records.FORMAT_ID:
-                body = _records.decode(rec[1], _records.KIND_VLLM_BLOCK, self._identity(t), body_bytes)
+                body = _records.decode(rec[1], _records.KIND_VLLM_BLOCK, self._identity(t), self._body_bytes)
             if body is None:
                 self._load_errors.add(t.block_id)
                 self.stats["load_errors"] += 1
                 continue
             self._staged_loads[(t.req_id, t.index)] = (t, body)
+        if meta.async_loads:
+            done = set(meta.async_loads)
+            for key in [k for k in self._staged_loads if k[0] in done]:
+                t, body = self._staged_loads.pop(key)
+                for n in self._layers:
+                    self._write_page(n, t.block_id, body)
+                self.stats["loaded_blocks"] += 1
+            self._finished_loads |= done
+
+    def _write_page(self, layer_name, block_id, body):
+        dst = self._caches[layer_name]
+        off, p = self._offsets[layer_name], self._page_bytes[layer_name]
+        src = memoryview(body)[off:off + p]
+        if type(dst).__module__.startswith("torch"):
+            import torch
+            page = _as_torch_page(dst, block_id)
+            page.copy_(torch.frombuffer(bytearray(src), dtype=torch.uint8), non_blocking=False)
+        else:
+            dst[block_id].reshape(-1).view("u1")[:] = src
 
     def wait_for_layer_load(self, layer_name):
         """Copies this layer's page of every block read by start_load_kv into the paged buffer."""
         if layer_name not in self._caches:
             raise ValueError("layer_name: %r is not a registered layer" % (layer_name,))
-        li = self._layers.index(layer_name)
-        dst = self._caches[layer_name]
-        p = self._page_bytes
+        last = layer_name == self._layers[-1]
         for t, body in self._staged_loads.values():
-            page = dst[t.block_id].reshape(-1).view("u1")
-            page[:] = memoryview(body)[li * p:(li + 1) * p]
-            if li == len(self._layers) - 1:
+            self._write_page(layer_name, t.block_id, body)
+            if last:
                 self.stats["loaded_blocks"] += 1
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata=None, **kwargs):
-        """Copies this layer's page of every block to save this step out of `kv_layer`."""
+        """Copies this layer's page of every block to save this step out of `kv_layer` (the
+        registered tensor or another of its shape; a device tensor is copied to the host)."""
         meta = self._meta()
         if layer_name not in self._caches:
             raise ValueError("layer_name: %r is not a registered layer" % (layer_name,))
-        if type(kv_layer).__module__.startswith("torch"):
-            kv_layer = kv_layer.numpy()
         li = self._layers.index(layer_name)
+        is_torch = type(kv_layer).__module__.startswith("torch")
         for t in meta.saves:
             if not 0 <= t.block_id < kv_layer.shape[0]:
                 raise ValueError("kv_layer: block id %d outside its %d blocks" % (t.block_id, kv_layer.shape[0]))
+            if is_torch:
+                page = _as_torch_page(kv_layer, t.block_id).cpu().numpy().tobytes()
+            else:
+                page = kv_layer[t.block_id].tobytes()
+            if len(page) != self._page_bytes[layer_name]:
+                raise ValueError("kv_layer: a page of %d bytes, registered %d" % (len(page),
+                                                                                  self._page_bytes[layer_name]))
             pages = self._staged_saves.setdefault((t.req_id, t.index), [None] * len(self._layers))
-            pages[li] = kv_layer[t.block_id].tobytes()
+            pages[li] = page
 
     def wait_for_save(self):
         """Writes every block whose pages were saved in all layers to the tiers."""
@@ -358,11 +555,26 @@ class Connector:
         return out
 
     def get_finished(self, finished_req_ids):
-        return None, None
+        """(None, the requests whose asynchronous loads completed since the last call): saves
+        are synchronous (written in wait_for_save), so none is ever reported as sending."""
+        recv, self._finished_loads = self._finished_loads, set()
+        return None, (recv or None)
+
+    def get_kv_connector_stats(self):
+        """The counters since the last call, as TesseraConnectorStats (a KVConnectorStats when vLLM
+        is present); None when nothing happened. ``self.stats`` keeps the totals."""
+        delta = {k: self.stats[k] - self._stats_reported.get(k, 0) for k in STAT_NAMES}
+        self._stats_reported = dict(self.stats)
+        out = TesseraConnectorStats(data=delta)
+        return None if out.is_empty() else out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return TesseraConnectorStats(data=dict(data or {}))
 
     def shutdown(self):
         self._staged_loads = {}
         self._staged_saves = {}
 
-    def take_events(self):
-        return ()
+
+Connector = TesseraConnector  # the earlier name

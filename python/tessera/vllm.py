@@ -4,10 +4,20 @@
   with vLLM's semantics, over a Tessera ``RequestManager`` (one KV-cache group) or, for
   DeepSeek-V4's several groups, over one Tessera block pool with vLLM's hybrid coordinator's
   rules (ADR 0028; ``deepseek_v4_kv_cache_groups`` gives vLLM's group layout for a preset).
-- ``Connector``: the shape of vLLM's ``KVConnectorBase_V1`` over Tessera's tiers.
+- ``TesseraConnector`` (also ``Connector``): a vLLM v1 KV connector over Tessera's tiers, which
+  vLLM's ``KVConnectorFactory`` loads with ``kv_connector_module_path="tessera.vllm"`` (a
+  ``KVConnectorBase_V1`` and ``SupportsHMA`` subclass when vLLM is importable; ADR 0030).
 """
 
-from ._vllm_connector import BlockTransfer, Connector, ConnectorMetadata  # noqa: F401
+from ._vllm_connector import (  # noqa: F401
+    HAVE_VLLM,
+    BlockTransfer,
+    Connector,
+    ConnectorMetadata,
+    KVConnectorRole,
+    TesseraConnector,
+    TesseraConnectorStats,
+)
 from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
 from ._vllm_manager import (  # noqa: F401
     AllBlocksCleared,
@@ -19,4 +29,5 @@ from ._vllm_manager import (  # noqa: F401
 )
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
+           "HAVE_VLLM", "KVConnectorRole", "TesseraConnector", "TesseraConnectorStats",
            "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups"]

@@ -214,8 +214,8 @@ class HiCacheRedis(unittest.TestCase):
         # secret (the tier's MAC key): the tier refuses it, it is never served.
         attacker = RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": self.redis.port,
                                  "secret": b"attacker-secret-0123456789abcdef"}])
-        ident = ("b" + "_deepseek-ai-DeepSeek-V3").encode()
-        tk = _records.tier_key(SECRET, b"hicache:sglang", ident)
+        ident = s._identity("b")
+        tk = s._tier_key(ident)
         evil = np.full(PAGE, 0xEE, np.uint8)
         self.assertEqual(attacker.put([tk], [_records.encode(_records.KIND_SGLANG_PAGE, ident, evil)],
                                       _records.FORMAT_ID), [True])

@@ -4,15 +4,14 @@ manager are found, verified and promoted by another, byte for byte."""
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
-import time
 import unittest
 
 import numpy as np
 
 import pattern
 import tessera
+from redis_support import RedisServer
 
 KEY = b"tessera-python-test-key-32-bytes"
 BT = 64  # tiny-mla's block span
@@ -39,51 +38,6 @@ def check_pattern(test, m, rid, tokens):
         for layer in range(g["layers"]):
             planes = m.record(rid, 0, layer, position)
             np.testing.assert_array_equal(planes[0], pattern.record(0, layer, position, 0, g["record_bytes"]))
-
-
-class RedisServer:
-    """A real redis-server on 127.0.0.1 with no persistence, in a temporary directory."""
-
-    def __init__(self):
-        path = shutil.which("redis-server")
-        if path is None:
-            raise AssertionError("redis-server is not on PATH: run scripts/install-deps.sh")
-        self.dir = tempfile.mkdtemp(prefix="tessera-py-redis-")
-        for _ in range(5):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
-            self.proc = subprocess.Popen(
-                [path, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", self.dir, "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if self.wait_up():
-                return
-            self.stop()
-        raise AssertionError("redis-server did not start")
-
-    def wait_up(self):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as c:
-                    c.sendall(b"PING\r\n")
-                    if c.recv(16).startswith(b"+PONG"):
-                        return True
-            except OSError:
-                time.sleep(0.05)
-        return False
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-    def close(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class StoreTest(unittest.TestCase):
@@ -134,6 +88,29 @@ class StoreTest(unittest.TestCase):
         try:
             b, sb = self.round_trip(redis_url="redis://127.0.0.1:%d" % server.port, redis_secret=b"s" * 32)
             self.assertEqual(sb.tiers, ["redis"])
+        finally:
+            server.close()
+
+    @unittest.skipUnless(tessera._core.HAVE_REDIS, "built without the Redis tiers (TESSERA_WITH_REDIS=OFF)")
+    def test_redis_tenant_domains_keep_tenants_apart(self):
+        """One server, one model: a store of tenant domain 2 reads nothing of domain 1's blocks,
+        and its keys live in another namespace; domain 1 again reads them (issue 25 point 10)."""
+        server = RedisServer()
+        try:
+            url = "redis://127.0.0.1:%d" % server.port
+            self.round_trip(redis_url=url, redis_secret=b"s" * 32, redis_tenant_domain=1)
+            keys = server.command("KEYS", "*")
+            self.assertTrue(keys and all(b":1:" in k for k in keys), keys[:2])
+            p = prompt(4 * BT + 1)
+            c = manager()
+            tessera.TieredStore(c, redis_url=url, redis_secret=b"s" * 32, redis_tenant_domain=2)
+            self.assertEqual(c.admit(p).tier_blocks, 0)
+            d = manager()
+            tessera.TieredStore(d, redis_url=url, redis_secret=b"s" * 32, redis_tenant_domain=1)
+            self.assertEqual(d.admit(p).tier_blocks, 4)
+            with self.assertRaisesRegex(ValueError, "redis_tenant_domain"):
+                tessera.TieredStore(d, redis_url=url, redis_secret=b"s" * 32, redis_tenant_domain=1,
+                                    redis_namespace="mine")
         finally:
             server.close()
 

@@ -1,0 +1,611 @@
+"""The engine doors (ADR 0030): Tessera's vLLM connector and SGLang storage backend loaded the way
+the engines' factories load them (module path + class name from the engine's configuration
+strings, a base-class check, the engine's constructor arguments) and driven in the order the
+engines' schedulers and workers call them, with torch tensors of the engines' real dtypes
+(bf16 MLA caches, uint8 fp8_ds_mla records, DeepSeek-V4's per-group caches) and vLLM's role enum;
+every KV byte compared bit-exact. Keys carry the model, revision, tenant, cache_salt, LoRA and
+multimodal identity; SGLang namespaces are kept whole."""
+import importlib
+import json
+import os
+import tempfile
+import unittest
+from types import SimpleNamespace
+
+import torch
+
+import tessera.sglang as tsg
+import tessera.vllm as tv
+from tessera import _vllm_base
+
+SECRET = "engine-doors-secret-0123456789abcdef"
+BS = 16
+
+
+def vllm_config(extra, model="deepseek-ai/DeepSeek-V3", revision=None):
+    """The fields of vLLM's VllmConfig a connector reads, from the JSON of --kv-transfer-config."""
+    ktc = json.loads(json.dumps({"kv_connector": "TesseraConnector", "kv_connector_module_path": "tessera.vllm",
+                                 "kv_role": "kv_both", "kv_connector_extra_config": extra}))
+    return SimpleNamespace(kv_transfer_config=SimpleNamespace(**ktc), cache_config=SimpleNamespace(block_size=BS),
+                           model_config=SimpleNamespace(model=model, revision=revision),
+                           scheduler_config=SimpleNamespace(disable_hybrid_kv_cache_manager=False))
+
+
+def load_vllm_connector(config, role):
+    """What vLLM's KVConnectorFactory does with kv_connector_module_path (factory.py
+    get_connector_class, create_connector): import, getattr, the HMA check, construct."""
+    ktc = config.kv_transfer_config
+    cls = getattr(importlib.import_module(ktc.kv_connector_module_path), ktc.kv_connector)
+    base = _vllm_base if not tv.HAVE_VLLM else importlib.import_module(
+        "vllm.distributed.kv_transfer.kv_connector.v1.base")
+    assert issubclass(cls, base.KVConnectorBase_V1) and issubclass(cls, base.SupportsHMA)
+    return cls(config, role, None)
+
+
+class Request:
+    """The fields of vLLM's v1 Request a connector reads."""
+
+    def __init__(self, rid, tokens, cache_salt=None, lora=None, mm=()):
+        self.request_id = rid
+        self.all_token_ids = list(tokens)
+        self.cache_salt = cache_salt
+        self.lora_request = lora
+        self.mm_features = list(mm)
+        self.num_computed_tokens = 0
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+
+def mla_caches(layers, blocks, kind):
+    g = torch.Generator().manual_seed(7)
+    if kind == "bf16":  # vLLM's default MLA cache: [blocks, block, 576] bf16
+        return {"model.layers.%d.self_attn.attn" % i: torch.randn(blocks, BS, 576, generator=g).to(torch.bfloat16)
+                for i in range(layers)}
+    if kind == "fp8_ds_mla":  # 656-byte records as uint8
+        return {"model.layers.%d.self_attn.attn" % i: torch.randint(0, 256, (blocks, BS, 656), generator=g,
+                                                                     dtype=torch.uint8) for i in range(layers)}
+    # DeepSeek-V4: per-group caches with pages of their own sizes
+    return {"layers.0.attn.swa": torch.randint(0, 256, (blocks, BS, 584), generator=g, dtype=torch.uint8),
+            "layers.0.attn.c4": torch.randn(blocks, BS, 512, generator=g).to(torch.bfloat16),
+            "layers.1.attn.c128": torch.randint(0, 256, (blocks, BS, 656), generator=g, dtype=torch.uint8),
+            "layers.1.attn.indexer": torch.randn(blocks, BS, 132, generator=g).to(torch.bfloat16)}
+
+
+class Engine:
+    """One vLLM engine: a scheduler-role and a worker-role connector, as vLLM builds them."""
+
+    # The order vLLM's v1 Scheduler and GPU worker call a connector in one step (Scheduler.__init__,
+    # schedule(), update_from_output(); KVConnectorModelRunnerMixin; the attention layers' hooks).
+    def __init__(self, config, caches):
+        self.sched = load_vllm_connector(config, tv.KVConnectorRole.SCHEDULER)
+        self.worker = load_vllm_connector(config, tv.KVConnectorRole.WORKER)
+        self.sched.bind_gpu_block_pool(object())
+        self.worker.register_kv_caches(caches)
+        self.kv = caches
+        self.calls = []
+
+    def step(self, req, block_ids, local_tokens):
+        s, w = self.sched, self.worker
+        s.on_new_request(req)
+        ext, is_async = s.get_num_new_matched_tokens(req, local_tokens)
+        s.update_state_after_alloc(req, (list(block_ids),), ext)
+        out = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=req.request_id,
+                                                                  block_ids=(list(block_ids),),
+                                                                  num_computed_tokens=local_tokens + ext)],
+                              scheduled_cached_reqs=None,
+                              num_scheduled_tokens={req.request_id: req.num_tokens - local_tokens - ext})
+        meta = s.build_connector_meta(out)
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(SimpleNamespace())
+        for name in sorted(self.kv):
+            w.wait_for_layer_load(name)
+            w.save_kv_layer(name, self.kv[name], None)
+        w.wait_for_save()
+        sending, recving = w.get_finished(set())
+        errors = w.get_block_ids_with_load_errors()
+        w.clear_connector_metadata()
+        s.update_connector_output(SimpleNamespace(finished_sending=sending, finished_recving=recving))
+        s.get_kv_connector_stats()
+        s.request_finished(req, (list(block_ids),))
+        return ext, is_async, recving, errors
+
+
+def page_bytes(t, b):
+    return t[b].reshape(-1).view(torch.uint8).clone()
+
+
+# vLLM's KVConnectorBase_V1 members at 28be48fa9 (read with vLLM's own class loaded: ADR 0030).
+VLLM_BASE_MEMBERS = [
+    "__init__", "_get_connector_metadata", "bind_connector_metadata", "bind_gpu_block_pool", "build_connector_meta",
+    "build_connector_worker_meta", "build_kv_connector_stats", "build_prom_metrics", "clear_connector_metadata",
+    "get_block_ids_with_load_errors", "get_finished", "get_finished_count", "get_handshake_metadata",
+    "get_kv_connector_kv_cache_events", "get_kv_connector_stats", "get_num_new_matched_tokens",
+    "get_required_kvcache_layout", "handle_preemptions", "has_connector_metadata", "on_new_request",
+    "prefer_cross_layer_blocks", "register_cross_layers_kv_cache", "register_kv_caches", "request_finished",
+    "requires_piecewise_for_cudagraph", "reset_cache", "role", "save_kv_layer", "set_host_xfer_buffer_ops",
+    "set_xfer_handshake_metadata", "shutdown", "start_load_kv", "take_events", "update_connector_output",
+    "update_state_after_alloc", "wait_for_layer_load", "wait_for_save"]
+VLLM_ABSTRACT = ["build_connector_meta", "get_num_new_matched_tokens", "save_kv_layer", "start_load_kv",
+                 "update_state_after_alloc", "wait_for_layer_load", "wait_for_save"]
+
+
+class VllmDoor(unittest.TestCase):
+    def test_stand_in_base_has_vllms_members(self):
+        b = _vllm_base.KVConnectorBase_V1
+        names = sorted(n for n, v in vars(b).items() if callable(v) or isinstance(v, (property, classmethod)))
+        self.assertEqual(names, VLLM_BASE_MEMBERS)
+        self.assertEqual(sorted(b.__abstractmethods__), VLLM_ABSTRACT)
+        self.assertEqual([(r.name, r.value) for r in _vllm_base.KVConnectorRole], [("SCHEDULER", 0), ("WORKER", 1)])
+        self.assertEqual(sorted(tv.TesseraConnector.__abstractmethods__), [])
+
+
+    def setUp(self):
+        self.extra = {"tessera_tiers": [{"kind": "host", "capacity_bytes": 64 << 20}], "tessera_secret": SECRET}
+
+    def share(self, kind, async_load=False, layers=3, tiers=None):
+        from tessera._core import RecordTiers
+        tiers = tiers or RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        a = Engine(vllm_config(dict(self.extra, tessera_async_load=async_load)), mla_caches(layers, 12, kind))
+        b = Engine(vllm_config(dict(self.extra, tessera_async_load=async_load)),
+                   {n: torch.zeros_like(t) for n, t in mla_caches(layers, 12, kind).items()})
+        for e in (a, b):
+            e.sched._tiers = e.worker._tiers = tiers
+        tokens = list(range(1000, 1000 + 4 * BS + 3))
+        ext, _, _, errors = a.step(Request("r", tokens), [0, 1, 2, 3, 4], 0)
+        self.assertEqual((ext, errors), (0, set()))
+        self.assertEqual(a.worker.stats["saved_blocks"], 4)
+        ext, is_async, recving, errors = b.step(Request("r2", tokens), [7, 9, 2, 11, 5], 0)
+        self.assertEqual((ext, is_async, errors), (4 * BS, async_load, set()))
+        self.assertEqual(recving, {"r2"} if async_load else None)
+        for n in a.kv:
+            for src, dst in zip([0, 1, 2, 3], [7, 9, 2, 11]):
+                self.assertTrue(torch.equal(page_bytes(a.kv[n], src), page_bytes(b.kv[n], dst)), (n, src))
+            self.assertEqual(a.kv[n].dtype, b.kv[n].dtype)
+
+    def test_loaded_by_the_factory_path_with_the_role_enum(self):
+        c = load_vllm_connector(vllm_config(self.extra), tv.KVConnectorRole.WORKER)
+        self.assertIs(c.role, tv.KVConnectorRole.WORKER)
+        self.assertEqual(c.reset_cache(), True)
+        self.assertIsNone(c.get_kv_connector_stats())  # nothing happened yet
+        c.stats["loaded_blocks"] += 3
+        got = c.get_kv_connector_stats()
+        self.assertIsInstance(got, tv.TesseraConnectorStats)
+        agg = tv.TesseraConnector.build_kv_connector_stats(got.data).aggregate(got)
+        self.assertEqual(agg.reduce()["loaded_blocks"], 6)
+        self.assertFalse(agg.is_empty())
+        self.assertIsNone(c.get_kv_connector_stats())  # the interval's counts were reported
+        self.assertIsInstance(c, tv.TesseraConnector)
+        with self.assertRaisesRegex(ValueError, "role"):
+            tv.TesseraConnector(vllm_config(self.extra), "leader")
+
+    def test_bf16_cache_every_byte(self):
+        self.share("bf16")
+
+    def test_fp8_ds_mla_uint8_records_every_byte(self):
+        self.share("fp8_ds_mla")
+
+    def test_deepseek_v4_per_group_caches_every_byte(self):
+        self.share("v4", layers=0)
+
+    def test_asynchronous_load_reported_by_get_finished(self):
+        self.share("bf16", async_load=True)
+
+    @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (the device path runs where one exists)")
+    def test_cuda_bf16_cache_staged_through_host_memory(self):
+        from tessera._core import RecordTiers
+        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        src = {n: t.cuda() for n, t in mla_caches(2, 12, "bf16").items()}
+        dst = {n: torch.zeros_like(t) for n, t in src.items()}
+        a, b = Engine(vllm_config(self.extra), src), Engine(vllm_config(self.extra), dst)
+        for e in (a, b):
+            e.sched._tiers = e.worker._tiers = tiers
+        tokens = list(range(3 * BS + 1))
+        a.step(Request("r", tokens), [0, 1, 2, 3], 0)
+        self.assertEqual(b.step(Request("s", tokens), [4, 5, 6, 7], 0)[0], 3 * BS)
+        for n in src:
+            self.assertTrue(torch.equal(src[n][:3].view(torch.int16), dst[n][4:7].view(torch.int16)))
+
+    def test_bf16_through_disk_and_a_real_redis_server(self):
+        from tessera._core import RecordTiers
+        with tempfile.TemporaryDirectory() as d:
+            self.share("bf16", tiers=RecordTiers([{"kind": "disk", "dir": d}]))
+        from redis_support import RedisServer
+        r = RedisServer()
+        try:
+            self.share("v4", layers=0, tiers=RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port,
+                                                           "secret": SECRET.encode()}]))
+            self.assertGreater(r.command("DBSIZE"), 0)
+        finally:
+            r.close()
+
+    def test_secret_from_a_file_and_from_the_environment(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "secret")
+            with open(path, "w") as f:
+                f.write(SECRET + "\n")
+            base = {"tessera_tiers": self.extra["tessera_tiers"]}
+            a = tv.TesseraConnector(vllm_config(dict(base, tessera_secret_file=path)), tv.KVConnectorRole.SCHEDULER)
+            os.environ["TESSERA_DOORS_TEST_SECRET"] = SECRET
+            try:
+                b = tv.TesseraConnector(vllm_config(dict(base, tessera_secret_env="TESSERA_DOORS_TEST_SECRET")),
+                                        tv.KVConnectorRole.SCHEDULER)
+            finally:
+                del os.environ["TESSERA_DOORS_TEST_SECRET"]
+            self.assertEqual(a._secret, SECRET.encode())
+            self.assertEqual(b._secret, SECRET.encode())
+            for bad, key in (({"tessera_secret_file": os.path.join(d, "none")}, "tessera_secret_file"),
+                             ({"tessera_secret_env": "TESSERA_NO_SUCH_VAR_X"}, "tessera_secret_env"),
+                             ({"tessera_secret": "short"}, "tessera_secret"),
+                             ({"tessera_secret": SECRET, "tessera_secert_file": path}, "tessera_secert_file"),
+                             ({"tessera_secret": SECRET, "tessera_async_load": "yes"}, "tessera_async_load"),
+                             ({"tessera_secret": SECRET, "tessera_tiers": [{"kind": "tape"}]}, "tessera_tiers")):
+                cfg = dict(base, **bad)
+                with self.assertRaisesRegex((ValueError, TypeError), key):
+                    tv.TesseraConnector(vllm_config(cfg), tv.KVConnectorRole.SCHEDULER)
+
+    def test_keys_carry_model_revision_tenant_salt_lora_and_images(self):
+        from tessera._core import RecordTiers
+        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        tokens = list(range(5 * BS))
+        img = SimpleNamespace(mm_hash="img-a", identifier="img-a", mm_position=SimpleNamespace(offset=2 * BS,
+                                                                                              length=BS))
+
+        def conn(model="deepseek-ai/DeepSeek-V3", revision=None, **extra):
+            c = tv.TesseraConnector(vllm_config(dict(self.extra, **extra), model, revision),
+                                    tv.KVConnectorRole.SCHEDULER)
+            c._tiers = tiers
+            return c
+
+        writer = conn()
+        req = Request("w", tokens, mm=[img])
+        keys = writer._keys_for(req).keys
+        tiers.put(keys, [b"x"] * len(keys), 1)
+        self.assertEqual(conn().get_num_new_matched_tokens(Request("a", tokens, mm=[img]), 0)[0], 4 * BS)
+        # Another model (R1 beside V3), another weights revision, another tenant: nothing.
+        self.assertEqual(conn("deepseek-ai/DeepSeek-R1").get_num_new_matched_tokens(Request("b", tokens), 0)[0], 0)
+        self.assertEqual(conn(revision="v2").get_num_new_matched_tokens(Request("c", tokens, mm=[img]), 0)[0], 0)
+        self.assertEqual(conn(tessera_tenant="bob").get_num_new_matched_tokens(Request("d", tokens, mm=[img]),
+                                                                              0)[0], 0)
+        # cache_salt and a LoRA adapter: nothing; another image: only the blocks before it.
+        self.assertEqual(conn().get_num_new_matched_tokens(Request("e", tokens, cache_salt="bob", mm=[img]), 0)[0],
+                         0)
+        lora = SimpleNamespace(lora_name="sql", lora_int_id=1)
+        self.assertEqual(conn().get_num_new_matched_tokens(Request("f", tokens, lora=lora, mm=[img]), 0)[0], 0)
+        other = SimpleNamespace(mm_hash="img-b", identifier="img-b", mm_position=img.mm_position)
+        self.assertEqual(conn().get_num_new_matched_tokens(Request("g", tokens, mm=[other]), 0)[0], 2 * BS)
+
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "engine_doors")
+
+
+def _has_ref(v):
+    if isinstance(v, dict):
+        return v.get("$", "set") != "set" or any(_has_ref(x) for x in v.values())
+    if isinstance(v, list):
+        return any(_has_ref(x) for x in v)
+    return False
+
+
+def _enc(v):
+    """A call's result as the trace writes it (sets as {"$": "set"}, tuples as lists)."""
+    if isinstance(v, (set, frozenset)):
+        return {"$": "set", "items": sorted(v)}
+    if isinstance(v, (list, tuple)):
+        return [_enc(x) for x in v]
+    return v
+
+
+class VllmCallTrace(unittest.TestCase):
+    """Replays tests/data/engine_doors/vllm_connector.calls.json — the calls connectors created by
+    vLLM's own KVConnectorFactory received, in its scheduler/worker order (recorded outside the
+    repo; docs/ENGINES.md, "Engine doors") — on Tessera's connector over each tier kind, every
+    recorded result compared and every page of engine B's loaded blocks bit-exact with A's."""
+
+    def replay(self, tiers):
+        with open(os.path.join(DATA, "vllm_connector.calls.json")) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["format"], "tessera-engine-door-calls/1")
+        shape, names = doc["kv_caches"]["shape"], doc["kv_caches"]["layers"]
+        g = torch.Generator().manual_seed(3)
+        caches = {"A": {n: torch.randn(*shape, generator=g).to(torch.bfloat16) for n in names},
+                  "B": {n: torch.zeros(*shape, dtype=torch.bfloat16) for n in names}}
+        conns, reqs, metas = {}, {}, {}
+        for e in ("A", "B"):
+            for role in ("scheduler", "worker"):
+                c = tv.TesseraConnector(vllm_config({"tessera_secret": SECRET, "tessera_tiers": [
+                    {"kind": "host", "capacity_bytes": 1 << 20}]}, doc["model"]), tv.KVConnectorRole[role.upper()])
+                c._tiers = tiers
+                conns[(e, role)] = c
+
+        def dec(v, e, call, args):
+            if isinstance(v, dict) and "$" in v:
+                kind = v["$"]
+                if kind == "request":
+                    return reqs.setdefault((e, v["id"]), Request(v["id"], v["tokens"]))
+                if kind == "metadata":
+                    return metas[e]
+                if kind == "kv_layer":
+                    return caches[e][args[0]] if call == "save_kv_layer" else None
+                if kind == "set":
+                    return set(v["items"])
+                return object()
+            if isinstance(v, dict):
+                out = {k: dec(x, e, call, args) for k, x in v.items()}
+                if call == "register_kv_caches":
+                    return {k: caches[e][k] for k in v}
+                return out if all(isinstance(k, str) and k in reqs_ids for k in v) else SimpleNamespace(**out)
+            if isinstance(v, list):
+                return [dec(x, e, call, args) for x in v]
+            return v
+
+        reqs_ids = {c["args"][0]["id"] for c in doc["calls"] if c["call"] == "on_new_request"}
+        for i, c in enumerate(doc["calls"]):
+            e, conn = c["engine"], conns[(c["engine"], c["role"])]
+            args = [dec(a, e, c["call"], c["args"]) for a in c["args"]]
+            got = getattr(conn, c["call"])(*args)
+            if c["call"] == "build_connector_meta":
+                metas[e] = got
+            if not _has_ref(c["result"]):
+                self.assertEqual(_enc(got), c["result"], (i, c["call"]))
+        want = doc["expect_equal_pages"]
+        for n in names:
+            for a, b in zip(want["A"], want["B"]):
+                self.assertTrue(torch.equal(page_bytes(caches["A"][n], a), page_bytes(caches["B"][n], b)), (n, a, b))
+        return len(doc["calls"])
+
+    def test_host(self):
+        from tessera._core import RecordTiers
+        self.assertEqual(self.replay(RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])), 46)
+
+    def test_disk(self):
+        from tessera._core import RecordTiers
+        with tempfile.TemporaryDirectory() as d:
+            self.replay(RecordTiers([{"kind": "disk", "dir": d}]))
+
+    def test_redis_and_redis_cluster(self):
+        from redis_support import RedisCluster, RedisServer
+        from tessera._core import RecordTiers
+        r = RedisServer()
+        try:
+            self.replay(RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port,
+                                      "secret": SECRET.encode()}]))
+        finally:
+            r.close()
+        c = RedisCluster()
+        try:
+            self.replay(RecordTiers([{"kind": "redis_cluster", "seeds": c.seeds(), "secret": SECRET.encode()}]))
+            self.assertGreater(sum(c.dbsizes()), 0)
+        finally:
+            c.close()
+
+
+class HostPool:
+    """The part of SGLang's MLA host pool (pool_host/mla.py) a storage backend reads, with its
+    page_first layout: kv_buffer [size, layers, 1, dim] of the pool's dtype."""
+
+    def __init__(self, pages, page_size, layers, dim, dtype, seed, layout="page_first"):
+        g = torch.Generator().manual_seed(seed)
+        self.page_size, self.layer_num, self.kv_cache_dim, self.dtype, self.layout = page_size, layers, dim, dtype, layout
+        shape = (pages * page_size, layers, 1, dim) if layout == "page_first" else (layers, pages * page_size, 1, dim)
+        self.kv_buffer = (torch.randn(*shape, generator=g).to(dtype) if dtype != torch.uint8 else
+                          torch.randint(0, 256, shape, generator=g, dtype=torch.uint8))
+
+    def get_data_page(self, index, flat=True):
+        p = (self.kv_buffer[index:index + self.page_size] if self.layout == "page_first" else
+             self.kv_buffer[:, index:index + self.page_size])
+        return p.flatten() if flat else p
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros(self.layer_num * self.page_size * self.kv_cache_dim, dtype=self.dtype)
+
+    def set_from_flat_data_page(self, index, data):
+        if self.layout == "page_first":
+            self.kv_buffer[index:index + self.page_size] = data.reshape(self.page_size, self.layer_num, 1,
+                                                                       self.kv_cache_dim)
+        else:
+            self.kv_buffer[:, index:index + self.page_size] = data.reshape(self.layer_num, self.page_size, 1,
+                                                                          self.kv_cache_dim)
+
+
+def storage_config(extra, model="moonshotai/Kimi-K2", mla=True, tp_rank=0):
+    return SimpleNamespace(tp_rank=tp_rank, tp_size=2, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                           is_mla_model=mla, enable_storage_metrics=False, is_page_first_layout=True,
+                           model_name=model, tp_lcm_size=None, should_split_heads=False, extra_config=extra)
+
+
+def load_sglang_backend(config):
+    """What SGLang's StorageBackendFactory does for backend "dynamic" (_create_dynamic_backend,
+    _load_backend_class): the three required fields, import, getattr, the subclass check, and
+    backend_class(storage_config, kwargs)."""
+    extra = config.extra_config
+    for k in ("backend_name", "module_path", "class_name"):
+        assert k in extra, k
+    cls = getattr(importlib.import_module(extra["module_path"]), extra["class_name"])
+    if tsg.HAVE_SGLANG:
+        from sglang.srt.mem_cache.hicache_storage import HiCacheStorage as Base
+        assert issubclass(cls, Base)
+    return cls(config, {})
+
+
+class SglangCallTrace(unittest.TestCase):
+    """Replays tests/data/engine_doors/sglang_hicache.calls.json — the calls backends created by
+    SGLang's own StorageBackendFactory received in HiCacheController's order (recorded outside the
+    repo) — over each tier kind: every result compared, the pages rank 1 read bit-exact with
+    rank 0's."""
+
+    def replay(self, tiers):
+        with open(os.path.join(DATA, "sglang_hicache.calls.json")) as f:
+            doc = json.load(f)
+        self.assertEqual(doc["format"], "tessera-engine-door-calls/1")
+        dtypes = {"bfloat16": torch.bfloat16, "uint8": torch.uint8}
+        pools = {t: HostPool(p["pages"], p["page_size"], p["layers"], p["dim"], dtypes[p["dtype"]], 11 + i)
+                 for i, (t, p) in enumerate(sorted(doc["pools"].items()))}
+        for t in pools:
+            if t.startswith("B."):
+                pools[t].kv_buffer.zero_()
+        extra = dict(doc["extra_config"], tessera_secret=SECRET, tessera_tiers=[{"kind": "host", "capacity_bytes": 1}])
+        backends = {}
+        for e, rank in (("A", 0), ("B", 1)):
+            cfg = SimpleNamespace(**dict(doc["storage_config"], tp_rank=rank, extra_config=extra))
+            backends[e] = load_sglang_backend(cfg)
+            backends[e]._tiers = tiers
+
+        def dec(v):
+            if isinstance(v, dict) and "$" in v:
+                k = v["$"]
+                if k == "indices":
+                    return torch.tensor(v["items"], dtype=torch.int64)
+                if k == "pool":
+                    return pools[v["id"]]
+                if k == "transfer":
+                    return SimpleNamespace(name=v["name"], keys=v["keys"], hit_policy=v["hit_policy"],
+                                           host_indices=None if v["host_indices"] is None else
+                                           torch.tensor(v["host_indices"], dtype=torch.int64))
+                if k == "extra_info":
+                    return SimpleNamespace(prefix_keys=v["prefix_keys"], extra_info=None)
+                raise AssertionError("unknown reference %r" % k)
+            if isinstance(v, list):
+                return [dec(x) for x in v]
+            return v
+
+        for i, c in enumerate(doc["calls"]):
+            got = getattr(backends[c["engine"]], c["call"])(*[dec(a) for a in c["args"]])
+            if hasattr(got, "kv_hit_pages"):
+                got = {"kv_hit_pages": got.kv_hit_pages, "extra_pool_hit_pages": got.extra_pool_hit_pages}
+            self.assertEqual(got, c["result"], (i, c["call"]))
+        for a, ia, b, ib, n in doc["expect_equal_rows"]:
+            self.assertTrue(torch.equal(pools[a].kv_buffer[ia:ia + n].view(torch.uint8),
+                                        pools[b].kv_buffer[ib:ib + n].view(torch.uint8)), (a, b))
+        return len(doc["calls"])
+
+    def test_host(self):
+        from tessera._core import RecordTiers
+        self.assertEqual(self.replay(RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])), 11)
+
+    def test_disk_redis_and_redis_cluster(self):
+        from redis_support import RedisCluster, RedisServer
+        from tessera._core import RecordTiers
+        with tempfile.TemporaryDirectory() as d:
+            self.replay(RecordTiers([{"kind": "disk", "dir": d}]))
+        r = RedisServer()
+        try:
+            self.replay(RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port,
+                                      "secret": SECRET.encode()}]))
+        finally:
+            r.close()
+        c = RedisCluster()
+        try:
+            self.replay(RecordTiers([{"kind": "redis_cluster", "seeds": c.seeds(), "secret": SECRET.encode()}]))
+        finally:
+            c.close()
+
+
+class SglangDoor(unittest.TestCase):
+    def extra(self, **more):
+        return dict({"backend_name": "tessera", "module_path": "tessera.sglang", "class_name": "HiCacheStorage",
+                     "interface_v1": 1, "tessera_tiers": [{"kind": "host", "capacity_bytes": 64 << 20}],
+                     "tessera_secret": SECRET}, **more)
+
+    def pair(self, **more):
+        from tessera._core import RecordTiers
+        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        a, b = load_sglang_backend(storage_config(self.extra(**more))), load_sglang_backend(
+            storage_config(self.extra(**more), tp_rank=1))
+        a._tiers = b._tiers = tiers
+        return a, b
+
+    def test_v1_host_pool_pages_bf16_and_uint8_every_byte(self):
+        for dtype, dim, layout in ((torch.bfloat16, 576, "page_first"), (torch.uint8, 656, "page_first"),
+                                   (torch.bfloat16, 576, "layer_first")):
+            a, b = self.pair()
+            pa = HostPool(8, 64, 4, dim, dtype, 1, layout)
+            pb = HostPool(8, 64, 4, dim, dtype, 2, layout)
+            a.register_mem_pool_host(pa)
+            b.register_mem_pool_host(pb)  # another TP rank: MLA's one copy serves it
+            idx = torch.arange(2 * 64, 5 * 64)
+            self.assertEqual(a.batch_set_v1(["h1", "h2", "h3"], idx), [True] * 3)
+            self.assertEqual(b.batch_exists(["h1", "h2", "h3", "h4"]), 3)
+            dst = torch.arange(5 * 64, 8 * 64)
+            self.assertEqual(b.batch_get_v1(["h1", "h2", "h3"], dst), [True] * 3)
+            for i in range(3):
+                self.assertTrue(torch.equal(pa.get_data_page((2 + i) * 64).view(torch.uint8),
+                                            pb.get_data_page((5 + i) * 64).view(torch.uint8)), (dtype, layout, i))
+            self.assertEqual(b.batch_get_v1(["h1", "nope"], dst[:128]), [True, False])
+
+    def test_v2_indexer_and_window_pools(self):
+        a, b = self.pair()
+        kv_a, kv_b = HostPool(4, 64, 2, 576, torch.bfloat16, 3), HostPool(4, 64, 2, 576, torch.bfloat16, 4)
+        ix_a, ix_b = HostPool(4, 64, 2, 132, torch.uint8, 5), HostPool(4, 64, 2, 132, torch.uint8, 6)
+        sw_a, sw_b = HostPool(4, 64, 1, 584, torch.uint8, 7), HostPool(4, 64, 1, 584, torch.uint8, 8)
+        for s, kv, ix, sw in ((a, kv_a, ix_a, sw_a), (b, kv_b, ix_b, sw_b)):
+            s.register_mem_pool_host(kv)
+            s.register_mem_host_pool_v2(ix, "indexer")
+            s.register_mem_host_pool_v2(sw, "swa")
+        keys = ["p0", "p1", "p2"]
+        idx = torch.arange(0, 3 * 64)
+        T = SimpleNamespace
+        self.assertEqual(a.batch_set_v1(keys, idx), [True] * 3)
+        res = a.batch_set_v2([T(name="indexer", keys=keys, host_indices=idx),
+                              T(name="swa", keys=keys[-1:], host_indices=idx[-64:])])
+        self.assertEqual(res, {"indexer": [True] * 3, "swa": [True]})
+        r = b.batch_exists_v2(keys, [T(name="indexer", keys=None, hit_policy="all_pages"),
+                                     T(name="swa", keys=keys[-1:], hit_policy="trailing_pages")])
+        self.assertEqual((r.kv_hit_pages, r.extra_pool_hit_pages), (3, {"indexer": 3, "swa": 1}))
+        r = b.batch_exists_v2(keys, [T(name="swa", keys=["p1"], hit_policy="trailing_pages")])
+        self.assertEqual(r.kv_hit_pages, 0)  # the window state of p1 was never stored
+        got = b.batch_get_v2([T(name="indexer", keys=keys, host_indices=idx + 64),
+                              T(name="swa", keys=keys[-1:], host_indices=idx[:64])])
+        self.assertEqual(got, {"indexer": [True, True, True], "swa": [True]})
+        self.assertTrue(torch.equal(ix_a.kv_buffer[:192], ix_b.kv_buffer[64:256]))
+        self.assertTrue(torch.equal(sw_a.kv_buffer[128:192], sw_b.kv_buffer[:64]))
+
+    def test_namespaces_and_tenants_kept_whole(self):
+        from tessera._core import RecordTiers
+        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 8 << 20}])
+        page = torch.arange(64 * 576).to(torch.bfloat16)
+
+        def backend(model="m", **more):
+            s = load_sglang_backend(storage_config(self.extra(**more), model=model))
+            s._tiers = tiers
+            return s
+
+        backend(tessera_namespace="fleet-01-deepseek-v3").set("k", page)
+        self.assertTrue(backend(tessera_namespace="fleet-01-deepseek-v3").exists("k"))
+        self.assertFalse(backend(tessera_namespace="fleet-01-kimi-k2").exists("k"))
+        self.assertFalse(backend(tessera_namespace="fleet-01-deepseek-v3", tessera_tenant="bob").exists("k"))
+        self.assertFalse(backend("m2", tessera_namespace="fleet-01-deepseek-v3").exists("k"))
+        long_a, long_b = "n" * 250 + "a", "n" * 250 + "b"
+        backend(tessera_namespace=long_a).set("k", page)
+        self.assertFalse(backend(tessera_namespace=long_b).exists("k"))
+
+    def test_v1_pages_through_a_redis_cluster_every_byte(self):
+        from redis_support import RedisCluster
+        c = RedisCluster()
+        try:
+            extra = self.extra(tessera_tiers=[{"kind": "redis_cluster", "seeds": c.seeds()}])
+            a = load_sglang_backend(storage_config(extra))
+            b = load_sglang_backend(storage_config(extra, tp_rank=1))
+            pa, pb = HostPool(4, 64, 4, 576, torch.bfloat16, 9), HostPool(4, 64, 4, 576, torch.bfloat16, 10)
+            a.register_mem_pool_host(pa)
+            b.register_mem_pool_host(pb)
+            idx = torch.arange(0, 2 * 64)
+            self.assertEqual(a.batch_set_v1(["c0", "c1"], idx), [True, True])
+            self.assertEqual(b.batch_get_v1(["c0", "c1"], idx + 128), [True, True])
+            self.assertTrue(torch.equal(pa.kv_buffer[:128].view(torch.int16), pb.kv_buffer[128:256].view(torch.int16)))
+            self.assertEqual(sum(n.command("DBSIZE") for n in c.nodes), 2)
+        finally:
+            c.close()
+
+    def test_bad_extra_config_names_the_key(self):
+        for bad, key in (({"tessera_tiers": "host"}, "tessera_tiers"), ({"tessera_secret": None,
+                                                                         "tessera_secret_env": 5},
+                                                                        "tessera_secret_env"),
+                         ({"tessera_tenant": 7}, "tessera_tenant"), ({"tessera_teir": 1}, "tessera_teir")):
+            with self.assertRaisesRegex((ValueError, TypeError), key):
+                load_sglang_backend(storage_config(self.extra(**bad)))
+
+
+if __name__ == "__main__":
+    unittest.main()
