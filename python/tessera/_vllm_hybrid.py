@@ -204,11 +204,16 @@ class HybridMixin:
 
     def _chain(self, request, r=None):
         """Chain hashes of the request's whole hash_block_size chunks (reused across calls)."""
+        from ._vllm_manager import identity_salt
         hashes = r.hashes if r is not None else []
         toks = request.all_token_ids
         hbs = self._hbs
         for k in range(len(hashes), len(toks) // hbs):
-            parent = hashes[k - 1] if k else b""
+            if k:
+                parent = hashes[k - 1]
+            else:  # the request's identity (salt, LoRA, images, embeds) roots its chain, as in vLLM
+                salt = identity_salt(request)
+                parent = salt.to_bytes(8, "little") if salt else b""
             chunk = toks[k * hbs:(k + 1) * hbs]
             try:
                 packed = struct.pack("<%dI" % hbs, *chunk)

@@ -144,13 +144,46 @@ class _BlockPoolView:
 
 
 class _Req:
-    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks")
+    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks", "admitted", "skipped")
 
     def __init__(self, rid, salt):
         self.rid = rid            # Tessera request id
         self.salt = salt
         self.hashes = []          # chain hashes of the request's sealed blocks (events)
         self.cached_upto = 0      # blocks [0, cached_upto) sealed
+        self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
+        self.skipped = False      # admitted without reading the cache
+
+
+def identity_salt(request):
+    """The 64-bit cache salt that keeps apart what vLLM's block hashes keep apart (the extra keys of
+    vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at 9aaf83ef): the request's
+    ``cache_salt``, its LoRA adapter's name, its multimodal features' identifiers with their
+    positions, and its prompt embeddings. 0 when it has none of them (plain token prefixes).
+
+    One salt per request, over all its blocks: coarser than vLLM for multimodal features (vLLM
+    keys only the blocks at and after a feature; here a request with an image never shares even
+    the blocks before it with one without) — never a hit vLLM would not give, fewer in that case.
+    """
+    parts = []
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append(b"salt\0" + str(salt).encode("utf-8", "surrogatepass"))
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append(b"lora\0" + str(getattr(lora, "lora_name", lora)).encode("utf-8", "surrogatepass"))
+    for f in getattr(request, "mm_features", None) or ():
+        pos = getattr(f, "mm_position", None)
+        parts.append(b"mm\0%s\0%d\0%d" % (str(f.identifier).encode("utf-8", "surrogatepass"),
+                                           getattr(pos, "offset", -1), getattr(pos, "length", -1)))
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        data = embeds.detach().cpu().contiguous().numpy().tobytes() if hasattr(embeds, "detach") else bytes(embeds)
+        parts.append(b"embeds\0" + hashlib.sha256(data).digest())
+    if not parts:
+        return 0
+    h = hashlib.blake2b(b"\1".join(len(p).to_bytes(4, "little") + p for p in parts), digest_size=8).digest()
+    return int.from_bytes(h, "little") or 1
 
 
 def _int(v, arg, lo=0):
@@ -275,7 +308,7 @@ class KVCacheManager(HybridMixin):
             bs = self.block_size
             new_hashes, first = [], r.cached_upto
             for i in range(r.cached_upto, full):
-                parent = r.hashes[i - 1] if i else None
+                parent = r.hashes[i - 1] if i else (r.salt.to_bytes(8, "little") if r.salt else None)
                 h = self._chain_hash(parent, toks[i * bs:(i + 1) * bs])
                 r.hashes.append(h)
                 if self.enable_caching:
@@ -309,16 +342,12 @@ class KVCacheManager(HybridMixin):
             raise ValueError("request: %r already holds blocks (free it first)" % (rid,))
         self._release_pending()
         skip = not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False)
-        if skip:
-            self._salt += 1
-        salt = self._salt if skip else 0
-        a = self._core.admit(request.all_token_ids, cache_salt=salt, reserve_tokens=0)
-        r = _Req(a.request_id, salt)
-        hit = a.cached_tokens
-        r.cached_upto = a.cached_blocks
+        r = self._admit(request, read_cache=not skip)
+        hit, a_blocks = r.admitted
+        r.cached_upto = a_blocks
         if hit:
             table = self._core.block_table(r.rid)
-            for i in range(a.cached_blocks):
+            for i in range(a_blocks):
                 r.hashes.append(self._block_hash.get(int(table[i])))
         self._pending = (rid, r, hit)
         if skip:
@@ -327,6 +356,21 @@ class KVCacheManager(HybridMixin):
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
                                            preempted=getattr(request, "num_preemptions", 0) > 0)
         return KVCacheBlocks(self._ids(r)) if hit else self.empty_kv_cache_blocks, hit
+
+    def _admit(self, request, read_cache):
+        """Admits `request` into the core with no slots reserved. Caching off: a salt of its own (its
+        blocks are never found). A request that skips reading the cache (prompt_logprobs) takes no
+        hit, but its full blocks are indexed under its identity and stay reusable, as in vLLM."""
+        if self.enable_caching:
+            salt = identity_salt(request)
+        else:
+            self._salt += 1
+            salt = self._salt
+        a = self._core.admit(request.all_token_ids, cache_salt=salt, reserve_tokens=0, read_cache=read_cache)
+        r = _Req(a.request_id, salt)
+        r.admitted = (a.cached_tokens, a.cached_blocks)
+        r.skipped = not read_cache
+        return r
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
@@ -349,10 +393,13 @@ class KVCacheManager(HybridMixin):
         fresh = r is None
         if fresh:
             if self._pending is None or self._pending[0] != rid:
-                raise ValueError("request: %r was not looked up: call get_computed_blocks first (as vLLM's "
-                                 "scheduler does for a waiting request)" % (rid,))
+                # vLLM allows it: no lookup, so no prefix taken; the blocks are still cached.
+                if num_new_computed_tokens:
+                    raise ValueError("num_new_computed_tokens: %d, but request %r was not looked up "
+                                     "(get_computed_blocks)" % (num_new_computed_tokens, rid))
+                self._pending = (rid, self._admit(request, read_cache=False), 0)
             _, r, hit = self._pending
-            if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.salt):
+            if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.skipped):
                 raise ValueError("num_new_computed_tokens: %d, but get_computed_blocks found %d"
                                  % (num_new_computed_tokens, hit))
         held = len(self._core.block_table(r.rid))

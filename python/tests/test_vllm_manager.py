@@ -5,10 +5,14 @@ were refused, blocks in use, blocks held per running request, usage, the prefix-
 the KV events (blocks stored / removed / all cleared) — must equal the figures vLLM's
 KVCacheManager gave for the same trace (NAME.vllm.json: provenance inside; obtained by running
 vLLM's code outside this repository)."""
+import array
 import glob
 import json
 import os
 import unittest
+from dataclasses import dataclass
+
+import numpy as np
 
 import kv_trace
 import tessera
@@ -124,8 +128,8 @@ class Surface(unittest.TestCase):
     def test_arguments(self):
         m = self.make()
         r = kv_trace.TraceRequest("a", range(20))
-        with self.assertRaisesRegex(ValueError, "get_computed_blocks"):
-            m.allocate_slots(r, 20)
+        with self.assertRaisesRegex(ValueError, "num_new_computed_tokens.*not looked up"):
+            m.allocate_slots(r, 4, 16)  # a prefix it never found
         m.get_computed_blocks(r)
         with self.assertRaisesRegex(TypeError, "num_new_tokens"):
             m.allocate_slots(r, "20")
@@ -166,6 +170,153 @@ def load(name):
         trace = json.load(f)
     with open(os.path.join(DATA, name + ".vllm.json")) as f:
         return trace, json.load(f)
+
+
+# vLLM's types for what a request carries into its block hashes (vllm/lora/request.py LoRARequest,
+# vllm/multimodal/inputs.py MultiModalFeatureSpec and PlaceholderRange at 9aaf83ef): the fields the
+# hasher reads.
+@dataclass(frozen=True)
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+
+@dataclass(frozen=True)
+class PlaceholderRange:
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class MultiModalFeatureSpec:
+    identifier: str
+    mm_position: PlaceholderRange
+    modality: str = "image"
+    data: object = None
+
+
+def request(rid, prompt, **fields):
+    r = kv_trace.TraceRequest(rid, prompt)
+    for k, v in fields.items():
+        setattr(r, k, v)
+    return r
+
+
+class BlockIdentity(unittest.TestCase):
+    """Every input vLLM folds into a block hash keeps cached blocks apart (issue 20 point 2, issue
+    27 point 3): vLLM at 9aaf83ef gave 0 hit tokens across identities and 48 of 49 within one, for
+    each input below (block_size 16); before this fix Tessera's adapter hit 48 across them all."""
+
+    PROMPT = list(range(1000, 1049))  # 3 whole blocks and one token
+
+    def managers(self):
+        yield "one group", KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024,
+                                          enable_kv_cache_events=True)
+        yield "deepseek-v4", KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536,
+                                            model="deepseek-v4-flash", max_num_batched_tokens=2048,
+                                            enable_kv_cache_events=True)
+
+    def run_one(self, m, rid, prompt, **fields):
+        r = request(rid, prompt, **fields)
+        blocks, hit = m.get_computed_blocks(r)
+        self.assertIsNotNone(m.allocate_slots(r, r.num_tokens - hit, hit, blocks))
+        m.free(r)
+        return hit
+
+    def check(self, first, others, same):
+        for name, m in self.managers():
+            prompt = self.PROMPT if m.num_kv_cache_groups == 1 else list(range(1000, 1000 + 513))
+            want = 48 if m.num_kv_cache_groups == 1 else 512
+            with self.subTest(manager=name):
+                self.assertEqual(self.run_one(m, "a", prompt, **first), 0)
+                for i, o in enumerate(others):
+                    self.assertEqual(self.run_one(m, "o%d" % i, prompt, **o), 0, o)
+                self.assertEqual(self.run_one(m, "same", prompt, **same), want)
+
+    def test_cache_salt(self):
+        self.check({"cache_salt": "alice"}, [{"cache_salt": "bob"}, {}], {"cache_salt": "alice"})
+
+    def test_lora(self):
+        a, b = LoRARequest("adapter-a", 1), LoRARequest("adapter-b", 2)
+        self.check({"lora_request": a}, [{"lora_request": b}, {}], {"lora_request": LoRARequest("adapter-a", 1)})
+
+    def test_multimodal_features(self):
+        def img(ident, offset=4):
+            return [MultiModalFeatureSpec(ident, PlaceholderRange(offset, 8))]
+        # The same placeholder ids, two different images; the same image at another position.
+        self.check({"mm_features": img("img-1")}, [{"mm_features": img("img-2")}, {"mm_features": img("img-1", 5)}, {}],
+                   {"mm_features": img("img-1")})
+
+    def test_prompt_embeds(self):
+        import torch
+        e1 = torch.arange(49 * 4, dtype=torch.float32).reshape(49, 4)
+        e2 = e1.clone()
+        e2[3, 1] = -1.0
+        for name, m in self.managers():
+            if m.num_kv_cache_groups != 1:
+                continue
+            self.assertEqual(self.run_one(m, "a", self.PROMPT, prompt_embeds=e1), 0)
+            self.assertEqual(self.run_one(m, "b", self.PROMPT, prompt_embeds=e2), 0)
+            self.assertEqual(self.run_one(m, "c", self.PROMPT), 0)
+            self.assertEqual(self.run_one(m, "d", self.PROMPT, prompt_embeds=e1.clone()), 48)
+
+    def test_events_of_salted_blocks_differ(self):
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        self.run_one(m, "a", self.PROMPT, cache_salt="alice")
+        self.run_one(m, "b", self.PROMPT, cache_salt="bob")
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(len(stored), 2)
+        self.assertNotEqual(stored[0].block_hashes, stored[1].block_hashes)
+
+    def test_prompt_logprobs_blocks_stay_reusable(self):
+        # vLLM: a request that skips reading the cache (prompt_logprobs) takes no hit, but the
+        # blocks it computes are cached: the next request hits 48. Before: 0 (a salt of its own).
+        for name, m in self.managers():
+            prompt = self.PROMPT if m.num_kv_cache_groups == 1 else list(range(1000, 1000 + 513))
+            want = 48 if m.num_kv_cache_groups == 1 else 512
+            with self.subTest(manager=name):
+                self.assertEqual(self.run_one(m, "warm", prompt), 0)
+                self.assertEqual(self.run_one(m, "logprobs", prompt, skip_reading_prefix_cache=True), 0)
+                self.assertEqual(self.run_one(m, "next", prompt), want)
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+        self.assertEqual(self.run_one(m, "logprobs", self.PROMPT, skip_reading_prefix_cache=True), 0)
+        self.assertEqual(self.run_one(m, "next", self.PROMPT), 48)
+
+
+class WhatVllmPasses(unittest.TestCase):
+    """vLLM's own call orders and types (issue 20 point 1)."""
+
+    def make(self):
+        return KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+
+    def test_all_token_ids_is_a_sequence_not_a_list(self):
+        r = kv_trace.TraceRequest("a", range(49))
+        self.assertNotIsInstance(r.all_token_ids, list)
+        m = self.make()
+        blocks, hit = m.get_computed_blocks(r)  # before: TypeError naming "prompt"
+        self.assertEqual(hit, 0)
+        self.assertIsNotNone(m.allocate_slots(r, 49, 0, blocks))
+        m.free(r)
+        for seq in (tuple(range(49)), array.array("I", range(49)), kv_trace.ConstantList(list(range(49)))):
+            with self.subTest(kind=type(seq).__name__):
+                q = kv_trace.TraceRequest("b", [])
+                q.all_token_ids = seq
+                blocks, hit = m.get_computed_blocks(q)
+                self.assertEqual(hit, 48)
+                m.allocate_slots(q, 1, hit, blocks)
+                m.free(q)
+
+    def test_allocate_slots_without_a_lookup(self):
+        # vLLM's tests call allocate_slots for a new request without get_computed_blocks: no prefix
+        # taken, the blocks still cached. Before: ValueError "was not looked up".
+        m = self.make()
+        r = kv_trace.TraceRequest("a", range(49))
+        new = m.allocate_slots(r, 49)
+        self.assertEqual(len(new.get_block_ids()[0]), 4)
+        m.free(r)
+        blocks, hit = m.get_computed_blocks(kv_trace.TraceRequest("b", range(49)))
+        self.assertEqual(hit, 48)
 
 
 class DeepSeekV4(unittest.TestCase):
