@@ -144,7 +144,7 @@ class _BlockPoolView:
 
 
 class _Req:
-    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks", "admitted", "skipped")
+    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks", "admitted", "skipped", "table", "have")
 
     def __init__(self, rid, salt):
         self.rid = rid            # Tessera request id
@@ -153,6 +153,8 @@ class _Req:
         self.cached_upto = 0      # blocks [0, cached_upto) sealed
         self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
         self.skipped = False      # admitted without reading the cache
+        self.table = []           # the core's block table (pool ids), kept in step with it
+        self.have = 0             # tokens appended in the core
 
 
 def identity_salt(request):
@@ -280,13 +282,15 @@ class KVCacheManager(HybridMixin):
             self._pending = None
 
     def _ids(self, r):
-        return [int(b) + 1 for b in self._core.block_table(r.rid)]
+        return [b + 1 for b in r.table]
+
+    def _sync_table(self, r):
+        """Reads the core's table: after it changed (allocation, a block sealed), never per token."""
+        r.table = self._core.block_table(r.rid).tolist()
 
     def _note_new_blocks(self, before, r):
         """Blocks a call handed the request: a block that was cached before is an eviction."""
-        table = self._core.block_table(r.rid)
-        for b in table[before:]:
-            b = int(b)
+        for b in r.table[before:]:
             self._new_block_ids.append(b + 1)
             h = self._block_hash.pop(b, None)
             if h is not None and self.enable_kv_cache_events:
@@ -297,14 +301,16 @@ class KVCacheManager(HybridMixin):
 
     def _append(self, request, r, upto):
         """Appends the request's tokens up to `upto` (sealing its full blocks) and records them."""
-        have = self._core.tokens(r.rid)
+        have = r.have
         if upto <= have:
             return
         toks = request.all_token_ids
-        self._core.append(r.rid, toks[have:upto])
+        self._core.append(r.rid, toks[have:upto])  # only the tokens since the last call
+        r.have = upto
         full = upto // self.block_size
         if full > r.cached_upto:
-            table = self._core.block_table(r.rid)
+            self._sync_table(r)
+            table = r.table
             bs = self.block_size
             new_hashes, first = [], r.cached_upto
             for i in range(r.cached_upto, full):
@@ -312,7 +318,7 @@ class KVCacheManager(HybridMixin):
                 h = self._chain_hash(parent, toks[i * bs:(i + 1) * bs])
                 r.hashes.append(h)
                 if self.enable_caching:
-                    self._block_hash[int(table[i])] = h
+                    self._block_hash[table[i]] = h
                 new_hashes.append(h)
             r.cached_upto = full
             if self.enable_kv_cache_events and self.enable_caching:
@@ -346,9 +352,8 @@ class KVCacheManager(HybridMixin):
         hit, a_blocks = r.admitted
         r.cached_upto = a_blocks
         if hit:
-            table = self._core.block_table(r.rid)
             for i in range(a_blocks):
-                r.hashes.append(self._block_hash.get(int(table[i])))
+                r.hashes.append(self._block_hash.get(r.table[i]))
         self._pending = (rid, r, hit)
         if skip:
             return self.empty_kv_cache_blocks, 0
@@ -370,6 +375,9 @@ class KVCacheManager(HybridMixin):
         r = _Req(a.request_id, salt)
         r.admitted = (a.cached_tokens, a.cached_blocks)
         r.skipped = not read_cache
+        r.have = a.cached_tokens
+        if a.cached_blocks:
+            self._sync_table(r)
         return r
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
@@ -402,33 +410,38 @@ class KVCacheManager(HybridMixin):
             if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.skipped):
                 raise ValueError("num_new_computed_tokens: %d, but get_computed_blocks found %d"
                                  % (num_new_computed_tokens, hit))
-        held = len(self._core.block_table(r.rid))
+        # A decode step that stays inside the request's last block is one core call (append).
+        held = len(r.table)
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
-        avail = self._core.available_blocks
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if -(-full // self.block_size) - held > avail:
-                return self._refuse(fresh)
+        bs = self.block_size
         need_slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        more = -(-need_slots // self.block_size) - held
-        if more > avail:
-            return self._refuse(fresh)
+        more = -(-need_slots // bs) - held
+        if more > 0 or full_sequence_must_fit:
+            avail = self._core.available_blocks
+            if full_sequence_must_fit:
+                full = min(request.num_tokens, self.max_model_len)
+                if -(-full // bs) - held > avail:
+                    return self._refuse(fresh)
+            if more > avail:
+                return self._refuse(fresh)
         before = held
-        have = self._core.tokens(r.rid)
-        if need_slots > have:
+        if more > 0 and need_slots > r.have:
             try:
-                self._core.allocate(r.rid, need_slots - have)
+                self._core.allocate(r.rid, need_slots - r.have)
             except OutOfBlocksError:  # cannot happen after the check above; keep vLLM's contract
                 return self._refuse(fresh)
+            self._sync_table(r)
         if fresh:
             self._reqs[rid] = r
             self._pending = None
-        self._note_new_blocks(before, r)
+        if len(r.table) > before:
+            self._note_new_blocks(before, r)
         if not delay_cache_blocks:
             self._append(request, r, min(total_computed + num_new_tokens, request.num_tokens))
-        new_ids = [b + 1 for b in map(int, self._core.block_table(r.rid)[before:])]
-        return KVCacheBlocks(new_ids) if new_ids else self.empty_kv_cache_blocks
+        if len(r.table) == before:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks([b + 1 for b in r.table[before:]])
 
     def _refuse(self, fresh):
         if fresh and self._pending is not None:
@@ -482,8 +495,8 @@ class KVCacheManager(HybridMixin):
             return [0]
         n = len(self._reqs)
         common = 0
-        tables = [list(map(int, self._core.block_table(q.rid))) for q in self._reqs.values()]
-        mine = list(map(int, self._core.block_table(r.rid)))
+        tables = [q.table for q in self._reqs.values()]
+        mine = r.table
         for i, b in enumerate(mine):
             if sum(1 for t in tables if i < len(t) and t[i] == b) != n:
                 break
