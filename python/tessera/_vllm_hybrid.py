@@ -195,8 +195,8 @@ class HybridMixin:
                 self._events.append(self._removed(key))
 
     def _removed(self, key):
-        from ._vllm_manager import BlockRemoved
-        return BlockRemoved(block_hashes=[key[1]], group_idx=key[0])
+        from ._vllm_manager import event_classes
+        return event_classes()[1](block_hashes=[key[1]], medium="GPU", group_idx=key[0])
 
     def _cached_block(self, key):
         ids = self._index.get(key)
@@ -332,7 +332,7 @@ class HybridMixin:
     def _cache(self, request, r, num_tokens):
         num_tokens = num_tokens // self._lcm * self._lcm
         hashes = None
-        from ._vllm_manager import BlockStored
+        from ._vllm_manager import stored_event
         for g in self._groups:
             full = num_tokens // g.block_size
             done = r.cached[g.index]
@@ -361,10 +361,9 @@ class HybridMixin:
                 kind, win = self._event_meta[g.index]
                 parent = self._key(g, hashes, done - 1)[1] if done else None
                 bs = g.block_size
-                self._events.append(BlockStored(
-                    block_hashes=new_hashes, parent_block_hash=parent,
-                    token_ids=list(request.all_token_ids[done * bs:full * bs]), block_size=bs,
-                    group_idx=g.index, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=win))
+                self._events.append(stored_event(request, new_hashes, parent, done * bs, full * bs, bs,
+                                                 group_idx=g.index, kv_cache_spec_kind=kind,
+                                                 kv_cache_spec_sliding_window=win))
             r.cached[g.index] = full
             r.allocated = True
 

@@ -36,6 +36,7 @@ admission, released by the next call for any other request. The pool holds no by
 """
 
 import hashlib
+import importlib.util
 import struct
 from dataclasses import dataclass
 
@@ -92,6 +93,61 @@ class BlockRemoved:
 @dataclass
 class AllBlocksCleared:
     pass
+
+
+_VLLM_EVENTS = None
+
+
+def event_classes():
+    """(BlockStored, BlockRemoved, AllBlocksCleared): vLLM's own (vllm.distributed.kv_events) when
+    vLLM is importable, so that its consumers' isinstance checks and msgspec encoding hold; else
+    the stand-ins above, with the same fields."""
+    global _VLLM_EVENTS
+    if _VLLM_EVENTS is None:
+        _VLLM_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
+        try:
+            if importlib.util.find_spec("vllm") is not None:
+                from vllm.distributed import kv_events as ke
+                _VLLM_EVENTS = (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)
+        except Exception:  # a vLLM that does not import: the stand-ins
+            pass
+    return _VLLM_EVENTS
+
+
+def block_extra_keys(request, start, end):
+    """What vLLM's hasher adds to the block of tokens [start, end), as vLLM reports it in
+    BlockStored.extra_keys: the LoRA name, (feature identifier, its offset from the block's start)
+    for each multimodal feature the block overlaps, the cache salt on the first block, a sha256 of
+    the block's prompt embeddings. None when there are none."""
+    keys = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        keys.append(lora.lora_name)
+    for f in getattr(request, "mm_features", None) or ():
+        pos = f.mm_position
+        if pos.offset < end and start < pos.offset + pos.length:
+            keys.append((f.identifier, pos.offset - start))
+    salt = getattr(request, "cache_salt", None)
+    if start == 0 and salt:
+        keys.append(salt)
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        block = embeds[start:end]
+        data = block.detach().cpu().contiguous().numpy().tobytes() if hasattr(block, "detach") else bytes(block)
+        keys.append(hashlib.sha256(data).digest())
+    return tuple(keys) if keys else None
+
+
+def stored_event(request, block_hashes, parent, start, end, block_size, group_idx=0, **spec):
+    """A BlockStored for the request's blocks of tokens [start, end), filled as vLLM fills it
+    (vllm/v1/core/block_pool.py cache_full_blocks at 9aaf83ef)."""
+    lora = getattr(request, "lora_request", None)
+    extra = [block_extra_keys(request, b, b + block_size) for b in range(start, end, block_size)]
+    return event_classes()[0](
+        block_hashes=block_hashes, parent_block_hash=parent, token_ids=list(request.all_token_ids[start:end]),
+        block_size=block_size, lora_id=getattr(lora, "lora_int_id", None) if lora is not None else None,
+        medium="GPU", lora_name=lora.lora_name if lora is not None else None,
+        extra_keys=extra if extra else None, group_idx=group_idx, **spec)
 
 
 class KVCacheBlocks:
@@ -294,7 +350,7 @@ class KVCacheManager(HybridMixin):
             self._new_block_ids.append(b + 1)
             h = self._block_hash.pop(b, None)
             if h is not None and self.enable_kv_cache_events:
-                self._events.append(BlockRemoved(block_hashes=[h]))
+                self._events.append(event_classes()[1](block_hashes=[h], medium="GPU"))
 
     def _chain_hash(self, parent, tokens):
         return hashlib.blake2b((parent or b"") + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
@@ -322,9 +378,8 @@ class KVCacheManager(HybridMixin):
                 new_hashes.append(h)
             r.cached_upto = full
             if self.enable_kv_cache_events and self.enable_caching:
-                self._events.append(BlockStored(block_hashes=new_hashes,
-                                                parent_block_hash=r.hashes[first - 1] if first else None,
-                                                token_ids=list(toks[first * bs:full * bs]), block_size=bs))
+                self._events.append(stored_event(request, new_hashes, r.hashes[first - 1] if first else None,
+                                                 first * bs, full * bs, bs))
 
     def _available(self):
         return self._pool.available if self._hybrid else self._core.available_blocks
@@ -483,7 +538,7 @@ class KVCacheManager(HybridMixin):
     def _note_reset(self):
         """What a reset says, for one group or several: the event, and the stats' flag."""
         if self.enable_kv_cache_events:
-            self._events.append(AllBlocksCleared())
+            self._events.append(event_classes()[2]())
         if self.log_stats:
             self.prefix_cache_stats.reset = True
 

@@ -269,6 +269,37 @@ class BlockIdentity(unittest.TestCase):
         self.assertEqual(len(stored), 2)
         self.assertNotEqual(stored[0].block_hashes, stored[1].block_hashes)
 
+    def test_events_carry_what_vllm_puts_in_them(self):
+        # As vllm/v1/core/block_pool.py cache_full_blocks at 9aaf83ef fills BlockStored: the LoRA's
+        # id and name, per block the extra keys (LoRA name, (image id, offset from the block's
+        # start), the salt on block 0). Before: lora_name and extra_keys always None.
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        img = [MultiModalFeatureSpec("img-1", PlaceholderRange(20, 8))]
+        self.run_one(m, "a", self.PROMPT, cache_salt="alice", lora_request=LoRARequest("adapter-a", 3),
+                     mm_features=img)
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(len(stored), 1)
+        e = stored[0]
+        self.assertEqual((e.lora_id, e.lora_name, e.medium, e.group_idx), (3, "adapter-a", "GPU", 0))
+        self.assertEqual(e.extra_keys, [("adapter-a", "alice"), ("adapter-a", ("img-1", 4)), ("adapter-a",)])
+        self.assertEqual(len(e.block_hashes), 3)
+        self.assertEqual(e.token_ids, self.PROMPT[:48])
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        self.run_one(m, "plain", self.PROMPT)
+        e = [e for e in m.take_events() if type(e).__name__ == "BlockStored"][0]
+        # vLLM lists one None per block (its list of per-block keys is not empty).
+        self.assertEqual((e.lora_id, e.lora_name, e.extra_keys), (None, None, [None, None, None]))
+
+    def test_v4_events_name_their_group(self):
+        m = KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536, model="deepseek-v4-flash",
+                           max_num_batched_tokens=2048, enable_kv_cache_events=True)
+        self.run_one(m, "a", list(range(1000, 1513)), lora_request=LoRARequest("adapter-a", 3))
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(sorted(e.group_idx for e in stored), [0, 1, 2, 3, 4])
+        for e in stored:
+            self.assertEqual(e.lora_name, "adapter-a")
+            self.assertEqual(len(e.extra_keys), len(e.token_ids) // e.block_size)
+
     def test_prompt_logprobs_blocks_stay_reusable(self):
         # vLLM: a request that skips reading the cache (prompt_logprobs) takes no hit, but the
         # blocks it computes are cached: the next request hits 48. Before: 0 (a salt of its own).
