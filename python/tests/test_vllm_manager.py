@@ -350,6 +350,84 @@ class WhatVllmPasses(unittest.TestCase):
         self.assertEqual(hit, 48)
 
 
+# vLLM's KV-cache config types (vllm/v1/kv_cache_interface.py at 9aaf83ef): the fields the plugin reads.
+@dataclass(frozen=True)
+class MLAAttentionSpec:
+    block_size: int
+    num_kv_heads: int = 1
+    head_size: int = 576
+    dtype: str = "fp8_ds_mla"
+
+
+@dataclass(frozen=True)
+class SlidingWindowMLASpec(MLAAttentionSpec):
+    sliding_window: int = 0
+
+
+@dataclass(frozen=True)
+class KVCacheGroupSpec:
+    layer_names: list
+    kv_cache_spec: object
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    num_blocks: int
+    kv_cache_tensors: list
+    kv_cache_groups: list
+
+
+class VllmPlugin(unittest.TestCase):
+    """The vllm.general_plugins entry point (issue 20 point 6), loaded as vLLM's plugin loader
+    loads it (importlib.metadata entry point, .load(), called; maybe several times)."""
+
+    def entry_point(self):
+        import ast
+        import importlib.metadata
+        src = os.path.join(os.environ.get("TESSERA_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                           "setup.py")
+        with open(src) as f:
+            tree = ast.parse(f.read())
+        eps = None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "entry_points":
+                eps = ast.literal_eval(node.value)
+        self.assertIsNotNone(eps, "setup.py declares no entry_points")
+        (spec,) = eps["vllm.general_plugins"]
+        name, value = (x.strip() for x in spec.split("="))
+        return importlib.metadata.EntryPoint(name=name, value=value, group="vllm.general_plugins")
+
+    def test_swaps_the_schedulers_manager_only_when_asked(self):
+        import sys
+        import types
+        from unittest import mock
+
+        class VllmKVCacheManager:
+            pass
+
+        mod = types.ModuleType("vllm.v1.core.sched.scheduler")
+        mod.KVCacheManager = VllmKVCacheManager
+        with mock.patch.dict(sys.modules, {"vllm.v1.core.sched.scheduler": mod}):
+            with mock.patch.dict(os.environ, {"TESSERA_VLLM_KV_CACHE_MANAGER": ""}):
+                self.assertFalse(self.entry_point().load()())
+                self.assertIs(mod.KVCacheManager, VllmKVCacheManager)
+            with mock.patch.dict(os.environ, {"TESSERA_VLLM_KV_CACHE_MANAGER": "1"}):
+                for _ in range(2):  # vLLM may load plugins more than once
+                    self.assertTrue(self.entry_point().load()())
+                self.assertIs(mod._vllm_kv_cache_manager, VllmKVCacheManager)
+                # Built as the scheduler builds its manager (its keyword arguments).
+                cfg = KVCacheConfig(num_blocks=65, kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["layer.0"], MLAAttentionSpec(16))])
+                m = mod.KVCacheManager(kv_cache_config=cfg, max_model_len=1024, max_num_batched_tokens=2048,
+                                       enable_caching=True, use_eagle=False, log_stats=True,
+                                       enable_kv_cache_events=True, dcp_world_size=1, pcp_world_size=1,
+                                       hash_block_size=16, metrics_collector=None)
+                self.assertIsInstance(m, KVCacheManager)
+                self.assertEqual((m.block_pool.num_gpu_blocks, m.block_size), (65, 16))
+                r = kv_trace.TraceRequest("a", range(40))
+                self.assertIsNotNone(m.allocate_slots(r, 40))
+
+
 class DeepSeekV4(unittest.TestCase):
     """vLLM's hybrid KV-cache groups for DeepSeek-V4 (ADR 0028): the group layout, what the V4
     traces exercise, the per-group surface, and where Tessera's own V4 manager differs."""
