@@ -42,6 +42,7 @@ import math
 import struct
 
 from . import _core
+from ._vllm_common import KVCacheBlocks, _int, event_classes, identity_salt, stored_event
 
 NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 
@@ -49,13 +50,6 @@ NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 def _cdiv(a, b):
     return -(-a // b)
 
-
-def _int(v, arg, lo=0):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError("%s: must be an int (got %s)" % (arg, type(v).__name__))
-    if v < lo:
-        raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
-    return v
 
 
 def deepseek_v4_kv_cache_groups(model, block_size=256):
@@ -195,7 +189,6 @@ class HybridMixin:
                 self._events.append(self._removed(key))
 
     def _removed(self, key):
-        from ._vllm_manager import event_classes
         return event_classes()[1](block_hashes=[key[1]], medium="GPU", group_idx=key[0])
 
     def _cached_block(self, key):
@@ -204,7 +197,6 @@ class HybridMixin:
 
     def _chain(self, request, r=None):
         """Chain hashes of the request's whole hash_block_size chunks (reused across calls)."""
-        from ._vllm_manager import identity_salt
         hashes = r.hashes if r is not None else []
         toks = request.all_token_ids
         hbs = self._hbs
@@ -332,7 +324,6 @@ class HybridMixin:
     def _cache(self, request, r, num_tokens):
         num_tokens = num_tokens // self._lcm * self._lcm
         hashes = None
-        from ._vllm_manager import stored_event
         for g in self._groups:
             full = num_tokens // g.block_size
             done = r.cached[g.index]
@@ -369,7 +360,6 @@ class HybridMixin:
 
     # --- vLLM's surface -------------------------------------------------------------------------
     def _h_get_computed_blocks(self, request):
-        from ._vllm_manager import KVCacheBlocks
         if request.request_id in self._hreqs:
             raise ValueError("request: %r already holds blocks (free it first)" % (request.request_id,))
         if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
@@ -387,7 +377,6 @@ class HybridMixin:
     def _h_allocate_slots(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                           num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
                           full_sequence_must_fit):
-        from ._vllm_manager import KVCacheBlocks
         n_groups = len(self._groups)
         if new_computed_blocks is None:
             hit = [[] for _ in range(n_groups)]
@@ -505,7 +494,6 @@ class HybridMixin:
         return out
 
     def _h_blocks(self, rid):
-        from ._vllm_manager import KVCacheBlocks
         r = self._hreqs.get(rid)
         if r is None:
             return self.empty_kv_cache_blocks

@@ -8,15 +8,16 @@
 """
 
 from ._vllm_connector import BlockTransfer, Connector, ConnectorMetadata  # noqa: F401
-from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
-from ._vllm_manager import (  # noqa: F401
+from ._vllm_common import (  # noqa: F401
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVCacheBlocks,
-    KVCacheManager,
     PrefixCacheStats,
+    identity_salt,
 )
+from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
+from ._vllm_manager import KVCacheManager  # noqa: F401
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
-           "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups"]
+           "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups", "identity_salt"]

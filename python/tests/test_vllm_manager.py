@@ -12,8 +12,6 @@ import os
 import unittest
 from dataclasses import dataclass
 
-import numpy as np
-
 import kv_trace
 import tessera
 from tessera import _core
