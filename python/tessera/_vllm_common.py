@@ -4,6 +4,7 @@ keys of its blocks) and the one int check. Imports neither manager."""
 
 import hashlib
 import importlib.util
+import struct
 from dataclasses import dataclass
 
 
@@ -181,3 +182,10 @@ def _int(v, arg, lo=0):
     if v < lo:
         raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
     return v
+
+
+def chain_hash(parent, tokens):
+    """The key of a block of `tokens` after the block keyed `parent` (b"" or the request's salt for
+    the first): BLAKE2b-128 of the parent's key and the tokens as little-endian u32.
+    struct.error for a token outside [0, 2^32)."""
+    return hashlib.blake2b(parent + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()

@@ -37,12 +37,11 @@ pages, so it cannot report vLLM's window blocks: this class keeps vLLM's layout 
 instead (ADR 0028 says where the two differ; tests pin it).
 """
 
-import hashlib
 import math
 import struct
 
 from . import _core
-from ._vllm_common import KVCacheBlocks, _int, event_classes, identity_salt, stored_event
+from ._vllm_common import KVCacheBlocks, _int, chain_hash, event_classes, identity_salt, stored_event
 
 NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 
@@ -206,13 +205,11 @@ class HybridMixin:
             else:  # the request's identity (salt, LoRA, images, embeds) roots its chain, as in vLLM
                 salt = identity_salt(request)
                 parent = salt.to_bytes(8, "little") if salt else b""
-            chunk = toks[k * hbs:(k + 1) * hbs]
             try:
-                packed = struct.pack("<%dI" % hbs, *chunk)
+                hashes.append(chain_hash(parent, toks[k * hbs:(k + 1) * hbs]))
             except struct.error:
                 raise ValueError("request.all_token_ids: tokens must be ints in [0, 2^32) (tokens %d..%d)"
                                  % (k * hbs, (k + 1) * hbs - 1)) from None
-            hashes.append(hashlib.blake2b(parent + packed, digest_size=16).digest())
         return hashes
 
     def _key(self, g, hashes, i):

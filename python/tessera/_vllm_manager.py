@@ -35,12 +35,10 @@ admission, released by the next call for any other request. The pool holds no by
 (``backed=False``): the KV lives in the engine's buffer.
 """
 
-import hashlib
-import struct
-
 from . import _core
 from ._core import OutOfBlocksError
-from ._vllm_common import KVCacheBlocks, PrefixCacheStats, _int, event_classes, identity_salt, stored_event
+from ._vllm_common import (KVCacheBlocks, PrefixCacheStats, _int, chain_hash, event_classes, identity_salt,
+                           stored_event)
 from ._vllm_hybrid import HybridMixin, deepseek_v4_kv_cache_groups, make_hybrid
 
 
@@ -176,7 +174,7 @@ class KVCacheManager(HybridMixin):
                 self._events.append(event_classes()[1](block_hashes=[h], medium="GPU"))
 
     def _chain_hash(self, parent, tokens):
-        return hashlib.blake2b((parent or b"") + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
+        return chain_hash(parent or b"", tokens)
 
     def _append(self, request, r, upto):
         """Appends the request's tokens up to `upto` (sealing its full blocks) and records them."""
