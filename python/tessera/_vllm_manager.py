@@ -73,6 +73,13 @@ class _Req:
         self.have = 0             # tokens appended in the core
 
 
+def _token_list(tokens):
+    """The list behind a vLLM ConstantList (its ``_x``: read, never written), else `tokens`: the
+    binding reads a list in place, any other Sequence through a copy (a third of admission)."""
+    inner = getattr(tokens, "_x", None)
+    return inner if type(inner) is list else tokens
+
+
 class KVCacheManager(HybridMixin):
     """vLLM v1's KVCacheManager over Tessera (see the module's doc).
 
@@ -247,7 +254,8 @@ class KVCacheManager(HybridMixin):
         else:
             self._salt += 1
             salt = self._salt
-        a = self._core.admit(request.all_token_ids, cache_salt=salt, reserve_tokens=0, read_cache=read_cache)
+        a = self._core.admit(_token_list(request.all_token_ids), cache_salt=salt, reserve_tokens=0,
+                             read_cache=read_cache)
         r = _Req(a.request_id, salt)
         r.admitted = (a.cached_tokens, a.cached_blocks)
         r.skipped = not read_cache
