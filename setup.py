@@ -57,6 +57,10 @@ setup(
     # numpy is needed at run time (Debian: python3-numpy). It is not declared, so that an offline
     # --target install does not try to fetch a second copy of it.
     install_requires=[],
+    # vLLM's plugin loader runs every vllm.general_plugins entry point in each of its processes;
+    # this one swaps vLLM's scheduler's KV-cache manager for Tessera's only when
+    # TESSERA_VLLM_KV_CACHE_MANAGER=1 (docs/ENGINES.md).
+    entry_points={"vllm.general_plugins": ["tessera_kv_cache_manager = tessera.vllm_plugin:register"]},
     options={"build": {"build_base": BUILD_BASE}, "egg_info": {"egg_base": BUILD_BASE}},
     zip_safe=False,
 )

@@ -302,6 +302,40 @@ TEST(RequestManager, ConcurrentIdenticalPromptsShareOnePhysicalCopy) {
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
 
+// Without content dedup (or bytes that differ: an engine's recompute), a request that computed
+// blocks another request sealed first keeps its own copies, and the index keeps one unbroken chain
+// for the prefix: a later request hits every whole block. Before: the second request's block 1
+// took the key of the first's (its parent a different block), and later prompts hit 1 block of 2.
+TEST(RequestManager, DuplicateBlocksKeepTheIndexedChainWhole) {
+  for (const bool read_cache : {true, false}) {
+    ManagerOptions o = V3Fp8(8);
+    o.content_dedup = false;
+    std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+    KvStream s;
+    s.Add(Range(40, 150));
+    Admission a = MustAdmit(*m, s.tokens());
+    Fill(*m, a.id, s, 150);
+    RequestSpec again;
+    again.read_cache = read_cache;
+    Admission b = MustAdmit(*m, s.tokens(), again);
+    EXPECT_EQ(b.cached_blocks, read_cache ? 2u : 0u) << read_cache;
+    if (read_cache) {
+      // Admitted together instead: both miss.
+      ASSERT_TRUE(m->Free(b.id).ok());
+      ASSERT_TRUE(m->Free(a.id).ok());
+      m = MustManager(Preset("deepseek-v3"), o);
+      a = MustAdmit(*m, s.tokens());
+      b = MustAdmit(*m, s.tokens());
+      EXPECT_EQ(b.cached_blocks, 0u);
+      Fill(*m, a.id, s, 150);
+    }
+    Fill(*m, b.id, s, 150);
+    EXPECT_NE(Table(*m, b.id)[0], Table(*m, a.id)[0]);  // its own copies
+    EXPECT_EQ(MustAdmit(*m, s.tokens()).cached_blocks, 2u) << read_cache;
+    EXPECT_TRUE(m->pool().CheckInvariants().ok());
+  }
+}
+
 // --- Fork -----------------------------------------------------------------------------------
 
 TEST(RequestManagerFork, ChildWriteCopiesTheSharedPartialBlock) {

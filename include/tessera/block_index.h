@@ -97,6 +97,11 @@ class BlockIndex {
   std::optional<PrefixRef> Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                                   uint64_t salt);
 
+  // The live block that holds `key` in the index (the first sealed under it), or nullopt. A
+  // block sealed under a key another live block already holds is cached but not found: its
+  // children chain under the holder (Seal's caller takes this as the parent of its next block).
+  std::optional<PrefixRef> Holder(const Hash128& key);
+
   // As Lookup, with the child's prefix key already computed (PrefixKey of parent and tokens).
   std::optional<PrefixRef> Lookup(const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
                                   uint32_t domain, uint64_t salt);

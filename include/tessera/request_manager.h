@@ -101,6 +101,10 @@ struct RequestSpec {
   // Slots Admit reserves for the uncached part of the prompt: all of it by default, fewer for an
   // engine that prefills in chunks (it reserves the rest with AllocateSlots as it goes).
   std::optional<uint64_t> reserve_tokens;
+  // False: the prompt takes no cached prefix (it is computed whole) but its full blocks are still
+  // sealed and indexed under its key, for later requests (vLLM's skip_reading_prefix_cache, set for
+  // prompt_logprobs: those blocks stay reusable).
+  bool read_cache = true;
 };
 
 // A prompt as admission needs it: its tokens, tenant domain, salt and the prefix keys of its whole

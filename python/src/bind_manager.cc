@@ -216,10 +216,13 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
 }
 
 PyAdmission Admit(PyManager& pm, const py::object& prompt, const py::object& tenant, const py::object& cache_salt,
-                  const py::object& priority, const py::object& reserve_tokens) {
+                  const py::object& priority, const py::object& reserve_tokens, const py::object& read_cache) {
   U32Array p;
   ToU32Array(prompt, "prompt", &p);
+  // As tessera serve: a request holds at least the token whose logits start generation.
+  if (p.size == 0) ThrowValue("prompt", "must hold at least one token (got an empty prompt)");
   RequestSpec spec;
+  spec.read_cache = ToBool(read_cache, "read_cache");
   spec.tenant = ToU32(tenant, "tenant");
   spec.cache_salt = ToU64(cache_salt, "cache_salt");
   spec.priority = static_cast<uint8_t>(ToU64(priority, "priority", kMaxRetentionPriority));
@@ -464,7 +467,8 @@ void BindManager(py::module_& m) {
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
            py::arg("kv_events_capacity") = 1u << 16)
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
-           py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none())
+           py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none(),
+           py::arg("read_cache") = true)
       .def(
           "allocate",
           [](PyManager& pm, const py::object& request_id, const py::object& n) {

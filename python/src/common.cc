@@ -160,8 +160,14 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
     if (kind != 'u' && kind != 'i') {
       ThrowType(arg, "must be an array of integers (got dtype " + DtypeName(dt) + ")");
     }
+    // A non-native byte order is read by value: a native-order copy of the array.
     const std::string order = dt.attr("byteorder").cast<std::string>();
-    if (order == ">") ThrowType(arg, "must be in native byte order (got dtype " + DtypeName(dt) + ")");
+    const bool native_is_little = py::module_::import("sys").attr("byteorder").cast<std::string>() == "little";
+    if ((order == ">" && native_is_little) || (order == "<" && !native_is_little)) {
+      py::object native = a.attr("astype")(dt.attr("newbyteorder")("="));
+      ToU32Array(native, arg, out);  // holds the copy when it views it
+      return;
+    }
     const auto n = static_cast<size_t>(a.shape(0));
     const ssize_t stride = a.strides(0);
     const auto* base = static_cast<const char*>(a.data());
@@ -190,15 +196,30 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
       ReadStrided<int64_t>(base, stride, n, arg, &out->storage);
     else
       ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
-  } else if (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()) || PyRange_Check(obj.ptr())) {
-    auto seq = py::reinterpret_borrow<py::sequence>(obj);
-    const size_t n = seq.size();
+  } else if (PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
+             !PyByteArray_Check(obj.ptr())) {
+    // A list, tuple or range, or any other Sequence of ints (vLLM's ConstantList, array.array):
+    // one pass over its items (a list or tuple as it is, anything else through its iterator).
+    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "not a sequence"));
+    if (!fast) throw py::error_already_set();
+    const auto n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
     out->storage.resize(n);
     for (size_t i = 0; i < n; ++i) {
-      out->storage[i] = ToU32(seq[i], std::string(arg) + "[" + std::to_string(i) + "]");
+      // An int in range: read in place; anything else (and every error) by ToU32, which names it.
+      if (PyLong_CheckExact(items[i])) {
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+        if (overflow == 0 && v >= 0 && v <= static_cast<long long>(UINT32_MAX)) {
+          out->storage[i] = static_cast<uint32_t>(v);
+          continue;
+        }
+        PyErr_Clear();
+      }
+      out->storage[i] = ToU32(items[i], std::string(arg) + "[" + std::to_string(i) + "]");
     }
   } else {
-    ThrowType(arg, "must be a numpy integer array or a list of ints (got " + TypeName(obj) + ")");
+    ThrowType(arg, "must be a numpy integer array or a sequence of ints (got " + TypeName(obj) + ")");
   }
   out->data = out->storage.data();
   out->size = out->storage.size();

@@ -37,11 +37,11 @@ pages, so it cannot report vLLM's window blocks: this class keeps vLLM's layout 
 instead (ADR 0028 says where the two differ; tests pin it).
 """
 
-import hashlib
 import math
 import struct
 
 from . import _core
+from ._vllm_common import KVCacheBlocks, _int, chain_hash, event_classes, identity_salt, stored_event
 
 NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 
@@ -49,13 +49,6 @@ NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 def _cdiv(a, b):
     return -(-a // b)
 
-
-def _int(v, arg, lo=0):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError("%s: must be an int (got %s)" % (arg, type(v).__name__))
-    if v < lo:
-        raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
-    return v
 
 
 def deepseek_v4_kv_cache_groups(model, block_size=256):
@@ -195,8 +188,7 @@ class HybridMixin:
                 self._events.append(self._removed(key))
 
     def _removed(self, key):
-        from ._vllm_manager import BlockRemoved
-        return BlockRemoved(block_hashes=[key[1]], group_idx=key[0])
+        return event_classes()[1](block_hashes=[key[1]], medium="GPU", group_idx=key[0])
 
     def _cached_block(self, key):
         ids = self._index.get(key)
@@ -208,14 +200,16 @@ class HybridMixin:
         toks = request.all_token_ids
         hbs = self._hbs
         for k in range(len(hashes), len(toks) // hbs):
-            parent = hashes[k - 1] if k else b""
-            chunk = toks[k * hbs:(k + 1) * hbs]
+            if k:
+                parent = hashes[k - 1]
+            else:  # the request's identity (salt, LoRA, images, embeds) roots its chain, as in vLLM
+                salt = identity_salt(request)
+                parent = salt.to_bytes(8, "little") if salt else b""
             try:
-                packed = struct.pack("<%dI" % hbs, *chunk)
+                hashes.append(chain_hash(parent, toks[k * hbs:(k + 1) * hbs]))
             except struct.error:
                 raise ValueError("request.all_token_ids: tokens must be ints in [0, 2^32) (tokens %d..%d)"
                                  % (k * hbs, (k + 1) * hbs - 1)) from None
-            hashes.append(hashlib.blake2b(parent + packed, digest_size=16).digest())
         return hashes
 
     def _key(self, g, hashes, i):
@@ -327,7 +321,6 @@ class HybridMixin:
     def _cache(self, request, r, num_tokens):
         num_tokens = num_tokens // self._lcm * self._lcm
         hashes = None
-        from ._vllm_manager import BlockStored
         for g in self._groups:
             full = num_tokens // g.block_size
             done = r.cached[g.index]
@@ -356,16 +349,14 @@ class HybridMixin:
                 kind, win = self._event_meta[g.index]
                 parent = self._key(g, hashes, done - 1)[1] if done else None
                 bs = g.block_size
-                self._events.append(BlockStored(
-                    block_hashes=new_hashes, parent_block_hash=parent,
-                    token_ids=list(request.all_token_ids[done * bs:full * bs]), block_size=bs,
-                    group_idx=g.index, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=win))
+                self._events.append(stored_event(request, new_hashes, parent, done * bs, full * bs, bs,
+                                                 group_idx=g.index, kv_cache_spec_kind=kind,
+                                                 kv_cache_spec_sliding_window=win))
             r.cached[g.index] = full
             r.allocated = True
 
     # --- vLLM's surface -------------------------------------------------------------------------
     def _h_get_computed_blocks(self, request):
-        from ._vllm_manager import KVCacheBlocks
         if request.request_id in self._hreqs:
             raise ValueError("request: %r already holds blocks (free it first)" % (request.request_id,))
         if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
@@ -383,7 +374,6 @@ class HybridMixin:
     def _h_allocate_slots(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
                           num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
                           full_sequence_must_fit):
-        from ._vllm_manager import KVCacheBlocks
         n_groups = len(self._groups)
         if new_computed_blocks is None:
             hit = [[] for _ in range(n_groups)]
@@ -501,7 +491,6 @@ class HybridMixin:
         return out
 
     def _h_blocks(self, rid):
-        from ._vllm_manager import KVCacheBlocks
         r = self._hreqs.get(rid)
         if r is None:
             return self.empty_kv_cache_blocks

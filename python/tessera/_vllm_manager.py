@@ -35,95 +35,11 @@ admission, released by the next call for any other request. The pool holds no by
 (``backed=False``): the KV lives in the engine's buffer.
 """
 
-import hashlib
-import struct
-from dataclasses import dataclass
-
 from . import _core
 from ._core import OutOfBlocksError
+from ._vllm_common import (KVCacheBlocks, PrefixCacheStats, _int, chain_hash, event_classes, identity_salt,
+                           stored_event)
 from ._vllm_hybrid import HybridMixin, deepseek_v4_kv_cache_groups, make_hybrid
-
-
-@dataclass
-class PrefixCacheStats:
-    """vLLM's PrefixCacheStats: queries and hits in tokens, per make_prefix_cache_stats() period."""
-    reset: bool = False
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-    def record(self, num_tokens, num_hits, preempted):
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
-
-
-# KV events in the shape vLLM publishes them (vllm/distributed/kv_events.py).
-@dataclass
-class BlockStored:
-    block_hashes: list
-    parent_block_hash: object
-    token_ids: list
-    block_size: int
-    lora_id: object = None
-    medium: str = "GPU"
-    lora_name: object = None
-    extra_keys: object = None
-    group_idx: int = 0
-    kv_cache_spec_kind: str = "mla_attention"
-    kv_cache_spec_sliding_window: object = None
-
-
-@dataclass
-class BlockRemoved:
-    block_hashes: list
-    medium: str = "GPU"
-    group_idx: int = 0
-
-
-@dataclass
-class AllBlocksCleared:
-    pass
-
-
-class KVCacheBlocks:
-    """vLLM's KVCacheBlocks: one list of block ids per KV-cache group; ``get_block_ids()`` ->
-    ``([ids of group 0], [ids of group 1], ...)``. ``KVCacheBlocks(ids)`` is one group."""
-
-    __slots__ = ("blocks",)
-
-    def __init__(self, ids=()):
-        self.blocks = (list(ids),)
-
-    @classmethod
-    def of_groups(cls, groups):
-        kb = cls.__new__(cls)
-        kb.blocks = tuple(list(g) for g in groups)
-        return kb
-
-    def get_block_ids(self, allow_none=False):
-        if allow_none and not any(self.blocks):
-            return None
-        return tuple(list(g) for g in self.blocks)
-
-    def __add__(self, other):
-        if len(self.blocks) != len(other.blocks):
-            raise ValueError("other: %d groups, these blocks have %d" % (len(other.blocks), len(self.blocks)))
-        return KVCacheBlocks.of_groups([a + b for a, b in zip(self.blocks, other.blocks)])
-
-    def new_empty(self):
-        return KVCacheBlocks.of_groups([[] for _ in self.blocks])
-
-    def __len__(self):
-        return len(self.blocks[0])
 
 
 class _BlockPoolView:
@@ -144,21 +60,24 @@ class _BlockPoolView:
 
 
 class _Req:
-    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks")
+    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks", "admitted", "skipped", "table", "have")
 
     def __init__(self, rid, salt):
         self.rid = rid            # Tessera request id
         self.salt = salt
         self.hashes = []          # chain hashes of the request's sealed blocks (events)
         self.cached_upto = 0      # blocks [0, cached_upto) sealed
+        self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
+        self.skipped = False      # admitted without reading the cache
+        self.table = []           # the core's block table (pool ids), kept in step with it
+        self.have = 0             # tokens appended in the core
 
 
-def _int(v, arg, lo=0):
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError("%s: must be an int (got %s)" % (arg, type(v).__name__))
-    if v < lo:
-        raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
-    return v
+def _token_list(tokens):
+    """The list behind a vLLM ConstantList (its ``_x``: read, never written), else `tokens`: the
+    binding reads a list in place, any other Sequence through a copy (a third of admission)."""
+    inner = getattr(tokens, "_x", None)
+    return inner if type(inner) is list else tokens
 
 
 class KVCacheManager(HybridMixin):
@@ -247,45 +166,48 @@ class KVCacheManager(HybridMixin):
             self._pending = None
 
     def _ids(self, r):
-        return [int(b) + 1 for b in self._core.block_table(r.rid)]
+        return [b + 1 for b in r.table]
+
+    def _sync_table(self, r):
+        """Reads the core's table: after it changed (allocation, a block sealed), never per token."""
+        r.table = self._core.block_table(r.rid).tolist()
 
     def _note_new_blocks(self, before, r):
         """Blocks a call handed the request: a block that was cached before is an eviction."""
-        table = self._core.block_table(r.rid)
-        for b in table[before:]:
-            b = int(b)
+        for b in r.table[before:]:
             self._new_block_ids.append(b + 1)
             h = self._block_hash.pop(b, None)
             if h is not None and self.enable_kv_cache_events:
-                self._events.append(BlockRemoved(block_hashes=[h]))
+                self._events.append(event_classes()[1](block_hashes=[h], medium="GPU"))
 
     def _chain_hash(self, parent, tokens):
-        return hashlib.blake2b((parent or b"") + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
+        return chain_hash(parent or b"", tokens)
 
     def _append(self, request, r, upto):
         """Appends the request's tokens up to `upto` (sealing its full blocks) and records them."""
-        have = self._core.tokens(r.rid)
+        have = r.have
         if upto <= have:
             return
         toks = request.all_token_ids
-        self._core.append(r.rid, toks[have:upto])
+        self._core.append(r.rid, toks[have:upto])  # only the tokens since the last call
+        r.have = upto
         full = upto // self.block_size
         if full > r.cached_upto:
-            table = self._core.block_table(r.rid)
+            self._sync_table(r)
+            table = r.table
             bs = self.block_size
             new_hashes, first = [], r.cached_upto
             for i in range(r.cached_upto, full):
-                parent = r.hashes[i - 1] if i else None
+                parent = r.hashes[i - 1] if i else (r.salt.to_bytes(8, "little") if r.salt else None)
                 h = self._chain_hash(parent, toks[i * bs:(i + 1) * bs])
                 r.hashes.append(h)
                 if self.enable_caching:
-                    self._block_hash[int(table[i])] = h
+                    self._block_hash[table[i]] = h
                 new_hashes.append(h)
             r.cached_upto = full
             if self.enable_kv_cache_events and self.enable_caching:
-                self._events.append(BlockStored(block_hashes=new_hashes,
-                                                parent_block_hash=r.hashes[first - 1] if first else None,
-                                                token_ids=list(toks[first * bs:full * bs]), block_size=bs))
+                self._events.append(stored_event(request, new_hashes, r.hashes[first - 1] if first else None,
+                                                 first * bs, full * bs, bs))
 
     def _available(self):
         return self._pool.available if self._hybrid else self._core.available_blocks
@@ -309,17 +231,12 @@ class KVCacheManager(HybridMixin):
             raise ValueError("request: %r already holds blocks (free it first)" % (rid,))
         self._release_pending()
         skip = not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False)
-        if skip:
-            self._salt += 1
-        salt = self._salt if skip else 0
-        a = self._core.admit(request.all_token_ids, cache_salt=salt, reserve_tokens=0)
-        r = _Req(a.request_id, salt)
-        hit = a.cached_tokens
-        r.cached_upto = a.cached_blocks
+        r = self._admit(request, read_cache=not skip)
+        hit, a_blocks = r.admitted
+        r.cached_upto = a_blocks
         if hit:
-            table = self._core.block_table(r.rid)
-            for i in range(a.cached_blocks):
-                r.hashes.append(self._block_hash.get(int(table[i])))
+            for i in range(a_blocks):
+                r.hashes.append(self._block_hash.get(r.table[i]))
         self._pending = (rid, r, hit)
         if skip:
             return self.empty_kv_cache_blocks, 0
@@ -327,6 +244,25 @@ class KVCacheManager(HybridMixin):
             self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
                                            preempted=getattr(request, "num_preemptions", 0) > 0)
         return KVCacheBlocks(self._ids(r)) if hit else self.empty_kv_cache_blocks, hit
+
+    def _admit(self, request, read_cache):
+        """Admits `request` into the core with no slots reserved. Caching off: a salt of its own (its
+        blocks are never found). A request that skips reading the cache (prompt_logprobs) takes no
+        hit, but its full blocks are indexed under its identity and stay reusable, as in vLLM."""
+        if self.enable_caching:
+            salt = identity_salt(request)
+        else:
+            self._salt += 1
+            salt = self._salt
+        a = self._core.admit(_token_list(request.all_token_ids), cache_salt=salt, reserve_tokens=0,
+                             read_cache=read_cache)
+        r = _Req(a.request_id, salt)
+        r.admitted = (a.cached_tokens, a.cached_blocks)
+        r.skipped = not read_cache
+        r.have = a.cached_tokens
+        if a.cached_blocks:
+            self._sync_table(r)
+        return r
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
@@ -349,39 +285,47 @@ class KVCacheManager(HybridMixin):
         fresh = r is None
         if fresh:
             if self._pending is None or self._pending[0] != rid:
-                raise ValueError("request: %r was not looked up: call get_computed_blocks first (as vLLM's "
-                                 "scheduler does for a waiting request)" % (rid,))
+                # vLLM allows it: no lookup, so no prefix taken; the blocks are still cached.
+                if num_new_computed_tokens:
+                    raise ValueError("num_new_computed_tokens: %d, but request %r was not looked up "
+                                     "(get_computed_blocks)" % (num_new_computed_tokens, rid))
+                self._pending = (rid, self._admit(request, read_cache=False), 0)
             _, r, hit = self._pending
-            if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.salt):
+            if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.skipped):
                 raise ValueError("num_new_computed_tokens: %d, but get_computed_blocks found %d"
                                  % (num_new_computed_tokens, hit))
-        held = len(self._core.block_table(r.rid))
+        # A decode step that stays inside the request's last block is one core call (append).
+        held = len(r.table)
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
-        avail = self._core.available_blocks
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if -(-full // self.block_size) - held > avail:
-                return self._refuse(fresh)
+        bs = self.block_size
         need_slots = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        more = -(-need_slots // self.block_size) - held
-        if more > avail:
-            return self._refuse(fresh)
+        more = -(-need_slots // bs) - held
+        if more > 0 or full_sequence_must_fit:
+            avail = self._core.available_blocks
+            if full_sequence_must_fit:
+                full = min(request.num_tokens, self.max_model_len)
+                if -(-full // bs) - held > avail:
+                    return self._refuse(fresh)
+            if more > avail:
+                return self._refuse(fresh)
         before = held
-        have = self._core.tokens(r.rid)
-        if need_slots > have:
+        if more > 0 and need_slots > r.have:
             try:
-                self._core.allocate(r.rid, need_slots - have)
+                self._core.allocate(r.rid, need_slots - r.have)
             except OutOfBlocksError:  # cannot happen after the check above; keep vLLM's contract
                 return self._refuse(fresh)
+            self._sync_table(r)
         if fresh:
             self._reqs[rid] = r
             self._pending = None
-        self._note_new_blocks(before, r)
+        if len(r.table) > before:
+            self._note_new_blocks(before, r)
         if not delay_cache_blocks:
             self._append(request, r, min(total_computed + num_new_tokens, request.num_tokens))
-        new_ids = [b + 1 for b in map(int, self._core.block_table(r.rid)[before:])]
-        return KVCacheBlocks(new_ids) if new_ids else self.empty_kv_cache_blocks
+        if len(r.table) == before:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks([b + 1 for b in r.table[before:]])
 
     def _refuse(self, fresh):
         if fresh and self._pending is not None:
@@ -423,7 +367,7 @@ class KVCacheManager(HybridMixin):
     def _note_reset(self):
         """What a reset says, for one group or several: the event, and the stats' flag."""
         if self.enable_kv_cache_events:
-            self._events.append(AllBlocksCleared())
+            self._events.append(event_classes()[2]())
         if self.log_stats:
             self.prefix_cache_stats.reset = True
 
@@ -435,8 +379,8 @@ class KVCacheManager(HybridMixin):
             return [0]
         n = len(self._reqs)
         common = 0
-        tables = [list(map(int, self._core.block_table(q.rid))) for q in self._reqs.values()]
-        mine = list(map(int, self._core.block_table(r.rid)))
+        tables = [q.table for q in self._reqs.values()]
+        mine = r.table
         for i, b in enumerate(mine):
             if sum(1 for t in tables if i < len(t) and t[i] == b) != n:
                 break

@@ -9,6 +9,14 @@
   ``KVConnectorBase_V1`` and ``SupportsHMA`` subclass when vLLM is importable; ADR 0030).
 """
 
+from ._vllm_common import (  # noqa: F401
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheBlocks,
+    PrefixCacheStats,
+    identity_salt,
+)
 from ._vllm_connector import (  # noqa: F401
     HAVE_VLLM,
     BlockTransfer,
@@ -19,15 +27,8 @@ from ._vllm_connector import (  # noqa: F401
     TesseraConnectorStats,
 )
 from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
-from ._vllm_manager import (  # noqa: F401
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVCacheBlocks,
-    KVCacheManager,
-    PrefixCacheStats,
-)
+from ._vllm_manager import KVCacheManager  # noqa: F401
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
            "HAVE_VLLM", "KVConnectorRole", "TesseraConnector", "TesseraConnectorStats",
-           "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups"]
+           "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups", "identity_salt"]

@@ -9,7 +9,35 @@ It imports nothing but the standard library, so the same file drives Tessera's a
 and any other manager with that surface.
 """
 
+from collections.abc import Sequence
+
 TRACE_FORMAT = "tessera-kv-trace/1"
+
+
+class ConstantList(Sequence):
+    """A read-only view of a list, as vLLM's vllm.v1.utils.ConstantList (Request.all_token_ids is
+    one): indexing, slicing (a list), len and iteration; no mutation, and not a list."""
+
+    def __init__(self, x):
+        self._x = x
+
+    def __getitem__(self, item):
+        return self._x[item]
+
+    def __len__(self):
+        return len(self._x)
+
+    def __iter__(self):
+        return iter(self._x)
+
+    def __contains__(self, item):
+        return item in self._x
+
+    def index(self, item, start=0, stop=None):
+        return self._x.index(item, start, len(self._x) if stop is None else stop)
+
+    def __repr__(self):
+        return "ConstantList(%r)" % (self._x,)
 
 
 def prompt_tokens(runs):
@@ -31,7 +59,8 @@ class TraceRequest:
     def __init__(self, request_id, prompt, block_hasher=None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt)
-        self.all_token_ids = list(prompt)
+        self._all_token_ids = list(prompt)
+        self.all_token_ids = ConstantList(self._all_token_ids)  # as vLLM's Request
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.skip_reading_prefix_cache = False
@@ -49,7 +78,7 @@ class TraceRequest:
         return len(self.all_token_ids)
 
     def append_output_token_ids(self, token):
-        self.all_token_ids.append(token)
+        self._all_token_ids.append(token)
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
 

@@ -64,13 +64,25 @@ class BadInputTest(unittest.TestCase):
         self.assertNames(ValueError, "prompt", m.admit, np.array([2**32], np.int64))
         self.assertNames(ValueError, "prompt[1]", m.admit, [1, -5])
         self.assertNames(TypeError, "prompt[0]", m.admit, [1.5])
-        self.assertNames(TypeError, "prompt", m.admit, np.arange(4, dtype=np.uint32).astype(">u4"))
+        # An empty prompt is refused, as tessera serve refuses it (issue 27; before: admitted).
+        self.assertNames(ValueError, "prompt", m.admit, [])
+        self.assertNames(ValueError, "prompt", m.admit, np.zeros(0, np.uint32))
+        self.assertNames(TypeError, "read_cache", m.admit, prompt(4), read_cache=1)
         self.assertNames(ValueError, "prompt", m.admit, np.array([1, -1], np.int8))
         self.assertNames(ValueError, "prompt", m.admit, np.array([2**40], np.uint64))
         self.assertNames(ValueError, "priority", m.admit, prompt(4), priority=101)
         self.assertNames(TypeError, "tenant", m.admit, prompt(4), tenant="a")
         self.assertNames(ValueError, "cache_salt", m.admit, prompt(4), cache_salt=-1)
         self.assertUnchanged()
+        # Big-endian arrays are read by value (issue 27; before: TypeError), with their errors.
+        self.assertNames(ValueError, "prompt", m.admit, np.array([1, -1], ">i8"))
+        for dt in (">u4", ">i8", ">u2"):
+            be = m.admit(prompt(100).astype(dt), reserve_tokens=0)
+            le = m.admit(prompt(100), reserve_tokens=0)
+            self.assertEqual(be.cached_tokens, le.cached_tokens)
+            self.assertGreater(be.cached_tokens, 0)  # the prefix of the live request's prompt
+            m.free(be.request_id)
+            m.free(le.request_id)
         # Narrow and wide integer dtypes, and numpy integer scalars, are read by value.
         small = m.admit(np.arange(1, 6, dtype=np.uint16), tenant=np.int64(0))
         self.assertEqual(m.tokens(np.uint32(small.request_id)), 0)

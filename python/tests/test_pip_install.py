@@ -55,6 +55,17 @@ class PipInstallTest(unittest.TestCase):
         self.assertTrue(os.path.isdir(os.path.join(site, "tessera")))
         self.assertFalse(os.path.exists(os.path.join(site, "oracle")))  # a separate package
         self.check(sys.executable, site, dict(self.env, PYTHONPATH=site))
+        # The vLLM plugin, found and loaded as vLLM's loader finds and loads general plugins
+        # (vllm/plugins/__init__.py at 9aaf83ef: importlib.metadata entry points of the group
+        # vllm.general_plugins, each .load()ed and called): opt-in, so a no-op here.
+        find = ("import importlib.metadata as md\n"
+                "eps = [e for e in md.entry_points(group='vllm.general_plugins') if e.value.startswith('tessera.')]\n"
+                "print('ok' if len(eps) == 1 and eps[0].load()() is False else 'found %r' % (eps,))\n")
+        env = dict(self.env, PYTHONPATH=site)
+        env.pop("TESSERA_VLLM_KV_CACHE_MANAGER", None)
+        out = subprocess.run([sys.executable, "-c", find], env=env, cwd=self.tmp, capture_output=True, text=True,
+                             timeout=120)
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, "ok"), out.stderr)
 
 
 if __name__ == "__main__":

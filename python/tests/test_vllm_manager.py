@@ -5,10 +5,12 @@ were refused, blocks in use, blocks held per running request, usage, the prefix-
 the KV events (blocks stored / removed / all cleared) — must equal the figures vLLM's
 KVCacheManager gave for the same trace (NAME.vllm.json: provenance inside; obtained by running
 vLLM's code outside this repository)."""
+import array
 import glob
 import json
 import os
 import unittest
+from dataclasses import dataclass
 
 import kv_trace
 import tessera
@@ -124,8 +126,8 @@ class Surface(unittest.TestCase):
     def test_arguments(self):
         m = self.make()
         r = kv_trace.TraceRequest("a", range(20))
-        with self.assertRaisesRegex(ValueError, "get_computed_blocks"):
-            m.allocate_slots(r, 20)
+        with self.assertRaisesRegex(ValueError, "num_new_computed_tokens.*not looked up"):
+            m.allocate_slots(r, 4, 16)  # a prefix it never found
         m.get_computed_blocks(r)
         with self.assertRaisesRegex(TypeError, "num_new_tokens"):
             m.allocate_slots(r, "20")
@@ -166,6 +168,262 @@ def load(name):
         trace = json.load(f)
     with open(os.path.join(DATA, name + ".vllm.json")) as f:
         return trace, json.load(f)
+
+
+# vLLM's types for what a request carries into its block hashes (vllm/lora/request.py LoRARequest,
+# vllm/multimodal/inputs.py MultiModalFeatureSpec and PlaceholderRange at 9aaf83ef): the fields the
+# hasher reads.
+@dataclass(frozen=True)
+class LoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+
+@dataclass(frozen=True)
+class PlaceholderRange:
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class MultiModalFeatureSpec:
+    identifier: str
+    mm_position: PlaceholderRange
+    modality: str = "image"
+    data: object = None
+
+
+def request(rid, prompt, **fields):
+    r = kv_trace.TraceRequest(rid, prompt)
+    for k, v in fields.items():
+        setattr(r, k, v)
+    return r
+
+
+class BlockIdentity(unittest.TestCase):
+    """Every input vLLM folds into a block hash keeps cached blocks apart (issue 20 point 2, issue
+    27 point 3): vLLM at 9aaf83ef gave 0 hit tokens across identities and 48 of 49 within one, for
+    each input below (block_size 16); before this fix Tessera's adapter hit 48 across them all."""
+
+    PROMPT = list(range(1000, 1049))  # 3 whole blocks and one token
+
+    def managers(self):
+        yield "one group", KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024,
+                                          enable_kv_cache_events=True)
+        yield "deepseek-v4", KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536,
+                                            model="deepseek-v4-flash", max_num_batched_tokens=2048,
+                                            enable_kv_cache_events=True)
+
+    def run_one(self, m, rid, prompt, **fields):
+        r = request(rid, prompt, **fields)
+        blocks, hit = m.get_computed_blocks(r)
+        self.assertIsNotNone(m.allocate_slots(r, r.num_tokens - hit, hit, blocks))
+        m.free(r)
+        return hit
+
+    def check(self, first, others, same):
+        for name, m in self.managers():
+            prompt = self.PROMPT if m.num_kv_cache_groups == 1 else list(range(1000, 1000 + 513))
+            want = 48 if m.num_kv_cache_groups == 1 else 512
+            with self.subTest(manager=name):
+                self.assertEqual(self.run_one(m, "a", prompt, **first), 0)
+                for i, o in enumerate(others):
+                    self.assertEqual(self.run_one(m, "o%d" % i, prompt, **o), 0, o)
+                self.assertEqual(self.run_one(m, "same", prompt, **same), want)
+
+    def test_cache_salt(self):
+        self.check({"cache_salt": "alice"}, [{"cache_salt": "bob"}, {}], {"cache_salt": "alice"})
+
+    def test_lora(self):
+        a, b = LoRARequest("adapter-a", 1), LoRARequest("adapter-b", 2)
+        self.check({"lora_request": a}, [{"lora_request": b}, {}], {"lora_request": LoRARequest("adapter-a", 1)})
+
+    def test_multimodal_features(self):
+        def img(ident, offset=4):
+            return [MultiModalFeatureSpec(ident, PlaceholderRange(offset, 8))]
+        # The same placeholder ids, two different images; the same image at another position.
+        self.check({"mm_features": img("img-1")}, [{"mm_features": img("img-2")}, {"mm_features": img("img-1", 5)}, {}],
+                   {"mm_features": img("img-1")})
+
+    def test_prompt_embeds(self):
+        import torch
+        e1 = torch.arange(49 * 4, dtype=torch.float32).reshape(49, 4)
+        e2 = e1.clone()
+        e2[3, 1] = -1.0
+        for name, m in self.managers():
+            if m.num_kv_cache_groups != 1:
+                continue
+            self.assertEqual(self.run_one(m, "a", self.PROMPT, prompt_embeds=e1), 0)
+            self.assertEqual(self.run_one(m, "b", self.PROMPT, prompt_embeds=e2), 0)
+            self.assertEqual(self.run_one(m, "c", self.PROMPT), 0)
+            self.assertEqual(self.run_one(m, "d", self.PROMPT, prompt_embeds=e1.clone()), 48)
+
+    def test_events_of_salted_blocks_differ(self):
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        self.run_one(m, "a", self.PROMPT, cache_salt="alice")
+        self.run_one(m, "b", self.PROMPT, cache_salt="bob")
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(len(stored), 2)
+        self.assertNotEqual(stored[0].block_hashes, stored[1].block_hashes)
+
+    def test_events_carry_what_vllm_puts_in_them(self):
+        # As vllm/v1/core/block_pool.py cache_full_blocks at 9aaf83ef fills BlockStored: the LoRA's
+        # id and name, per block the extra keys (LoRA name, (image id, offset from the block's
+        # start), the salt on block 0). Before: lora_name and extra_keys always None.
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        img = [MultiModalFeatureSpec("img-1", PlaceholderRange(20, 8))]
+        self.run_one(m, "a", self.PROMPT, cache_salt="alice", lora_request=LoRARequest("adapter-a", 3),
+                     mm_features=img)
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(len(stored), 1)
+        e = stored[0]
+        self.assertEqual((e.lora_id, e.lora_name, e.medium, e.group_idx), (3, "adapter-a", "GPU", 0))
+        self.assertEqual(e.extra_keys, [("adapter-a", "alice"), ("adapter-a", ("img-1", 4)), ("adapter-a",)])
+        self.assertEqual(len(e.block_hashes), 3)
+        self.assertEqual(e.token_ids, self.PROMPT[:48])
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        self.run_one(m, "plain", self.PROMPT)
+        e = [e for e in m.take_events() if type(e).__name__ == "BlockStored"][0]
+        # vLLM lists one None per block (its list of per-block keys is not empty).
+        self.assertEqual((e.lora_id, e.lora_name, e.extra_keys), (None, None, [None, None, None]))
+
+    def test_v4_events_name_their_group(self):
+        m = KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536, model="deepseek-v4-flash",
+                           max_num_batched_tokens=2048, enable_kv_cache_events=True)
+        self.run_one(m, "a", list(range(1000, 1513)), lora_request=LoRARequest("adapter-a", 3))
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(sorted(e.group_idx for e in stored), [0, 1, 2, 3, 4])
+        for e in stored:
+            self.assertEqual(e.lora_name, "adapter-a")
+            self.assertEqual(len(e.extra_keys), len(e.token_ids) // e.block_size)
+
+    def test_prompt_logprobs_blocks_stay_reusable(self):
+        # vLLM: a request that skips reading the cache (prompt_logprobs) takes no hit, but the
+        # blocks it computes are cached: the next request hits 48. Before: 0 (a salt of its own).
+        for name, m in self.managers():
+            prompt = self.PROMPT if m.num_kv_cache_groups == 1 else list(range(1000, 1000 + 513))
+            want = 48 if m.num_kv_cache_groups == 1 else 512
+            with self.subTest(manager=name):
+                self.assertEqual(self.run_one(m, "warm", prompt), 0)
+                self.assertEqual(self.run_one(m, "logprobs", prompt, skip_reading_prefix_cache=True), 0)
+                self.assertEqual(self.run_one(m, "next", prompt), want)
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+        self.assertEqual(self.run_one(m, "logprobs", self.PROMPT, skip_reading_prefix_cache=True), 0)
+        self.assertEqual(self.run_one(m, "next", self.PROMPT), 48)
+
+
+class WhatVllmPasses(unittest.TestCase):
+    """vLLM's own call orders and types (issue 20 point 1)."""
+
+    def make(self):
+        return KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+
+    def test_all_token_ids_is_a_sequence_not_a_list(self):
+        r = kv_trace.TraceRequest("a", range(49))
+        self.assertNotIsInstance(r.all_token_ids, list)
+        m = self.make()
+        blocks, hit = m.get_computed_blocks(r)  # before: TypeError naming "prompt"
+        self.assertEqual(hit, 0)
+        self.assertIsNotNone(m.allocate_slots(r, 49, 0, blocks))
+        m.free(r)
+        for seq in (tuple(range(49)), array.array("I", range(49)), kv_trace.ConstantList(list(range(49)))):
+            with self.subTest(kind=type(seq).__name__):
+                q = kv_trace.TraceRequest("b", [])
+                q.all_token_ids = seq
+                blocks, hit = m.get_computed_blocks(q)
+                self.assertEqual(hit, 48)
+                m.allocate_slots(q, 1, hit, blocks)
+                m.free(q)
+
+    def test_allocate_slots_without_a_lookup(self):
+        # vLLM's tests call allocate_slots for a new request without get_computed_blocks: no prefix
+        # taken, the blocks still cached. Before: ValueError "was not looked up".
+        m = self.make()
+        r = kv_trace.TraceRequest("a", range(49))
+        new = m.allocate_slots(r, 49)
+        self.assertEqual(len(new.get_block_ids()[0]), 4)
+        m.free(r)
+        blocks, hit = m.get_computed_blocks(kv_trace.TraceRequest("b", range(49)))
+        self.assertEqual(hit, 48)
+
+
+# vLLM's KV-cache config types (vllm/v1/kv_cache_interface.py at 9aaf83ef): the fields the plugin reads.
+@dataclass(frozen=True)
+class MLAAttentionSpec:
+    block_size: int
+    num_kv_heads: int = 1
+    head_size: int = 576
+    dtype: str = "fp8_ds_mla"
+
+
+@dataclass(frozen=True)
+class SlidingWindowMLASpec(MLAAttentionSpec):
+    sliding_window: int = 0
+
+
+@dataclass(frozen=True)
+class KVCacheGroupSpec:
+    layer_names: list
+    kv_cache_spec: object
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    num_blocks: int
+    kv_cache_tensors: list
+    kv_cache_groups: list
+
+
+class VllmPlugin(unittest.TestCase):
+    """The vllm.general_plugins entry point (issue 20 point 6), loaded as vLLM's plugin loader
+    loads it (importlib.metadata entry point, .load(), called; maybe several times)."""
+
+    def entry_point(self):
+        import ast
+        import importlib.metadata
+        src = os.path.join(os.environ.get("TESSERA_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")),
+                           "setup.py")
+        with open(src) as f:
+            tree = ast.parse(f.read())
+        eps = None
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword) and node.arg == "entry_points":
+                eps = ast.literal_eval(node.value)
+        self.assertIsNotNone(eps, "setup.py declares no entry_points")
+        (spec,) = eps["vllm.general_plugins"]
+        name, value = (x.strip() for x in spec.split("="))
+        return importlib.metadata.EntryPoint(name=name, value=value, group="vllm.general_plugins")
+
+    def test_swaps_the_schedulers_manager_only_when_asked(self):
+        import sys
+        import types
+        from unittest import mock
+
+        class VllmKVCacheManager:
+            pass
+
+        mod = types.ModuleType("vllm.v1.core.sched.scheduler")
+        mod.KVCacheManager = VllmKVCacheManager
+        with mock.patch.dict(sys.modules, {"vllm.v1.core.sched.scheduler": mod}):
+            with mock.patch.dict(os.environ, {"TESSERA_VLLM_KV_CACHE_MANAGER": ""}):
+                self.assertFalse(self.entry_point().load()())
+                self.assertIs(mod.KVCacheManager, VllmKVCacheManager)
+            with mock.patch.dict(os.environ, {"TESSERA_VLLM_KV_CACHE_MANAGER": "1"}):
+                for _ in range(2):  # vLLM may load plugins more than once
+                    self.assertTrue(self.entry_point().load()())
+                self.assertIs(mod._vllm_kv_cache_manager, VllmKVCacheManager)
+                # Built as the scheduler builds its manager (its keyword arguments).
+                cfg = KVCacheConfig(num_blocks=65, kv_cache_tensors=[],
+                                    kv_cache_groups=[KVCacheGroupSpec(["layer.0"], MLAAttentionSpec(16))])
+                m = mod.KVCacheManager(kv_cache_config=cfg, max_model_len=1024, max_num_batched_tokens=2048,
+                                       enable_caching=True, use_eagle=False, log_stats=True,
+                                       enable_kv_cache_events=True, dcp_world_size=1, pcp_world_size=1,
+                                       hash_block_size=16, metrics_collector=None)
+                self.assertIsInstance(m, KVCacheManager)
+                self.assertEqual((m.block_pool.num_gpu_blocks, m.block_size), (65, 16))
+                r = kv_trace.TraceRequest("a", range(40))
+                self.assertIsNotNone(m.allocate_slots(r, 40))
 
 
 class DeepSeekV4(unittest.TestCase):

@@ -101,6 +101,14 @@ std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, const Hash1
   return PrefixRef{e, pool_->generation(e), key};
 }
 
+std::optional<PrefixRef> BlockIndex::Holder(const Hash128& key) {
+  const BlockId* found = prefix_.Find(key, PrefixKeyOf());
+  if (found == nullptr) return std::nullopt;
+  const BlockState s = pool_->state(*found);
+  if (s != BlockState::kSealed && s != BlockState::kCached) return std::nullopt;
+  return PrefixRef{*found, pool_->generation(*found), key};
+}
+
 std::vector<PrefixRef> BlockIndex::LongestPrefix(std::span<const uint32_t> prompt, uint32_t domain, uint64_t salt) {
   std::vector<PrefixRef> chain;
   PrefixRef parent;

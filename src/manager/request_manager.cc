@@ -258,7 +258,8 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   }
   const std::span<const uint32_t> prompt = keys.tokens();
   // The last prompt token is always computed: its logits start generation.
-  const size_t max_blocks = prompt.empty() ? 0 : std::min((prompt.size() - 1) / block_tokens_, keys.keys_.size());
+  const size_t max_blocks =
+      prompt.empty() || !spec.read_cache ? 0 : std::min((prompt.size() - 1) / block_tokens_, keys.keys_.size());
   Request q;
   q.table = PinnedBlocks(pool_.get());
   q.live = true;
@@ -456,7 +457,16 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
   // A block this request sealed takes its priority; a shared one keeps the highest.
   pool_->SetPriority(kept, sealed.deduplicated ? std::max(pool_->priority(kept), q.priority) : q.priority);
   q.table.Rename(slot, kept);
-  q.chain.push_back(sealed.ref);
+  // A block equal to one another request sealed first (both computed it: admitted together, or
+  // this one did not read the cache) stays this request's, but its successors chain under the
+  // indexed one, so the index keeps one unbroken chain for the prefix.
+  PrefixRef link = sealed.ref;
+  if (!sealed.deduplicated) {
+    if (std::optional<PrefixRef> holder = index_->Holder(sealed.ref.key); holder && holder->block != kept) {
+      link = *holder;
+    }
+  }
+  q.chain.push_back(link);
   if (promoted) {
     if (promoted->state != nullptr) states_->Install(kept, *promoted->state);
     return;

@@ -1,0 +1,191 @@
+"""What tessera.vllm's one-group and hybrid managers share: vLLM's value types (KVCacheBlocks,
+PrefixCacheStats, the KV events), a request's identity (the salt of its prefix keys, the extra
+keys of its blocks) and the one int check. Imports neither manager."""
+
+import hashlib
+import importlib.util
+import struct
+from dataclasses import dataclass
+
+
+@dataclass
+class PrefixCacheStats:
+    """vLLM's PrefixCacheStats: queries and hits in tokens, per make_prefix_cache_stats() period."""
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens, num_hits, preempted):
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+# KV events in the shape vLLM publishes them (vllm/distributed/kv_events.py).
+@dataclass
+class BlockStored:
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object = None
+    medium: str = "GPU"
+    lora_name: object = None
+    extra_keys: object = None
+    group_idx: int = 0
+    kv_cache_spec_kind: str = "mla_attention"
+    kv_cache_spec_sliding_window: object = None
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list
+    medium: str = "GPU"
+    group_idx: int = 0
+
+
+@dataclass
+class AllBlocksCleared:
+    pass
+
+
+_VLLM_EVENTS = None
+
+
+def event_classes():
+    """(BlockStored, BlockRemoved, AllBlocksCleared): vLLM's own (vllm.distributed.kv_events) when
+    vLLM is importable, so that its consumers' isinstance checks and msgspec encoding hold; else
+    the stand-ins above, with the same fields."""
+    global _VLLM_EVENTS
+    if _VLLM_EVENTS is None:
+        _VLLM_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
+        try:
+            if importlib.util.find_spec("vllm") is not None:
+                from vllm.distributed import kv_events as ke
+                _VLLM_EVENTS = (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)
+        except Exception:  # a vLLM that does not import: the stand-ins
+            pass
+    return _VLLM_EVENTS
+
+
+def block_extra_keys(request, start, end):
+    """What vLLM's hasher adds to the block of tokens [start, end), as vLLM reports it in
+    BlockStored.extra_keys: the LoRA name, (feature identifier, its offset from the block's start)
+    for each multimodal feature the block overlaps, the cache salt on the first block, a sha256 of
+    the block's prompt embeddings. None when there are none."""
+    keys = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        keys.append(lora.lora_name)
+    for f in getattr(request, "mm_features", None) or ():
+        pos = f.mm_position
+        if pos.offset < end and start < pos.offset + pos.length:
+            keys.append((f.identifier, pos.offset - start))
+    salt = getattr(request, "cache_salt", None)
+    if start == 0 and salt:
+        keys.append(salt)
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        block = embeds[start:end]
+        data = block.detach().cpu().contiguous().numpy().tobytes() if hasattr(block, "detach") else bytes(block)
+        keys.append(hashlib.sha256(data).digest())
+    return tuple(keys) if keys else None
+
+
+def stored_event(request, block_hashes, parent, start, end, block_size, group_idx=0, **spec):
+    """A BlockStored for the request's blocks of tokens [start, end), filled as vLLM fills it
+    (vllm/v1/core/block_pool.py cache_full_blocks at 9aaf83ef)."""
+    lora = getattr(request, "lora_request", None)
+    extra = [block_extra_keys(request, b, b + block_size) for b in range(start, end, block_size)]
+    return event_classes()[0](
+        block_hashes=block_hashes, parent_block_hash=parent, token_ids=list(request.all_token_ids[start:end]),
+        block_size=block_size, lora_id=getattr(lora, "lora_int_id", None) if lora is not None else None,
+        medium="GPU", lora_name=lora.lora_name if lora is not None else None,
+        extra_keys=extra if extra else None, group_idx=group_idx, **spec)
+
+
+class KVCacheBlocks:
+    """vLLM's KVCacheBlocks: one list of block ids per KV-cache group; ``get_block_ids()`` ->
+    ``([ids of group 0], [ids of group 1], ...)``. ``KVCacheBlocks(ids)`` is one group."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, ids=()):
+        self.blocks = (list(ids),)
+
+    @classmethod
+    def of_groups(cls, groups):
+        kb = cls.__new__(cls)
+        kb.blocks = tuple(list(g) for g in groups)
+        return kb
+
+    def get_block_ids(self, allow_none=False):
+        if allow_none and not any(self.blocks):
+            return None
+        return tuple(list(g) for g in self.blocks)
+
+    def __add__(self, other):
+        if len(self.blocks) != len(other.blocks):
+            raise ValueError("other: %d groups, these blocks have %d" % (len(other.blocks), len(self.blocks)))
+        return KVCacheBlocks.of_groups([a + b for a, b in zip(self.blocks, other.blocks)])
+
+    def new_empty(self):
+        return KVCacheBlocks.of_groups([[] for _ in self.blocks])
+
+    def __len__(self):
+        return len(self.blocks[0])
+
+
+def identity_salt(request):
+    """The 64-bit cache salt that keeps apart what vLLM's block hashes keep apart (the extra keys of
+    vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at 9aaf83ef): the request's
+    ``cache_salt``, its LoRA adapter's name, its multimodal features' identifiers with their
+    positions, and its prompt embeddings. 0 when it has none of them (plain token prefixes).
+
+    One salt per request, over all its blocks: coarser than vLLM for multimodal features (vLLM
+    keys only the blocks at and after a feature; here a request with an image never shares even
+    the blocks before it with one without) — never a hit vLLM would not give, fewer in that case.
+    """
+    parts = []
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append(b"salt\0" + str(salt).encode("utf-8", "surrogatepass"))
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append(b"lora\0" + str(getattr(lora, "lora_name", lora)).encode("utf-8", "surrogatepass"))
+    for f in getattr(request, "mm_features", None) or ():
+        pos = getattr(f, "mm_position", None)
+        parts.append(b"mm\0%s\0%d\0%d" % (str(f.identifier).encode("utf-8", "surrogatepass"),
+                                           getattr(pos, "offset", -1), getattr(pos, "length", -1)))
+    embeds = getattr(request, "prompt_embeds", None)
+    if embeds is not None:
+        data = embeds.detach().cpu().contiguous().numpy().tobytes() if hasattr(embeds, "detach") else bytes(embeds)
+        parts.append(b"embeds\0" + hashlib.sha256(data).digest())
+    if not parts:
+        return 0
+    h = hashlib.blake2b(b"\1".join(len(p).to_bytes(4, "little") + p for p in parts), digest_size=8).digest()
+    return int.from_bytes(h, "little") or 1
+
+
+def _int(v, arg, lo=0):
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%s: must be an int (got %s)" % (arg, type(v).__name__))
+    if v < lo:
+        raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
+    return v
+
+
+def chain_hash(parent, tokens):
+    """The key of a block of `tokens` after the block keyed `parent` (b"" or the request's salt for
+    the first): BLAKE2b-128 of the parent's key and the tokens as little-endian u32.
+    struct.error for a token outside [0, 2^32)."""
+    return hashlib.blake2b(parent + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
