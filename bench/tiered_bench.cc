@@ -49,11 +49,14 @@ Fixture Make() {
   f.tokens.resize(64);
   std::iota(f.tokens.begin(), f.tokens.end(), 1u);
   Admission a = *f.m->Admit(f.tokens, {});
-  (void)f.m->AllocateSlots(a.id, 64);
-  (void)f.m->Append(a.id, f.tokens, [](uint32_t, uint32_t l, uint64_t p, const RecordView& r) {
-    for (uint32_t i = 0; i < r.plane_count; ++i)
-      std::memset(r.planes[i].data(), static_cast<int>((l + p) & 0xff), r.planes[i].size());
-  });
+  tessera::bench::OrDie(f.m->AllocateSlots(a.id, 64), "fixture slots");
+  tessera::bench::OrDie(f.m->Append(a.id, f.tokens,
+                                    [](uint32_t, uint32_t l, uint64_t p, const RecordView& r) {
+                                      for (uint32_t i = 0; i < r.plane_count; ++i)
+                                        std::memset(r.planes[i].data(), static_cast<int>((l + p) & 0xff),
+                                                    r.planes[i].size());
+                                    }),
+                        "fixture append");
   f.block = f.m->BlockTable(a.id)[0];
   f.id = f.m->index().IdentityOf(f.block);
   f.link = ChainLink{f.id.key, f.id.parent_key, f.id.domain, f.id.salt, f.id.tokens, f.id.cache_identity};

@@ -358,7 +358,7 @@ std::map<uint64_t, uint64_t>& Live() {
 }
 uint64_t g_fail_above = UINT64_MAX;
 Result<uint64_t> FakeAllocate(uint64_t bytes) {
-  if (bytes > g_fail_above) return Status(StatusCode::kOutOfBlocks, "device", "fake device is full");
+  if (bytes > g_fail_above) return OutOfBlocks("device", "fake device is full");
   void* p = std::malloc(bytes);
   const auto a = reinterpret_cast<uint64_t>(p);
   Live()[a] = bytes;

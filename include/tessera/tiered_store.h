@@ -104,6 +104,7 @@ struct TieredStoreStats {
   uint64_t tier_hits = 0;               // blocks promoted into the pool
   uint64_t queued_hits = 0;             // of which were still queued for their tier's write
   uint64_t verify_failures = 0;         // records that failed the checks here (quarantined)
+  uint64_t quarantine_failures = 0;     // of which the tier could not take out (last_error says why)
   uint64_t write_errors = 0;            // failed batch writes (e.g. a full disk); the records go lower
   uint64_t through_refused = 0;         // write-through or checkpoint records the persistent tier refused
   uint64_t dropped = 0;                 // refused records no tier below could take (lost; Flush reports them)

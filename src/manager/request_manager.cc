@@ -213,9 +213,9 @@ Status RequestManager::NoRequest(RequestId r) {
 
 Status RequestManager::OutOfBlocks(uint64_t needed) {
   Bump(metrics_.out_of_blocks, 1);
-  return Status(StatusCode::kOutOfBlocks, "blocks",
-                "need " + std::to_string(needed) + " blocks, " + std::to_string(pool_->Available()) +
-                    " free or evictable of " + std::to_string(pool_->capacity()));
+  return tessera::OutOfBlocks("blocks", "need " + std::to_string(needed) + " blocks, " +
+                                            std::to_string(pool_->Available()) + " free or evictable of " +
+                                            std::to_string(pool_->capacity()));
 }
 
 // A block id per block span: the group whose entries need the most blocks decides.
@@ -253,8 +253,8 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
     return InvalidArgument("prompt", "prompt keys hashed for another tenant or cache salt");
   }
   if (live_ >= options_.max_requests || (states_ && states_->slabs_free() == 0)) {
-    return Status(StatusCode::kOutOfBlocks, "requests",
-                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+    return tessera::OutOfBlocks("requests",
+                                "all " + std::to_string(options_.max_requests) + " request slots are in use");
   }
   const std::span<const uint32_t> prompt = keys.tokens();
   // The last prompt token is always computed: its logits start generation.
@@ -420,8 +420,8 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
       const EntrySink sink = [this, &q](uint32_t group, uint32_t layer, uint64_t entry) -> Result<RecordView> {
         const uint64_t epb = pool_->groups()[group].page.entries_per_block;
         if (entry / epb >= q.table.size()) {
-          return Status(StatusCode::kFailedPrecondition, "tokens",
-                        "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
+          return FailedPrecondition("tokens",
+                                    "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
         }
         return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
       };
@@ -501,8 +501,8 @@ void RequestManager::TakeKvEventLog(KvEventLog* out) {
 
 Status RequestManager::ResetPrefixCache() {
   if (live_ > 0) {
-    return Status(StatusCode::kFailedPrecondition, "requests",
-                  std::to_string(live_) + " live requests hold blocks: free them before a reset");
+    return FailedPrecondition("requests",
+                              std::to_string(live_) + " live requests hold blocks: free them before a reset");
   }
   resetting_ = true;
   pool_->EvictAllCached();
@@ -530,8 +530,8 @@ Status RequestManager::Append(RequestId r, std::span<const uint32_t> tokens, con
     return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
   }
   if (BlocksNeeded(q->tokens + tokens.size()) > q->table.size()) {
-    return Status(StatusCode::kFailedPrecondition, "tokens",
-                  "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
+    return FailedPrecondition(
+        "tokens", "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
   }
   // A fork after AllocateSlots may have shared a slot again: copy before writing anything.
   if (const uint32_t copies = SharedSlots(*q, tokens.size()); copies > 0) {
@@ -617,8 +617,8 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   const Request* p = Get(parent);
   if (p == nullptr) return NoRequest(parent);
   if (live_ >= options_.max_requests) {
-    return Status(StatusCode::kOutOfBlocks, "requests",
-                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+    return tessera::OutOfBlocks("requests",
+                                "all " + std::to_string(options_.max_requests) + " request slots are in use");
   }
   Request copy;  // filled before TakeSlot may move requests_
   if (states_) {

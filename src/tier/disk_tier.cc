@@ -199,8 +199,8 @@ Status DiskTier::OpenDirectory() {
   // One writer (or fsck) at a time; readers share. The lock goes with the descriptor.
   if (::flock(dir_fd_.get(), (options_.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return Status(StatusCode::kFailedPrecondition, "dir",
-                    dir + " is locked by another process (a writer or fsck); try again when it exits");
+      return FailedPrecondition("dir",
+                                dir + " is locked by another process (a writer or fsck); try again when it exits");
     }
     return Errno("dir", "cannot lock " + dir);
   }
@@ -541,7 +541,7 @@ Result<TierRecord> DiskTier::Get(const Hash128& key) {
       TESSERA_RETURN_IF_ERROR(
           Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), "failed verification on read", true));
     }
-    return Status(StatusCode::kDataLoss, "key", "record failed verification and was quarantined");
+    return DataLoss("key", "record failed verification and was quarantined");
   }
   return r;
 }

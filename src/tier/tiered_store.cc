@@ -334,10 +334,9 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
   for (; done < n; ++done) {
     if (!found[done]) break;
     const TierRecord& r = *found[done];
-    Result<BlockRecordView> page =
-        r.format_id == format_id_
-            ? CheckBlockRecord(info_, r.payload, links[done])
-            : Result<BlockRecordView>(Status(StatusCode::kDataLoss, "record", "record-format id differs"));
+    Result<BlockRecordView> page = r.format_id == format_id_
+                                       ? CheckBlockRecord(info_, r.payload, links[done])
+                                       : Result<BlockRecordView>(DataLoss("record", "record-format id differs"));
     if (!page.ok()) {
       {
         MutexLock lock(stats_mu_);
@@ -347,7 +346,12 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
       if (!queued[done]) {  // a queued record is this process's own copy: nothing to take out
         Slot& slot = *tiers_[from[done]];
         MutexLock lock(slot.mu);
-        slot.tier->Quarantine(r.key, page.status().message());
+        Status q = slot.tier->Quarantine(r.key, page.status().message());
+        if (!q.ok()) {
+          MutexLock stats_lock(stats_mu_);  // stats_mu_ is acquired after Slot::mu
+          ++stats_.quarantine_failures;
+          stats_.last_error = "quarantine: " + q.ToString();
+        }
       }
       break;
     }
