@@ -72,8 +72,8 @@ using tessera::bench::BenchDir;
 void BM_BlockMemcpy(benchmark::State& state) {
   Fixture f = Make();
   const BlockPool& pool = f.m->pool();
-  std::span<std::byte> from = pool.Bytes(pool.BlockHandleOf(f.block, 0));
-  std::span<std::byte> to = pool.Bytes(pool.BlockHandleOf(f.target, 0));
+  std::span<const std::byte> from = pool.Bytes(pool.BlockHandleOf(f.block, 0));
+  std::span<std::byte> to = f.m->MutableBytes(pool.BlockHandleOf(f.target, 0));
   for (auto _ : state) {
     std::memcpy(to.data(), from.data(), from.size());
     benchmark::ClobberMemory();

@@ -220,6 +220,9 @@ class RequestManager {
   // Pages + block metadata of every block not free + the state component's bytes.
   uint64_t bytes_held() const;
   const BlockPool& pool() const { return *pool_; }
+  // The bytes of a page or block of this manager's pool, writable: for a caller that fills a
+  // block the manager handed out (a zero-copy view of a block being filled). REQUIRES: backed.
+  std::span<std::byte> MutableBytes(const BlockHandle& h) { return pool_->MutableBytes(h); }
   const BlockIndex& index() const { return *index_; }
   // The state component, or nullptr for a model without windows.
   const RequestStates* states() const { return states_.get(); }

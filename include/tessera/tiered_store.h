@@ -140,7 +140,7 @@ class TieredStore final : public BlockSource {
   // as Flush (records dropped).
   [[nodiscard]] Status FinishCheckpoint() override EXCLUDES(queue_mu_, stats_mu_);
   size_t Probe(std::span<const ChainLink> links) override EXCLUDES(queue_mu_, stats_mu_);
-  size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+  size_t Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states = nullptr) override EXCLUDES(queue_mu_, stats_mu_);
 
   // Submits the open batches and waits until every batch submitted so far is written, with the

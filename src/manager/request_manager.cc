@@ -363,8 +363,8 @@ Status RequestManager::CopyOnWrite(Request& q, size_t slot) {
   TESSERA_RETURN_IF_ERROR(fresh.Allocate(1));
   if (pool_->backed()) {
     for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
-      std::span<std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
-      std::span<std::byte> to = pool_->Bytes(pool_->BlockHandleOf(fresh[0], g));
+      std::span<const std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
+      std::span<std::byte> to = pool_->MutableBytes(pool_->BlockHandleOf(fresh[0], g));
       std::memcpy(to.data(), from.data(), from.size());
     }
   }

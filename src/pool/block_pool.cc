@@ -251,7 +251,9 @@ BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {
 RecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
   RecordView v;
   const PoolGroup& g = groups_[group];
-  std::span<std::byte> page = Bytes(PageHandle(b, group, layer));
+  // A RecordView is the writers' view (its planes writable), handed out by a const pool as the
+  // manager's Record is: see docs/adr/0036-status-const-options.md.
+  std::span<std::byte> page = regions_.Resolve(PageHandle(b, group, layer));
   if (g.format.packing == Packing::kPerToken) {
     const uint64_t rb = g.format.record_bytes();
     v.planes[0] = page.subspan(slot * rb, rb);

@@ -301,7 +301,7 @@ size_t TieredStore::Probe(std::span<const ChainLink> links) {
   return run;
 }
 
-size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                           std::vector<std::vector<std::byte>>* states) {
   if (states != nullptr) states->clear();
   const size_t n = std::min(links.size(), blocks.size());
@@ -357,7 +357,7 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
     }
     size_t off = 0;
     for (uint32_t g = 0; g < pool.groups().size(); ++g) {
-      std::span<std::byte> to = pool.Bytes(pool.BlockHandleOf(blocks[done], g));
+      std::span<std::byte> to = pool.MutableBytes(pool.BlockHandleOf(blocks[done], g));
       std::memcpy(to.data(), page.value().pages.data() + off, to.size());
       off += to.size();
     }

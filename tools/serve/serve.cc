@@ -682,7 +682,7 @@ class TimedSource final : public BlockSource {
   void BeginCheckpoint() override { inner_->BeginCheckpoint(); }
   Status FinishCheckpoint() override { return inner_->FinishCheckpoint(); }
   size_t Probe(std::span<const ChainLink> links) override { return inner_->Probe(links); }
-  size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+  size_t Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states) override {
     const Clock::time_point t0 = Clock::now();
     const size_t n = inner_->Fetch(pool, links, blocks, states);
