@@ -53,14 +53,10 @@ struct RequestId {
   friend bool operator==(RequestId, RequestId) = default;
 };
 
-// Validated once, by RequestManager::Create.
-struct ManagerOptions {
-  // Record formats and block span (empty / unset: the model's defaults).
-  std::string kv_format;
-  std::string indexer_format;
-  std::optional<uint64_t> block_tokens;
-  Kernel kernel = Kernel::kFlashMla;
-  bool include_mtp = false;
+// Validated once, by RequestManager::Create. The layout (record formats, block span, kernel, MTP
+// layers, tensor-parallel ranks, scale formats; empty / unset: the model's defaults) is the
+// CacheLayoutOptions it derives from.
+struct ManagerOptions : CacheLayoutOptions {
   // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
   uint32_t spec_tokens = 0;
   // Capacity: page blocks, and requests (the table; with windows, the state arena's slabs).

@@ -81,13 +81,7 @@ std::vector<StateLayer> StateLayers(const Geometry& g, const ManagerOptions& o, 
 }
 
 Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
-  CacheLayoutOptions lo;
-  lo.kv_format = o.kv_format;
-  lo.indexer_format = o.indexer_format;
-  lo.block_tokens = o.block_tokens;
-  lo.kernel = o.kernel;
-  lo.include_mtp = o.include_mtp;
-  TESSERA_ASSIGN_OR_RETURN(CacheLayout layout, ComputeCacheLayout(g, lo));
+  TESSERA_ASSIGN_OR_RETURN(CacheLayout layout, ComputeCacheLayout(g, static_cast<const CacheLayoutOptions&>(o)));
   Plan plan;
   plan.pool.capacity_blocks = o.capacity_blocks;
   plan.pool.region_kind = o.region_kind;
