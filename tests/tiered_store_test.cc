@@ -368,7 +368,7 @@ TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
     o.weights_revision = revision;
     auto m = RequestManager::Create(testing::Preset(preset), o);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    return std::move(*m);
+    return m.ok() ? std::move(*m) : std::unique_ptr<RequestManager>();
   };
   struct Run {
     uint32_t cached_blocks;
