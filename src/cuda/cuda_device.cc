@@ -267,6 +267,8 @@ Status MlaDecoder::SetWeights(std::span<const float> wkv_b) {
   return Status::Ok();
 }
 
+// Long (~85 lines): argument checks, uploads and the kernel launches in the order the device runs
+// them, each followed by its error check.
 Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, const PackedBlockTables& tables,
                           std::span<const float> q_nope, std::span<const float> q_pe, std::span<float> out) {
   Impl& m = *impl_;

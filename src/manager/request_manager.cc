@@ -241,6 +241,8 @@ Result<Admission> RequestManager::Admit(std::span<const uint32_t> prompt, const 
   return Admit(HashPrompt(prompt, spec), spec);
 }
 
+// Long (~85 lines): admission is one transaction (prefix match, source fetch, slot reservation)
+// whose undo on each failure must see what was taken before it.
 Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpec& spec) {
   if (keys.owner_ != instance_) return InvalidArgument("prompt", "prompt keys hashed by another manager");
   if (keys.domain_ != domain_of(spec.tenant) || keys.salt_ != spec.cache_salt) {
@@ -699,6 +701,7 @@ Result<uint64_t> RequestManager::Checkpoint() {
   return CheckpointBlocks(*pool_, *index_, *source_, [this](BlockId b) { return TierState(b); });
 }
 
+// Long (~80 lines): a table of metric families, one entry each.
 std::vector<MetricFamily> RequestManager::CollectMetrics() const {
   auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   const PoolStats& ps = pool_->stats();
