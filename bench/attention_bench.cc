@@ -17,6 +17,8 @@
 #include "tessera/geometry.h"
 #include "tessera/request_manager.h"
 
+#include "bench_support.h"
+
 namespace tessera {
 namespace {
 
@@ -24,6 +26,7 @@ struct Pages {
   std::unique_ptr<RequestManager> manager;
   RequestId id;
   Geometry g;
+  Status status;  // the first failure of the setup (the benchmark checks it)
 };
 
 Pages MakePages(const std::string& kv_format, uint64_t n) {
@@ -44,7 +47,8 @@ Pages MakePages(const std::string& kv_format, uint64_t n) {
     for (float& x : lat) x = u(rng);
     for (float& x : rope) x = u(rng);
     if (fp8) {
-      (void)QuantizeFp8DsMla(lat, rope, view.planes[0].first(kFp8DsMlaRecordBytes));
+      Status q = QuantizeFp8DsMla(lat, rope, view.planes[0].first(kFp8DsMlaRecordBytes));
+      if (p.status.ok()) p.status = std::move(q);
       return;
     }
     std::byte* b = view.planes[0].data();
@@ -59,7 +63,8 @@ Pages MakePages(const std::string& kv_format, uint64_t n) {
       *b++ = static_cast<std::byte>(v >> 8);
     }
   };
-  (void)p.manager->Append(p.id, prompt, KvWriters(writer));
+  Status appended = p.manager->Append(p.id, prompt, KvWriters(writer));
+  if (p.status.ok()) p.status = std::move(appended);
   return p;
 }
 
@@ -77,6 +82,7 @@ void BM_Decode(benchmark::State& state) {
   const AttentionForm form = state.range(1) == 0 ? AttentionForm::kAbsorbed : AttentionForm::kNaive;
   const std::string format = state.range(2) == 0 ? "mla-bf16" : "fp8_ds_mla";
   Pages p = MakePages(format, n);
+  if (!bench::Check(state, p.status)) return;
   const MlaDims d = *MlaDims::Of(p.g);
   const std::vector<float> q_nope = Random(d.heads * d.nope, 1, 1.0f), q_pe = Random(d.heads * d.rope, 2, 1.0f);
   const std::vector<float> wkv_b = Random(size_t{d.heads} * (d.nope + d.v) * d.latent, 3, 0.05f);

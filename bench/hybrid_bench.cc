@@ -11,9 +11,12 @@
 
 #include "tessera/request_manager.h"
 
+#include "bench_support.h"
+
 namespace {
 
 using namespace tessera;
+using tessera::bench::Check;
 
 constexpr uint32_t kRequests = 1024;
 constexpr uint32_t kPrompt = 1024;
@@ -30,16 +33,20 @@ void BM_DecodeStepV3(benchmark::State& state) {
   for (uint32_t r = 0; r < kRequests; ++r) {
     std::iota(prompt.begin(), prompt.end(), r * kPrompt);
     Admission a = *m->Admit(prompt, RequestSpec{});
-    (void)m->AllocateSlots(a.id, kPrompt);
-    (void)m->Append(a.id, prompt, nullptr);
+    if (!Check(state, m->AllocateSlots(a.id, kPrompt)) || !Check(state, m->Append(a.id, prompt, nullptr))) return;
     ids.push_back(a.id);
   }
   uint32_t token = 1;
   for (auto _ : state) {
+    bool ok = true;
     for (RequestId id : ids) {
-      (void)m->AllocateSlots(id, 1);
-      (void)m->Append(id, std::span<const uint32_t>(&token, 1), nullptr);
+      if (!Check(state, m->AllocateSlots(id, 1)) ||
+          !Check(state, m->Append(id, std::span<const uint32_t>(&token, 1), nullptr))) {
+        ok = false;
+        break;
+      }
     }
+    if (!ok) break;
   }
 }
 BENCHMARK(BM_DecodeStepV3)->Unit(benchmark::kMicrosecond)->Iterations(2000);
@@ -57,16 +64,20 @@ void BM_DecodeStepV4Pro(benchmark::State& state) {
   for (uint32_t r = 0; r < kRequests; ++r) {
     std::iota(prompt.begin(), prompt.end(), r * kPrompt);
     Admission a = *m->Admit(prompt, RequestSpec{});
-    (void)m->AllocateSlots(a.id, kPrompt);
-    (void)m->Append(a.id, prompt, none);
+    if (!Check(state, m->AllocateSlots(a.id, kPrompt)) || !Check(state, m->Append(a.id, prompt, none))) return;
     ids.push_back(a.id);
   }
   uint32_t token = 1;
   for (auto _ : state) {
+    bool ok = true;
     for (RequestId id : ids) {
-      (void)m->AllocateSlots(id, 1);
-      (void)m->Append(id, std::span<const uint32_t>(&token, 1), none);
+      if (!Check(state, m->AllocateSlots(id, 1)) ||
+          !Check(state, m->Append(id, std::span<const uint32_t>(&token, 1), none))) {
+        ok = false;
+        break;
+      }
     }
+    if (!ok) break;
   }
 }
 BENCHMARK(BM_DecodeStepV4Pro)->Unit(benchmark::kMicrosecond)->Iterations(2000);

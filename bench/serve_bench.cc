@@ -185,7 +185,7 @@ void DecodeSteps(benchmark::State& state, int events_mode, bool host) {
       state.PauseTiming();
       for (RequestId& r : ids) {
         const uint64_t t = core->manager().Tokens(r);
-        (void)core->Free(r);
+        if (!core->Free(r).ok()) std::abort();
         std::vector<uint32_t> prompt(t - period);
         std::iota(prompt.begin(), prompt.end(), next);
         next += static_cast<uint32_t>(prompt.size());
@@ -257,7 +257,7 @@ void BM_RecordEvents(benchmark::State& state) {
       state.PauseTiming();
       for (RequestId& r : ids) {
         const uint64_t t = m.Tokens(r);
-        (void)m.Free(r);
+        if (!m.Free(r).ok()) std::abort();
         r = admit(t - kPeriod);
       }
       m.TakeKvEventLog(&log);

@@ -18,9 +18,12 @@
 #include "tessera/hash.h"
 #include "tessera/request_manager.h"
 
+#include "bench_support.h"
+
 namespace {
 
 using namespace tessera;
+using tessera::bench::Check;
 
 Geometry V3() { return *LoadPreset("deepseek-v3"); }
 
@@ -81,17 +84,18 @@ void BM_SealDedupBlock(benchmark::State& state) {
   };
   // The original.
   Admission first = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
-  (void)m->AllocateSlots(first.id, 64);
-  (void)m->Append(first.id, prompt, writer);
+  if (!Check(state, m->AllocateSlots(first.id, 64)) || !Check(state, m->Append(first.id, prompt, writer))) return;
   for (auto _ : state) {
     state.PauseTiming();
     Admission twin = *m->Admit(std::span<const uint32_t>(), RequestSpec{});
-    (void)m->AllocateSlots(twin.id, 64);
-    (void)m->Append(twin.id, std::span<const uint32_t>(prompt).first(63), writer);
+    if (!Check(state, m->AllocateSlots(twin.id, 64)) ||
+        !Check(state, m->Append(twin.id, std::span<const uint32_t>(prompt).first(63), writer))) {
+      break;
+    }
     state.ResumeTiming();
-    (void)m->Append(twin.id, std::span<const uint32_t>(prompt).last(1), writer);  // fills and seals
+    const Status sealed = m->Append(twin.id, std::span<const uint32_t>(prompt).last(1), writer);  // fills and seals
     state.PauseTiming();
-    (void)m->Free(twin.id);
+    if (!Check(state, sealed) || !Check(state, m->Free(twin.id))) break;
     state.ResumeTiming();
   }
   if (m->index().stats().dedup_hits.load() != static_cast<uint64_t>(state.iterations()))
@@ -110,7 +114,7 @@ void BM_AllocateFree(benchmark::State& state) {
   PinnedBlocks ids(owned.get());
   ids.reserve(64);
   for (auto _ : state) {
-    (void)ids.Allocate(64);
+    if (!Check(state, ids.Allocate(64))) break;
     ids.Clear();
   }
   state.SetItemsProcessed(state.iterations() * 64);
@@ -123,13 +127,14 @@ void BM_PrefixLookup128K(benchmark::State& state) {
   std::vector<uint32_t> prompt(131072 + 1);  // 2,048 whole blocks and the token to compute
   std::iota(prompt.begin(), prompt.end(), 0);
   Admission r = *m->Admit(prompt, RequestSpec{});
-  (void)m->AllocateSlots(r.id, prompt.size());
-  (void)m->Append(r.id, prompt, nullptr);
-  (void)m->Free(r.id);
+  if (!Check(state, m->AllocateSlots(r.id, prompt.size())) || !Check(state, m->Append(r.id, prompt, nullptr)) ||
+      !Check(state, m->Free(r.id))) {
+    return;
+  }
   for (auto _ : state) {
     Admission hit = *m->Admit(prompt, RequestSpec{});
     if (hit.cached_blocks != 2048) state.SkipWithError("prompt not cached whole");
-    (void)m->Free(hit.id);
+    if (!Check(state, m->Free(hit.id))) break;
   }
   state.SetItemsProcessed(state.iterations() * 2048);
 }
@@ -165,10 +170,11 @@ std::unique_ptr<RequestManager> DecodeManager(uint32_t requests) {
   return *RequestManager::Create(V3(), o);
 }
 
-// Admits `prompt` and appends what it did not hit (its slots were reserved by Admit).
-RequestId Prefill(RequestManager& m, std::span<const uint32_t> prompt) {
+// Admits `prompt` and appends what it did not hit (its slots were reserved by Admit); a failed
+// append fails the benchmark.
+RequestId Prefill(benchmark::State& state, RequestManager& m, std::span<const uint32_t> prompt) {
   Admission a = *m.Admit(prompt, RequestSpec{});
-  (void)m.Append(a.id, prompt.subspan(a.cached_tokens), nullptr);
+  Check(state, m.Append(a.id, prompt.subspan(a.cached_tokens), nullptr));
   return a.id;
 }
 
@@ -185,16 +191,18 @@ void BM_SchedulerTrace(benchmark::State& state) {
     std::vector<RequestId> ids(kRequests);
     state.ResumeTiming();
     auto t0 = std::chrono::steady_clock::now();
-    for (uint32_t r = 0; r < kRequests; ++r) ids[r] = Prefill(*m, prompts[r]);
+    for (uint32_t r = 0; r < kRequests; ++r) ids[r] = Prefill(state, *m, prompts[r]);
     auto t1 = std::chrono::steady_clock::now();
     for (uint32_t step = 0; step < kSteps; ++step) {
       auto s0 = std::chrono::steady_clock::now();
-      (void)m->Step(StepBatch{ids, counts, tokens}, nullptr, &result);
+      Check(state, m->Step(StepBatch{ids, counts, tokens}, nullptr, &result));
       steps.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - s0).count());
       if (result.failed != 0) state.SkipWithError("a decode step failed");
     }
     auto t2 = std::chrono::steady_clock::now();
-    for (RequestId id : ids) (void)m->Free(id);
+    for (RequestId id : ids) {
+      if (!Check(state, m->Free(id))) break;
+    }
     auto t3 = std::chrono::steady_clock::now();
     admit_ns += std::chrono::duration<double, std::nano>(t1 - t0).count();
     free_ns += std::chrono::duration<double, std::nano>(t3 - t2).count();
@@ -240,15 +248,16 @@ void BM_AdmitCachedPrefix(benchmark::State& state) {
   std::vector<uint32_t> prompt(2048);
   std::iota(prompt.begin(), prompt.end(), 1u);
   Admission first = *m->Admit(prompt, RequestSpec{});
-  (void)m->Append(first.id, prompt, nullptr);
-  (void)m->Free(first.id);
+  if (!Check(state, m->Append(first.id, prompt, nullptr)) || !Check(state, m->Free(first.id))) return;
   uint32_t round = 0;
   for (auto _ : state) {
     for (uint32_t t = 1024; t < 2048; ++t) prompt[t] = 10000000 + round * 2048 + t;
     ++round;
     Admission a = *m->Admit(prompt, RequestSpec{});
-    (void)m->Append(a.id, std::span<const uint32_t>(prompt).subspan(a.cached_tokens), nullptr);
-    (void)m->Free(a.id);
+    if (!Check(state, m->Append(a.id, std::span<const uint32_t>(prompt).subspan(a.cached_tokens), nullptr)) ||
+        !Check(state, m->Free(a.id))) {
+      break;
+    }
     if (a.cached_tokens != 1024) state.SkipWithError("the shared half was not cached");
   }
 }
@@ -266,21 +275,18 @@ void BM_AppendBlockAt(benchmark::State& state) {
   RequestSpec spec;
   spec.reserve_tokens = 0;
   Admission a = *m->Admit(std::span<const uint32_t>(), spec);
-  (void)m->AllocateSlots(a.id, held);
-  (void)m->Append(a.id, context, nullptr);
+  if (!Check(state, m->AllocateSlots(a.id, held)) || !Check(state, m->Append(a.id, context, nullptr))) return;
   std::vector<uint32_t> block(64);
   uint32_t next = 1u << 30;
   uint64_t blocks = 0;
   for (auto _ : state) {
     for (uint32_t& t : block) t = next++;
-    (void)m->AllocateSlots(a.id, 64);
-    (void)m->Append(a.id, block, nullptr);
+    if (!Check(state, m->AllocateSlots(a.id, 64)) || !Check(state, m->Append(a.id, block, nullptr))) break;
     if (++blocks == 4000) {  // stay within the pool: drop back to the held context
       state.PauseTiming();
-      (void)m->Free(a.id);
+      if (!Check(state, m->Free(a.id))) break;
       a = *m->Admit(std::span<const uint32_t>(), spec);
-      (void)m->AllocateSlots(a.id, held);
-      (void)m->Append(a.id, context, nullptr);
+      if (!Check(state, m->AllocateSlots(a.id, held)) || !Check(state, m->Append(a.id, context, nullptr))) break;
       blocks = 0;
       state.ResumeTiming();
     }
@@ -302,11 +308,12 @@ void BM_SealStep(benchmark::State& state) {
     std::vector<uint32_t> prompt(2048 + 63);
     for (uint32_t r = 0; r < kRequests; ++r) {
       std::iota(prompt.begin(), prompt.end(), r * 100000u);
-      ids[r] = Prefill(*m, prompt);
+      ids[r] = Prefill(state, *m, prompt);
     }
     state.ResumeTiming();
-    (void)m->Step(StepBatch{ids, counts, tokens}, nullptr, &result);
+    const Status stepped = m->Step(StepBatch{ids, counts, tokens}, nullptr, &result);
     state.PauseTiming();
+    if (!Check(state, stepped)) break;
     if (result.failed != 0) state.SkipWithError("a step failed");
     m.reset();
     state.ResumeTiming();

@@ -148,7 +148,7 @@ void BM_DiskTierGet(benchmark::State& state) {
   for (int k = 0; k < n; ++k) {
     std::vector<TierRecord> one{
         TierRecord{Hash128{static_cast<uint64_t>(k) + 1, 0}, 1, Block(static_cast<uint64_t>(k))}};
-    (void)t->PutBatch(one);
+    if (!tessera::bench::Check(state, t->PutBatch(one))) return;
   }
   for (auto _ : state) {
     state.PauseTiming();

@@ -11,6 +11,8 @@
 #include "tessera/request_manager.h"
 #include "tessera/v4_attention.h"
 
+#include "bench_support.h"
+
 namespace tessera {
 namespace {
 
@@ -45,7 +47,7 @@ Setup& Shared() {
     w.window = [&](uint32_t, uint64_t, std::span<std::byte> row) {
       std::vector<float> kv(512);
       for (float& x : kv) x = n01(rng);
-      (void)EncodeV4WindowRow(kv, row);
+      bench::OrDie(EncodeV4WindowRow(kv, row), "window row");
     };
     w.state = [&](uint32_t, bool, uint64_t, std::span<float> row) {
       for (float& x : row) x = n01(rng);
@@ -56,17 +58,19 @@ Setup& Shared() {
       const uint32_t ratio = layer == 2 ? 128 : 4;
       V4Compressor c{ratio, indexer ? 128u : 512u, 64, 160000.0, 1e-6f, indexer ? inorm : norm, indexer};
       std::vector<float> e(c.dim);
-      (void)V4CompressEntry(c, group, rows, row_floats, e);
+      bench::OrDie(V4CompressEntry(c, group, rows, row_floats, e), "compress entry");
       for (const StateLayer& l : m->states()->layers()) {
         if (l.layer == layer) {
-          (void)EncodeV4Entry(e, m->pool().groups()[static_cast<size_t>(indexer ? l.igroup : l.group)].format, rec);
+          bench::OrDie(
+              EncodeV4Entry(e, m->pool().groups()[static_cast<size_t>(indexer ? l.igroup : l.group)].format, rec),
+              "encode entry");
         }
       }
     };
     s->id = s->manager->Admit(std::span<const uint32_t>(), RequestSpec{})->id;
     std::vector<uint32_t> tokens(kContext, 1);
-    (void)s->manager->AllocateSlots(s->id, kContext);
-    (void)s->manager->Append(s->id, tokens, w);
+    bench::OrDie(s->manager->AllocateSlots(s->id, kContext), "slots");
+    bench::OrDie(s->manager->Append(s->id, tokens, w), "append");
     for (size_t n : {size_t{4 * 512}, size_t{4}, size_t{4 * 128}, size_t{4}}) {
       std::vector<float> v(n);
       for (float& x : v) x = n01(rng);
@@ -93,11 +97,11 @@ void RunLayer(benchmark::State& state, uint32_t layer) {
     V4PagedLayer pages = *V4PagedLayer::Of(*s.manager, s.id, layer);
     std::vector<uint64_t> entries;
     if (pages.ratio() == 4) {
-      (void)V4IndexerSelect(pages, IndexerQuery{s.iq, s.iw}, s.dims.indexer, &entries, &c);
+      if (!bench::Check(state, V4IndexerSelect(pages, IndexerQuery{s.iq, s.iw}, s.dims.indexer, &entries, &c))) break;
     } else {
       for (uint64_t e = 0; e < pages.entries(); ++e) entries.push_back(e);
     }
-    (void)V4Attend(pages, entries, s.q, s.sink, s.dims, 160000.0, out, &c);
+    if (!bench::Check(state, V4Attend(pages, entries, s.q, s.sink, s.dims, 160000.0, out, &c))) break;
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(c.page_bytes));

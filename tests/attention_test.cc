@@ -37,11 +37,13 @@ RandomPages MakePages(const Geometry& g, const std::string& kv_format, uint64_t 
   o.max_requests = 4;
   auto m = RequestManager::Create(g, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return {};
   RandomPages p{std::move(*m), {}};
   std::vector<uint32_t> prompt(n);
   for (uint64_t i = 0; i < n; ++i) prompt[i] = static_cast<uint32_t>(i + 1);
   auto a = p.manager->Admit(prompt, RequestSpec{});
   EXPECT_TRUE(a.ok()) << a.status().ToString();
+  if (!a.ok()) return p;
   p.id = a->id;
   std::mt19937 rng(seed);
   const RequestManager& mr = *p.manager;
@@ -71,10 +73,12 @@ AttentionCounters DecodeAllLayers(const RandomPages& p, const Geometry& g, MlaDi
   for (uint32_t l = 0; l < g.num_layers; ++l) {
     auto pages = PagedLayer::Of(*p.manager, p.id, l);
     EXPECT_TRUE(pages.ok()) << pages.status().ToString();
+    if (!pages.ok()) return c;
     std::vector<uint64_t> positions = AllPositions(n);
     if (pages->indexer_format() != nullptr) {
       auto idims = IndexerDims::Of(g);
       EXPECT_TRUE(idims.ok());
+      if (!idims.ok()) return c;
       const std::vector<float> iq = RandomFloats(idims->heads * idims->head_dim, 4), iw = RandomFloats(idims->heads, 5);
       EXPECT_TRUE(IndexerSelect(*pages, n, IndexerQuery{iq, iw}, *idims, &positions, &c).ok());
     }

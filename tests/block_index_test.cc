@@ -55,7 +55,7 @@ BlockId Alloc(BlockPool& pool) {
 void Fill(BlockPool& pool, BlockId b, uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (uint32_t g = 0; g < pool.groups().size(); ++g) {
-    for (std::byte& v : pool.Bytes(pool.BlockHandleOf(b, g))) v = static_cast<std::byte>(rng() & 0xFF);
+    for (std::byte& v : pool.MutableBytes(pool.BlockHandleOf(b, g))) v = static_cast<std::byte>(rng() & 0xFF);
   }
 }
 
@@ -63,7 +63,7 @@ void Fill(BlockPool& pool, BlockId b, uint64_t seed) {
 std::vector<std::byte> Snapshot(const BlockPool& pool, BlockId b) {
   std::vector<std::byte> out;
   for (uint32_t g = 0; g < pool.groups().size(); ++g) {
-    std::span<std::byte> s = pool.Bytes(pool.BlockHandleOf(b, g));
+    std::span<const std::byte> s = pool.Bytes(pool.BlockHandleOf(b, g));
     out.insert(out.end(), s.begin(), s.end());
   }
   return out;
@@ -356,7 +356,7 @@ TEST(BlockIndexAdversarial, OneBitKeysNeverShareUnequalBytesOrCrossDomains) {
       // An exact duplicate of a recent block (bytes and identity): sharing it is allowed.
       const Recent& r = recent[rng() % recent.size()];
       for (uint32_t g = 0, off = 0; g < f.pool->groups().size(); ++g) {
-        std::span<std::byte> s = f.pool->Bytes(f.pool->BlockHandleOf(candidate, g));
+        std::span<std::byte> s = f.pool->MutableBytes(f.pool->BlockHandleOf(candidate, g));
         std::memcpy(s.data(), r.bytes.data() + off, s.size());
         off += static_cast<uint32_t>(s.size());
       }
@@ -377,7 +377,7 @@ TEST(BlockIndexAdversarial, OneBitKeysNeverShareUnequalBytesOrCrossDomains) {
         // The same bytes and tokens as a recent block, in another domain: never shared.
         const Recent& r = recent[rng() % recent.size()];
         for (uint32_t g = 0, off = 0; g < f.pool->groups().size(); ++g) {
-          std::span<std::byte> s = f.pool->Bytes(f.pool->BlockHandleOf(candidate, g));
+          std::span<std::byte> s = f.pool->MutableBytes(f.pool->BlockHandleOf(candidate, g));
           std::memcpy(s.data(), r.bytes.data() + off, s.size());
           off += static_cast<uint32_t>(s.size());
         }

@@ -475,7 +475,7 @@ TEST(BlockPool, EvictionListenersSeeTheBlockIntactBeforeReuse) {
   std::unique_ptr<BlockPool> pool = TinyPool(1);
   std::vector<BlockId> b = SealedBlocks(*pool, 1);
   BlockHandle h = pool->BlockHandleOf(b[0], 0);
-  std::span<std::byte> bytes = pool->Bytes(h);
+  std::span<std::byte> bytes = pool->MutableBytes(h);
   std::memset(bytes.data(), 0x5A, bytes.size());
   Peer::Unref(*pool, b[0]);
 
@@ -487,7 +487,7 @@ TEST(BlockPool, EvictionListenersSeeTheBlockIntactBeforeReuse) {
       EXPECT_EQ(pool->state(id), BlockState::kCached);  // not reused yet
       EXPECT_EQ(pool->refcount(id), 0u);
       EXPECT_EQ(pool->generation(id), 0u);  // the life being ended
-      std::span<std::byte> seen = pool->Bytes(pool->BlockHandleOf(id, 0));
+      std::span<const std::byte> seen = pool->Bytes(pool->BlockHandleOf(id, 0));
       for (std::byte v : seen) ASSERT_EQ(v, std::byte{0x5A});
     };
   };
@@ -557,7 +557,7 @@ TEST(BlockPool, PackedPagesPlaceEveryLayersSliceAtItsStride) {
   EXPECT_EQ(pool->block_bytes(), 36288u);
   std::vector<BlockId> blocks;
   ASSERT_TRUE(Peer::Allocate(*pool, 3, &blocks).ok());
-  std::byte* base = pool->Bytes(pool->BlockHandleOf(BlockId{0}, 0)).data();
+  const std::byte* base = pool->Bytes(pool->BlockHandleOf(BlockId{0}, 0)).data();
   // Every entry's planes sit where the stride arithmetic says, and are written without
   // touching any other entry.
   for (BlockId b : blocks) {
@@ -583,7 +583,7 @@ TEST(BlockPool, PackedPagesPlaceEveryLayersSliceAtItsStride) {
   // Every byte of every slice was written once, with its entry's mark; the pages' 80 B of
   // padding were not.
   for (BlockId b : blocks) {
-    std::span<std::byte> bytes = pool->Bytes(pool->BlockHandleOf(b, 0));
+    std::span<const std::byte> bytes = pool->Bytes(pool->BlockHandleOf(b, 0));
     for (uint32_t l = 0; l < 31; ++l) {
       for (uint64_t e = 0; e < 2; ++e) {
         const auto mark = static_cast<std::byte>(1 + (b.value * 62 + l * 2 + e) % 251);
@@ -657,7 +657,7 @@ TEST(BlockPoolProperty, RandomOperationsKeepInvariantsAndDisjointPages) {
   auto write_stamp = [&](BlockId b, uint64_t stamp) {
     for (uint32_t g = 0; g < 2; ++g) {
       for (uint32_t l = 0; l < 3; ++l) {
-        std::span<std::byte> page = pool->Bytes(pool->PageHandle(b, g, l));
+        std::span<std::byte> page = pool->MutableBytes(pool->PageHandle(b, g, l));
         uint64_t v = stamp * 8 + g * 4 + l;
         std::memcpy(page.data(), &v, sizeof v);
         std::memcpy(page.data() + page.size() - sizeof v, &v, sizeof v);
@@ -667,7 +667,7 @@ TEST(BlockPoolProperty, RandomOperationsKeepInvariantsAndDisjointPages) {
   auto stamp_ok = [&](BlockId b, uint64_t stamp) {
     for (uint32_t g = 0; g < 2; ++g) {
       for (uint32_t l = 0; l < 3; ++l) {
-        std::span<std::byte> page = pool->Bytes(pool->PageHandle(b, g, l));
+        std::span<const std::byte> page = pool->Bytes(pool->PageHandle(b, g, l));
         uint64_t v = stamp * 8 + g * 4 + l, head = 0, tail = 0;
         std::memcpy(&head, page.data(), sizeof head);
         std::memcpy(&tail, page.data() + page.size() - sizeof tail, sizeof tail);

@@ -126,7 +126,7 @@ TEST(BlockRecord, FingerprintDiffersAcrossLayouts) {
     o.kv_format = format;
     auto m = RequestManager::Create(testing::Preset("deepseek-v3"), o);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    return BlockRecordInfoOf((*m)->pool()).fingerprint;
+    return m.ok() ? BlockRecordInfoOf((*m)->pool()).fingerprint : uint64_t{0};
   };
   const uint64_t base = make(64, "");
   EXPECT_EQ(make(64, ""), base);

@@ -96,6 +96,7 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   o.region_kind = kind;
   auto m = RequestManager::Create(g, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return {};
   Pages p{std::move(*m), {}};
   std::mt19937 rng(seed);
   const RequestManager& mr = *p.manager;

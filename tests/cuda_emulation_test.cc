@@ -80,6 +80,7 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   o.max_requests = static_cast<uint32_t>(lengths.size() + 1);
   auto m = RequestManager::Create(g, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return {};
   Pages p{std::move(*m), {}};
   std::mt19937 rng(23);
   const RequestManager& mr = *p.manager;
@@ -90,7 +91,8 @@ Pages MakePages(const Geometry& g, const std::string& kv_format, const std::vect
   // A throwaway request first, freed: the batch's blocks are not 0, 1, 2, ... in order.
   std::vector<uint32_t> junk(130, 999999);
   auto j = p.manager->Admit(junk, RequestSpec{});
-  EXPECT_TRUE(j.ok());
+  EXPECT_TRUE(j.ok()) << j.status().ToString();
+  if (!j.ok()) return p;
   p.ids = testing::AdmitPrompts(*p.manager, lengths, KvWriters(writer));
   EXPECT_TRUE(p.manager->Free(j->id).ok());
   return p;

@@ -40,6 +40,7 @@ Held Hold(const Geometry& g, const std::string& kv_format, const std::vector<uin
   o.region_kind = kind;
   auto m = RequestManager::Create(g, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
+  if (!m.ok()) return {};
   Held h{std::move(*m), {}};
   uint32_t next = 1;
   for (uint64_t n : lengths) {
@@ -47,6 +48,7 @@ Held Hold(const Geometry& g, const std::string& kv_format, const std::vector<uin
     for (uint32_t& t : prompt) t = next++;  // distinct tokens: no prefix sharing
     auto a = h.manager->Admit(prompt, RequestSpec{});
     EXPECT_TRUE(a.ok()) << a.status().ToString();
+    if (!a.ok()) return h;
     const KvWriters none;
     const KvWriters zero([](uint32_t, uint32_t, uint64_t, const RecordView&) {});
     EXPECT_TRUE(h.manager->Append(a->id, prompt, kind == RegionKind::kHost ? zero : none).ok());
@@ -358,7 +360,7 @@ std::map<uint64_t, uint64_t>& Live() {
 }
 uint64_t g_fail_above = UINT64_MAX;
 Result<uint64_t> FakeAllocate(uint64_t bytes) {
-  if (bytes > g_fail_above) return Status(StatusCode::kOutOfBlocks, "device", "fake device is full");
+  if (bytes > g_fail_above) return OutOfBlocks("device", "fake device is full");
   void* p = std::malloc(bytes);
   const auto a = reinterpret_cast<uint64_t>(p);
   Live()[a] = bytes;

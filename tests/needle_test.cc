@@ -224,13 +224,14 @@ TEST_P(Needle, IsRetrievedAfterItsBlockWentToDiskAndCameBack) {
     auto disk = MakeDiskTier(o, 0);
     EXPECT_TRUE(disk.ok()) << disk.status().ToString();
     std::vector<std::unique_ptr<Tier>> tiers;
+    if (!disk.ok()) return std::unique_ptr<TieredStore>();
     tiers.push_back(std::move(*disk));
     TieredStoreOptions so;
     so.write = WritePolicy::kWriteThrough;
     so.asynchronous = false;
     auto s = TieredStore::Create(m.pool(), so, std::move(tiers));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return std::move(*s);
+    return s.ok() ? std::move(*s) : std::unique_ptr<TieredStore>();
   };
   Retrieval first;
   {

@@ -17,7 +17,7 @@ using testing::PresetShapes;
 WeightBytes Bytes(const WeightShapes& s, WeightDtype d, uint32_t tp, bool mtp) {
   Result<WeightBytes> w = ComputeWeightBytes(s, d, tp, mtp);
   EXPECT_TRUE(w.ok()) << w.status().ToString();
-  return *w;
+  return w.ok() ? *w : WeightBytes{};
 }
 
 double Billions(uint64_t n) { return static_cast<double>(n) / 1e9; }
@@ -218,7 +218,7 @@ PlanOptions H200x8(uint64_t context) {
 Plan MustPlan(const std::string& model, const PlanOptions& o) {
   Result<Plan> p = ComputePlan(Preset(model), PresetShapes(model), o);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return *p;
+  return p.ok() ? *p : Plan{};
 }
 
 TEST(Plan, BudgetArithmetic) {

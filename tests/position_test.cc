@@ -35,6 +35,7 @@ std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t
 std::unique_ptr<TinyRunner> Runner(const std::string& kv_format) {
   Result<TinyConfig> c = LoadTinyConfig("tiny-mla");
   EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
   RunOptions o;
   o.kv_format = kv_format;
   o.capacity_blocks = 64;

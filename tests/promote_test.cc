@@ -31,14 +31,14 @@ class ScriptedSource : public BlockSource {
     while (n < links.size() && held.count(links[n].key.lo) > 0) ++n;
     return std::min(n, probe_limit);
   }
-  size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+  size_t Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states) override {
     fetch_asked = blocks.size();
     size_t n = 0;
     for (; n < blocks.size() && n < fetch_limit; ++n) {
       auto it = held.find(links[n].key.lo);
       if (it == held.end()) break;
-      std::span<std::byte> to = pool.Bytes(pool.BlockHandleOf(blocks[n], 0));
+      std::span<std::byte> to = pool.MutableBytes(pool.BlockHandleOf(blocks[n], 0));
       std::memcpy(to.data(), it->second.data(), to.size());
       if (states != nullptr) states->push_back({std::byte{static_cast<uint8_t>(n)}});
     }

@@ -48,7 +48,7 @@ TEST(Receipt, NonUtf8SourcePathDoesNotThrow) {
   Result<Geometry> g = GeometryFromConfigJson(*PresetConfigText("deepseek-v3"), "cfg-\xff.json");
   ASSERT_TRUE(g.ok());
   ReceiptRequest req{"cfg-\xff.json", Context(4096), std::nullopt, false};
-  Result<Receipt> r = Result<Receipt>(Status(StatusCode::kInternal, "", "not run"));
+  Result<Receipt> r = Result<Receipt>(Internal("", "not run"));
   ASSERT_NO_THROW(r = BuildReceipt(*g, req));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   nlohmann::json j = nlohmann::json::parse(r->json);

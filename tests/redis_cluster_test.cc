@@ -563,7 +563,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
     std::vector<std::unique_ptr<Tier>> tiers;
     auto t = MakeRedisClusterTier(cluster.Options());
     EXPECT_TRUE(t.ok()) << t.status().ToString();
-    tiers.push_back(std::move(*t));
+    if (t.ok()) tiers.push_back(std::move(*t));
     TieredStoreOptions so;
     so.write = write;
     auto store = std::move(*TieredStore::Create(m->pool(), so, std::move(tiers)));

@@ -80,7 +80,7 @@ class ForwardingTier : public Tier {
   std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override { return under_->ContainsBatch(keys); }
   std::vector<Hash128> Keys() const override { return under_->Keys(); }
   Status EraseBatch(std::span<const Hash128> keys) override { return under_->EraseBatch(keys); }
-  void Quarantine(const Hash128& key, const std::string& why) override { under_->Quarantine(key, why); }
+  Status Quarantine(const Hash128& key, const std::string& why) override { return under_->Quarantine(key, why); }
   TierCounters counters() const override { return under_->counters(); }
 
  private:

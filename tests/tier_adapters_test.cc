@@ -83,7 +83,7 @@ TEST(HostTierAdapter, RefusesARecordLargerThanItself) {
 TEST(HostTierAdapter, QuarantineAndEraseTakeRecordsOut) {
   std::unique_ptr<Tier> host = MakeHostTier(10000);
   ASSERT_TRUE(Put(*host, {Rec(0), Rec(1), Rec(2)}).ok());
-  host->Quarantine(Rec(0).key, "test");
+  ASSERT_TRUE(host->Quarantine(Rec(0).key, "test").ok());
   const Hash128 one = Rec(1).key;
   ASSERT_TRUE(host->EraseBatch(std::span(&one, 1)).ok());
   const std::vector<Hash128> keys = {Rec(0).key, Rec(1).key, Rec(2).key};
@@ -176,7 +176,7 @@ TEST(DiskTierAdapter, ReopenSeedsTheLruOldestFirst) {
   std::unique_ptr<Tier> disk = Disk(dir.path(), 0);
   EXPECT_EQ(disk->Keys(), (std::vector<Hash128>{Rec(0).key, Rec(1).key, Rec(2).key}));
   EXPECT_EQ(disk->counters().records, 3u);
-  disk->Quarantine(Rec(1).key, "failed a check above the tier");
+  ASSERT_TRUE(disk->Quarantine(Rec(1).key, "failed a check above the tier").ok());
   EXPECT_EQ(disk->Keys(), (std::vector<Hash128>{Rec(0).key, Rec(2).key}));
   EXPECT_FALSE(Get(*disk, Rec(1).key).has_value());
 }
@@ -221,7 +221,7 @@ TEST(RedisAdapter, ContainsThenGetServesVerifiedRecords) {
   EXPECT_EQ(got[0]->payload, Rec(0).payload);
   EXPECT_EQ(got[1]->format_id, Rec(1).format_id);
   EXPECT_FALSE(got[2].has_value());
-  redis.Quarantine(Rec(0).key, "failed a check above the tier");
+  ASSERT_TRUE(redis.Quarantine(Rec(0).key, "failed a check above the tier").ok());
   EXPECT_FALSE(Get(redis, Rec(0).key).has_value());
   EXPECT_TRUE(Get(redis, Rec(1).key).has_value());
   EXPECT_TRUE(redis.Keys().empty());  // the server's keys are not tracked here

@@ -368,7 +368,7 @@ TEST(TieredStore, BlocksServeOnlyTheCacheIdentityThatWroteThem) {
     o.weights_revision = revision;
     auto m = RequestManager::Create(testing::Preset(preset), o);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
-    return std::move(*m);
+    return m.ok() ? std::move(*m) : std::unique_ptr<RequestManager>();
   };
   struct Run {
     uint32_t cached_blocks;
@@ -442,6 +442,47 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   EXPECT_NE(store->stats().last_error.find("tokens"), std::string::npos) << store->stats().last_error;
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/quarantine"));
   EXPECT_EQ(store->tier_counters(0).records, 1u);  // the forged record is out of service
+}
+
+// A tier that cannot take a record out of service says so: the store counts it and names the
+// tier's error, and still serves nothing of the record.
+TEST(TieredStore, AFailedQuarantineIsCountedAndNamed) {
+  TempDir dir;
+  Stream a(100, 2 * kBlock + 1);
+  const std::vector<std::byte> key = WriteThroughInAnotherProcess(dir.path(), a);
+  ASSERT_FALSE(key.empty());
+  {
+    auto m = Manager(8, key);
+    const Hash128 k1 = m->index().PrefixKey(m->index().root_key(), std::span(a.tokens()).first(kBlock), 0, 0);
+    const Hash128 k2 = m->index().PrefixKey(k1, std::span(a.tokens()).subspan(kBlock, kBlock), 0, 0);
+    DiskTierOptions o;
+    o.dir = dir.path();
+    auto disk = DiskTier::Open(o);
+    ASSERT_TRUE(disk.ok());
+    Result<TierRecord> rec = (*disk)->Get(k2);
+    ASSERT_TRUE(rec.ok());
+    TierRecord forged = *rec;
+    uint32_t t;
+    std::memcpy(&t, forged.payload.data() + 104 + 5 * 4, 4);
+    ++t;
+    std::memcpy(forged.payload.data() + 104 + 5 * 4, &t, 4);
+    ASSERT_TRUE((*disk)->PutBatch(std::span<const TierRecord>(&forged, 1)).ok());
+  }
+  struct StuckQuarantine : testing::ForwardingTier {
+    using testing::ForwardingTier::ForwardingTier;
+    Status Quarantine(const Hash128&, const std::string&) override { return IoError("dir", "quarantine file full"); }
+  };
+  auto m = Manager(8, key);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(std::make_unique<StuckQuarantine>(Disk(dir.path())));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  Admission r = Serve(*m, a);
+  EXPECT_EQ(r.cached_blocks, 1u);
+  EXPECT_EQ(store->stats().verify_failures, 1u);
+  EXPECT_EQ(store->stats().quarantine_failures, 1u);
+  EXPECT_NE(store->stats().last_error.find("quarantine: dir: quarantine file full"), std::string::npos)
+      << store->stats().last_error;
 }
 
 TEST(TieredStore, DamagedSegmentIsAMissNeverWrongBytes) {

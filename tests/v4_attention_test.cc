@@ -247,6 +247,7 @@ Check CompareLayer(const Fixture& f, uint32_t layer, std::mt19937& rng) {
   for (float& x : sink) x = n01(rng);
   Result<V4PagedLayer> pages = V4PagedLayer::Of(*f.manager, f.id, layer);
   EXPECT_TRUE(pages.ok()) << pages.status().ToString();
+  if (!pages.ok()) return c;
   const uint32_t ratio = RatioOf(layer);
   const uint64_t n_c = ratio == 0 ? 0 : tokens / ratio;
   EXPECT_EQ(pages->entries(), n_c);

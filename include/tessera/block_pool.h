@@ -127,8 +127,10 @@ class BlockPool {
   RecordView Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const;
   const RegionTable& regions() const { return regions_; }
   bool backed() const { return kind_ == RegionKind::kHost; }
-  // REQUIRES: backed().
-  std::span<std::byte> Bytes(const BlockHandle& h) const { return regions_.Resolve(h); }
+  // The bytes of a page or block, read-only; MutableBytes, the same bytes writable, only through
+  // a pool the caller may change. REQUIRES: backed().
+  std::span<const std::byte> Bytes(const BlockHandle& h) const { return regions_.Resolve(h); }
+  std::span<std::byte> MutableBytes(const BlockHandle& h) { return regions_.Resolve(h); }
 
   const std::vector<PoolGroup>& groups() const { return groups_; }
   uint32_t capacity() const { return capacity_; }

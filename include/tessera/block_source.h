@@ -50,7 +50,7 @@ class BlockSource {
   // returns its length; a link that fails verification ends the run (and is counted by the
   // source), so nothing unverified ever reaches a caller. When `states` is given it receives
   // each fetched block's state (SealedIdentity::state when it was stored).
-  virtual size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+  virtual size_t Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                        std::vector<std::vector<std::byte>>* states = nullptr) = 0;
 };
 

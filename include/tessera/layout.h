@@ -117,6 +117,9 @@ std::string DefaultKvFormat(const Geometry& g);
 std::string DefaultIndexerFormat(const Geometry& g, const RecordFormat& main_format);
 
 // Validated by MapCaches / ComputeCacheLayout; errors name the CLI option.
+// The one set of layout options: the ledger's (LedgerOptions) and the manager's (ManagerOptions)
+// options derive from it, so that each field is declared once and reaches ComputeCacheLayout as
+// given (no copy by hand to drop one).
 struct CacheLayoutOptions {
   std::string kv_format;                 // main record format; empty = DefaultKvFormat
   std::string indexer_format;            // empty = DefaultIndexerFormat of the main format

@@ -37,23 +37,16 @@ enum class Engine {
 std::string_view EngineName(Engine engine);
 Result<Engine> ParseEngine(std::string_view name);
 
-struct LedgerOptions {
+// The layout (record formats, block span, kernel, MTP layers, tensor-parallel ranks, scale
+// formats) is the CacheLayoutOptions it derives from.
+struct LedgerOptions : CacheLayoutOptions {
   uint64_t context_tokens = 0;  // tokens cached per request
   uint64_t batch = 1;           // requests
-  std::string kv_format;        // main record format; empty = the model's default
-  std::string indexer_format;   // indexer record format; empty = the default for kv_format
-  std::optional<uint64_t> block_tokens;
-  uint32_t tp = 1;           // tensor-parallel ranks
-  uint32_t dcp = 1;          // decode-context-parallel ranks (shard tokens); must divide tp
-  uint32_t spec_tokens = 0;  // speculative draft tokens per step
-  bool include_mtp = false;  // whether MTP layers hold cache
+  uint32_t dcp = 1;             // decode-context-parallel ranks (shard tokens); must divide tp
+  uint32_t spec_tokens = 0;     // speculative draft tokens per step
   Engine engine = Engine::kTessera;
-  Kernel kernel = Kernel::kFlashMla;
   SwaStrategy swa_strategy = SwaStrategy::kRecompute;
   uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
-  // Scale formats of fp32-scaled records (CacheLayoutOptions); unset: what the engine writes.
-  std::optional<ScaleFormat> kv_scale_format;
-  std::optional<ScaleFormat> indexer_scale_format;
 };
 
 // The named terms committed bytes decompose into (ADR 0004), in the order outputs list them.

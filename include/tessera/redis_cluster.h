@@ -74,7 +74,8 @@ namespace tessera {
 
 namespace redis_io {
 struct Conversation;
-}
+struct Reply;
+}  // namespace redis_io
 namespace redis_value {
 class Codec;
 }
@@ -173,6 +174,15 @@ class RedisClusterTier {
   // Runs `ops` (at most two rounds: the first and one redirected retry) by `deadline` and fills
   // their results.
   void Execute(std::vector<Op>& ops, Clock::time_point deadline);
+  // Execute's steps. One round's pipelines, one per node of `groups` (indices into ops), written
+  // and exchanged at once; a node that cannot be reached fails its ops and sets *connection_lost.
+  void SendRound(std::vector<Op>& ops, const std::vector<std::vector<size_t>>& groups, int round,
+                 Clock::time_point deadline, std::vector<redis_io::Conversation>& convs, bool* connection_lost);
+  // The replies of one node's pipeline read into its ops (`group`), in order.
+  void ReadReplies(std::vector<Op>& ops, Node& node, const std::vector<size_t>& group, redis_io::Conversation& c,
+                   int round, bool* moved_seen);
+  // A MOVED or ASK reply: the op is retried at its new node in the second round, or fails.
+  void FollowRedirect(Op& op, Node& node, const redis_io::Reply& reply, bool moved, int round, bool* moved_seen);
 
   RedisClusterOptions options_;
   std::unique_ptr<const redis_value::Codec> codec_;

@@ -53,14 +53,10 @@ struct RequestId {
   friend bool operator==(RequestId, RequestId) = default;
 };
 
-// Validated once, by RequestManager::Create.
-struct ManagerOptions {
-  // Record formats and block span (empty / unset: the model's defaults).
-  std::string kv_format;
-  std::string indexer_format;
-  std::optional<uint64_t> block_tokens;
-  Kernel kernel = Kernel::kFlashMla;
-  bool include_mtp = false;
+// Validated once, by RequestManager::Create. The layout (record formats, block span, kernel, MTP
+// layers, tensor-parallel ranks, scale formats; empty / unset: the model's defaults) is the
+// CacheLayoutOptions it derives from.
+struct ManagerOptions : CacheLayoutOptions {
   // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
   uint32_t spec_tokens = 0;
   // Capacity: page blocks, and requests (the table; with windows, the state arena's slabs).
@@ -224,6 +220,9 @@ class RequestManager {
   // Pages + block metadata of every block not free + the state component's bytes.
   uint64_t bytes_held() const;
   const BlockPool& pool() const { return *pool_; }
+  // The bytes of a page or block of this manager's pool, writable: for a caller that fills a
+  // block the manager handed out (a zero-copy view of a block being filled). REQUIRES: backed.
+  std::span<std::byte> MutableBytes(const BlockHandle& h) { return pool_->MutableBytes(h); }
   const BlockIndex& index() const { return *index_; }
   // The state component, or nullptr for a model without windows.
   const RequestStates* states() const { return states_.get(); }

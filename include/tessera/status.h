@@ -49,7 +49,7 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // "field: message" (or just the message when no field applies); one line.
   std::string ToString() const;
-  // The one explicit way to drop a Status on purpose.
+  // The one explicit way to drop a Status on purpose; `(void)` is not used for this.
   void IgnoreError() const {}
 
  private:
@@ -70,6 +70,18 @@ inline Status OutOfRange(std::string field, std::string message) {
 inline Status IoError(std::string field, std::string message) {
   return {StatusCode::kIoError, std::move(field), std::move(message)};
 }
+inline Status OutOfBlocks(std::string field, std::string message) {
+  return {StatusCode::kOutOfBlocks, std::move(field), std::move(message)};
+}
+inline Status FailedPrecondition(std::string field, std::string message) {
+  return {StatusCode::kFailedPrecondition, std::move(field), std::move(message)};
+}
+inline Status DataLoss(std::string field, std::string message) {
+  return {StatusCode::kDataLoss, std::move(field), std::move(message)};
+}
+inline Status Internal(std::string field, std::string message) {
+  return {StatusCode::kInternal, std::move(field), std::move(message)};
+}
 
 // Either a value or a non-OK Status.
 template <typename T>
@@ -82,6 +94,8 @@ class [[nodiscard]] Result {
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
+  // The one explicit way to drop a Result (its value and its Status) on purpose.
+  void IgnoreError() const {}
   // REQUIRES: ok().
   const T& value() const& {
     assert(ok());

@@ -71,8 +71,10 @@ class Tier {
   // The keys this process knows the tier holds, least recently used first (a Redis tier: none).
   virtual std::vector<Hash128> Keys() const = 0;
   virtual Status EraseBatch(std::span<const Hash128> keys) = 0;
-  // Takes a record out of service that failed a check above the tier's checksum.
-  virtual void Quarantine(const Hash128& key, const std::string& why) = 0;
+  // Takes a record out of service that failed a check above the tier's checksum. Errors: the
+  // tier's own (a disk tier that cannot write its quarantine file, an unreachable server); the
+  // record may then still be held, and the caller must not count on its absence.
+  virtual Status Quarantine(const Hash128& key, const std::string& why) = 0;
   virtual TierCounters counters() const = 0;
   // REQUIRES: before the tier is shared (the store sets it once, at creation).
   void SetEvictionListener(EvictionListener f) { on_evict_ = std::move(f); }

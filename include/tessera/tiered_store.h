@@ -104,6 +104,7 @@ struct TieredStoreStats {
   uint64_t tier_hits = 0;               // blocks promoted into the pool
   uint64_t queued_hits = 0;             // of which were still queued for their tier's write
   uint64_t verify_failures = 0;         // records that failed the checks here (quarantined)
+  uint64_t quarantine_failures = 0;     // of which the tier could not take out (last_error says why)
   uint64_t write_errors = 0;            // failed batch writes (e.g. a full disk); the records go lower
   uint64_t through_refused = 0;         // write-through or checkpoint records the persistent tier refused
   uint64_t dropped = 0;                 // refused records no tier below could take (lost; Flush reports them)
@@ -139,7 +140,7 @@ class TieredStore final : public BlockSource {
   // as Flush (records dropped).
   [[nodiscard]] Status FinishCheckpoint() override EXCLUDES(queue_mu_, stats_mu_);
   size_t Probe(std::span<const ChainLink> links) override EXCLUDES(queue_mu_, stats_mu_);
-  size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+  size_t Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states = nullptr) override EXCLUDES(queue_mu_, stats_mu_);
 
   // Submits the open batches and waits until every batch submitted so far is written, with the

@@ -586,7 +586,7 @@ void BindManager(py::module_& m) {
                          std::to_string(l) + " is not below " + std::to_string(pm->m->pool().groups()[g].layers));
             }
             const BlockPool& pool = pm->m->pool();
-            return View(pm, pool.Bytes(pool.PageHandle(b, g, l)), !Writable(*pm->m, b));
+            return View(pm, pm->m->MutableBytes(pool.PageHandle(b, g, l)), !Writable(*pm->m, b));
           },
           py::arg("block_id"), py::arg("group"), py::arg("layer"),
           "A zero-copy uint8 view of one layer's page of a block (read-only unless the block is being filled).")
@@ -598,7 +598,7 @@ void BindManager(py::module_& m) {
             const BlockId b = CheckBlock(*pm, block_id);
             const uint32_t g = CheckGroup(*pm, group);
             const BlockPool& pool = pm->m->pool();
-            return View(pm, pool.Bytes(pool.BlockHandleOf(b, g)), !Writable(*pm->m, b));
+            return View(pm, pm->m->MutableBytes(pool.BlockHandleOf(b, g)), !Writable(*pm->m, b));
           },
           py::arg("block_id"), py::arg("group"),
           "A zero-copy uint8 view of a block's bytes in one group (every layer).")

@@ -234,7 +234,7 @@ Geometry LoadModelArg(const py::object& model, const py::object& config) {
       return LoadConfigFile(path);
     }();
     if (!g.ok() && g.status().code() == StatusCode::kIoError) {
-      ThrowStatus(Status(StatusCode::kInvalidArgument, "config", g.status().message()));
+      ThrowStatus(InvalidArgument("config", g.status().message()));
     }
     return Take(std::move(g));
   }

@@ -125,6 +125,8 @@ Result<bool> TargetExists(const std::string& path) {
 
 }  // namespace
 
+// Long (~85 lines) on purpose: the renames and the rollback that puts the old set back share the
+// backups' state; kept together so that every failure path is seen to restore it.
 Status WriteFilesAtomically(const std::vector<std::pair<std::string, std::string>>& files) {
   const std::string suffix = "." + std::to_string(::getpid());
   std::vector<bool> existed;

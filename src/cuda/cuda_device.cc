@@ -18,7 +18,7 @@ namespace {
 void* Ptr(uint64_t address) { return reinterpret_cast<void*>(address); }  // NOLINT(performance-no-int-to-ptr)
 
 Status CudaError(cudaError_t e, const std::string& what) {
-  return Status(StatusCode::kFailedPrecondition, "device", what + ": " + cudaGetErrorString(e));
+  return FailedPrecondition("device", what + ": " + cudaGetErrorString(e));
 }
 
 #define TESSERA_CUDA_RETURN(expr, what)        \
@@ -61,8 +61,8 @@ Status RequireDevice(int ordinal) {
     return CudaError(e, "no CUDA device (cudaGetDeviceCount)");
   }
   if (ordinal < 0 || ordinal >= count) {
-    return Status(StatusCode::kFailedPrecondition, "device",
-                  "no CUDA device " + std::to_string(ordinal) + " (" + std::to_string(count) + " present)");
+    return FailedPrecondition("device",
+                              "no CUDA device " + std::to_string(ordinal) + " (" + std::to_string(count) + " present)");
   }
   TESSERA_CUDA_RETURN(cudaSetDevice(ordinal), "cudaSetDevice");
   return Status::Ok();
@@ -80,8 +80,7 @@ Result<uint64_t> DeviceAllocate(uint64_t bytes) {
   const cudaError_t e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return Status(StatusCode::kOutOfBlocks, "device",
-                  "cudaMalloc of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e));
+    return OutOfBlocks("device", "cudaMalloc of " + std::to_string(bytes) + " bytes: " + cudaGetErrorString(e));
   }
   return reinterpret_cast<uint64_t>(p);
 }
@@ -268,11 +267,13 @@ Status MlaDecoder::SetWeights(std::span<const float> wkv_b) {
   return Status::Ok();
 }
 
+// Long (~85 lines): argument checks, uploads and the kernel launches in the order the device runs
+// them, each followed by its error check.
 Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, const PackedBlockTables& tables,
                           std::span<const float> q_nope, std::span<const float> q_pe, std::span<float> out) {
   Impl& m = *impl_;
   const MlaDims& d = m.dims;
-  if (!m.have_weights) return Status(StatusCode::kFailedPrecondition, "wkv_b", "SetWeights first");
+  if (!m.have_weights) return FailedPrecondition("wkv_b", "SetWeights first");
   if (view.latent != d.latent || view.rope != d.rope) {
     return InvalidArgument("kv-format", "page records are " + std::to_string(view.latent) + " + " +
                                             std::to_string(view.rope) + ", the model's " + std::to_string(d.latent) +
@@ -358,7 +359,7 @@ Status MlaDecoder::Decode(const DevicePageView& view, uint64_t region_base, cons
 
 Result<double> MlaDecoder::TimeAttention(int iterations) {
   Impl& m = *impl_;
-  if (m.batch == 0 || iterations <= 0) return Status(StatusCode::kFailedPrecondition, "decode", "Decode first");
+  if (m.batch == 0 || iterations <= 0) return FailedPrecondition("decode", "Decode first");
   Result<double> total = TimeOnStream(m.stream, "attention kernels", [&] {
     cudaError_t e = cudaSuccess;
     for (int i = 0; i < iterations && e == cudaSuccess; ++i) {
@@ -530,7 +531,7 @@ Status DeviceTransfer::Promote(std::span<const std::span<const std::byte>> src, 
       *impl_, regions, dst,
       [&](uint32_t i, std::span<std::byte> out) -> Status {
         if (Xxh3(src[i]) != xxh3[i]) {
-          return Status(StatusCode::kDataLoss, "block " + std::to_string(i), "checksum mismatch before promotion");
+          return DataLoss("block " + std::to_string(i), "checksum mismatch before promotion");
         }
         std::memcpy(out.data(), src[i].data(), out.size());
         return Status::Ok();
@@ -558,7 +559,7 @@ Status DeviceTransfer::Demote(const RegionTable& regions, std::span<const BlockH
         xxh3_out[i] = h;
         if (!expected.empty() && h != expected[i]) {
           std::memset(dst[i].data(), 0, dst[i].size());
-          return Status(StatusCode::kDataLoss, "block " + std::to_string(i), "checksum mismatch after demotion");
+          return DataLoss("block " + std::to_string(i), "checksum mismatch after demotion");
         }
         std::memcpy(dst[i].data(), in.data(), in.size());
         return Status::Ok();
@@ -594,7 +595,7 @@ Status DeviceTransfer::DemoteToHostTier(HostTier& tier, std::span<const Hash128>
       *impl_, regions, src,
       [&](uint32_t i, std::span<const std::byte> in) -> Status {
         if (!expected.empty() && Xxh3(in) != expected[i]) {
-          return Status(StatusCode::kDataLoss, "block " + std::to_string(i), "checksum mismatch after demotion");
+          return DataLoss("block " + std::to_string(i), "checksum mismatch after demotion");
         }
         return tier.Put(keys[i], format_id, in);
       },

@@ -248,7 +248,7 @@ Status FillLatentRegions(FormatId id, const FormatDims& g, std::string_view fiel
       f.regions = {{"rope", ElementType::kBf16, rope, 0}, {"nope", ElementType::kFp8E4M3, latent, 0}};
       break;
     default:
-      return Status(StatusCode::kInternal, std::string(field), f.name + " is not a latent format");
+      return Internal(std::string(field), f.name + " is not a latent format");
   }
   return Status::Ok();
 }

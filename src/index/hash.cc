@@ -58,7 +58,7 @@ Result<ContentHasher> ContentHasher::CreateWithKey(HashAlgorithm algorithm, uint
   h.algorithm_ = algorithm;
   h.bits_ = bits;
   if (XXH3_generateSecret(h.secret_.data(), h.secret_.size(), key.data(), key.size()) != XXH_OK) {
-    return Status(StatusCode::kInternal, "hash", "cannot derive the xxh3 secret");
+    return Internal("hash", "cannot derive the xxh3 secret");
   }
   // The SHA-256 key: the caller's key, or its SHA-256 when longer than 32 bytes.
   if (key.size() <= h.sha_key_.size()) {

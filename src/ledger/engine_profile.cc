@@ -103,18 +103,7 @@ Result<BoundaryBytes> WindowBoundaryBytes(const std::vector<CacheLine>& lines) {
   return b;
 }
 
-CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& o) {
-  CacheLayoutOptions lo;
-  lo.kv_format = o.kv_format;
-  lo.indexer_format = o.indexer_format;
-  lo.block_tokens = o.block_tokens;
-  lo.kernel = o.kernel;
-  lo.include_mtp = o.include_mtp;
-  lo.tp = o.tp;
-  lo.kv_scale_format = o.kv_scale_format;
-  lo.indexer_scale_format = o.indexer_scale_format;
-  return lo;
-}
+CacheLayoutOptions LayoutOptionsOf(const LedgerOptions& o) { return static_cast<const CacheLayoutOptions&>(o); }
 
 Checked EngineProfile::Admission(const Ledger& ledger, uint64_t tokens) const {
   const uint64_t first_chunk = std::min(tokens, std::max<uint64_t>(1, in_.options.prefill_chunk_tokens));

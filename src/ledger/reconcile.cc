@@ -75,6 +75,8 @@ std::string BaseName(const std::string& term) {
 
 }  // namespace
 
+// Long (~110 lines) on purpose: one candidate term per failure probe, each a few lines over the
+// same Reconciliation, then the subset search over them; split, each probe would take all of it.
 Result<Reconciliation> Reconcile(const Geometry& g, const Ledger& ledger, uint64_t observed_bytes, bool all_ranks,
                                  const std::vector<TraceLabel>& labels) {
   Reconciliation r;

@@ -81,13 +81,7 @@ std::vector<StateLayer> StateLayers(const Geometry& g, const ManagerOptions& o, 
 }
 
 Result<Plan> PlanCaches(const Geometry& g, const ManagerOptions& o) {
-  CacheLayoutOptions lo;
-  lo.kv_format = o.kv_format;
-  lo.indexer_format = o.indexer_format;
-  lo.block_tokens = o.block_tokens;
-  lo.kernel = o.kernel;
-  lo.include_mtp = o.include_mtp;
-  TESSERA_ASSIGN_OR_RETURN(CacheLayout layout, ComputeCacheLayout(g, lo));
+  TESSERA_ASSIGN_OR_RETURN(CacheLayout layout, ComputeCacheLayout(g, static_cast<const CacheLayoutOptions&>(o)));
   Plan plan;
   plan.pool.capacity_blocks = o.capacity_blocks;
   plan.pool.region_kind = o.region_kind;
@@ -213,9 +207,9 @@ Status RequestManager::NoRequest(RequestId r) {
 
 Status RequestManager::OutOfBlocks(uint64_t needed) {
   Bump(metrics_.out_of_blocks, 1);
-  return Status(StatusCode::kOutOfBlocks, "blocks",
-                "need " + std::to_string(needed) + " blocks, " + std::to_string(pool_->Available()) +
-                    " free or evictable of " + std::to_string(pool_->capacity()));
+  return tessera::OutOfBlocks("blocks", "need " + std::to_string(needed) + " blocks, " +
+                                            std::to_string(pool_->Available()) + " free or evictable of " +
+                                            std::to_string(pool_->capacity()));
 }
 
 // A block id per block span: the group whose entries need the most blocks decides.
@@ -247,14 +241,16 @@ Result<Admission> RequestManager::Admit(std::span<const uint32_t> prompt, const 
   return Admit(HashPrompt(prompt, spec), spec);
 }
 
+// Long (~85 lines): admission is one transaction (prefix match, source fetch, slot reservation)
+// whose undo on each failure must see what was taken before it.
 Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpec& spec) {
   if (keys.owner_ != instance_) return InvalidArgument("prompt", "prompt keys hashed by another manager");
   if (keys.domain_ != domain_of(spec.tenant) || keys.salt_ != spec.cache_salt) {
     return InvalidArgument("prompt", "prompt keys hashed for another tenant or cache salt");
   }
   if (live_ >= options_.max_requests || (states_ && states_->slabs_free() == 0)) {
-    return Status(StatusCode::kOutOfBlocks, "requests",
-                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+    return tessera::OutOfBlocks("requests",
+                                "all " + std::to_string(options_.max_requests) + " request slots are in use");
   }
   const std::span<const uint32_t> prompt = keys.tokens();
   // The last prompt token is always computed: its logits start generation.
@@ -364,8 +360,8 @@ Status RequestManager::CopyOnWrite(Request& q, size_t slot) {
   TESSERA_RETURN_IF_ERROR(fresh.Allocate(1));
   if (pool_->backed()) {
     for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
-      std::span<std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
-      std::span<std::byte> to = pool_->Bytes(pool_->BlockHandleOf(fresh[0], g));
+      std::span<const std::byte> from = pool_->Bytes(pool_->BlockHandleOf(old, g));
+      std::span<std::byte> to = pool_->MutableBytes(pool_->BlockHandleOf(fresh[0], g));
       std::memcpy(to.data(), from.data(), from.size());
     }
   }
@@ -421,8 +417,8 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
       const EntrySink sink = [this, &q](uint32_t group, uint32_t layer, uint64_t entry) -> Result<RecordView> {
         const uint64_t epb = pool_->groups()[group].page.entries_per_block;
         if (entry / epb >= q.table.size()) {
-          return Status(StatusCode::kFailedPrecondition, "tokens",
-                        "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
+          return FailedPrecondition("tokens",
+                                    "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
         }
         return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
       };
@@ -511,8 +507,8 @@ void RequestManager::TakeKvEventLog(KvEventLog* out) {
 
 Status RequestManager::ResetPrefixCache() {
   if (live_ > 0) {
-    return Status(StatusCode::kFailedPrecondition, "requests",
-                  std::to_string(live_) + " live requests hold blocks: free them before a reset");
+    return FailedPrecondition("requests",
+                              std::to_string(live_) + " live requests hold blocks: free them before a reset");
   }
   resetting_ = true;
   pool_->EvictAllCached();
@@ -540,8 +536,8 @@ Status RequestManager::Append(RequestId r, std::span<const uint32_t> tokens, con
     return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
   }
   if (BlocksNeeded(q->tokens + tokens.size()) > q->table.size()) {
-    return Status(StatusCode::kFailedPrecondition, "tokens",
-                  "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
+    return FailedPrecondition(
+        "tokens", "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
   }
   // A fork after AllocateSlots may have shared a slot again: copy before writing anything.
   if (const uint32_t copies = SharedSlots(*q, tokens.size()); copies > 0) {
@@ -627,8 +623,8 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   const Request* p = Get(parent);
   if (p == nullptr) return NoRequest(parent);
   if (live_ >= options_.max_requests) {
-    return Status(StatusCode::kOutOfBlocks, "requests",
-                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+    return tessera::OutOfBlocks("requests",
+                                "all " + std::to_string(options_.max_requests) + " request slots are in use");
   }
   Request copy;  // filled before TakeSlot may move requests_
   if (states_) {
@@ -715,6 +711,7 @@ Result<uint64_t> RequestManager::Checkpoint() {
   return CheckpointBlocks(*pool_, *index_, *source_, [this](BlockId b) { return TierState(b); });
 }
 
+// Long (~80 lines): a table of metric families, one entry each.
 std::vector<MetricFamily> RequestManager::CollectMetrics() const {
   auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   const PoolStats& ps = pool_->stats();

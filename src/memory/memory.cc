@@ -41,8 +41,7 @@ Result<uint32_t> RegionTable::AddRegion(RegionKind kind, uint64_t bytes, std::st
   if (kind == RegionKind::kHost) {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-      return Status(StatusCode::kOutOfBlocks, "region",
-                    "cannot map " + std::to_string(bytes) + " bytes of host memory for " + name);
+      return OutOfBlocks("region", "cannot map " + std::to_string(bytes) + " bytes of host memory for " + name);
     }
     base = static_cast<std::byte*>(p);
   }
@@ -51,8 +50,8 @@ Result<uint32_t> RegionTable::AddRegion(RegionKind kind, uint64_t bytes, std::st
   if (kind == RegionKind::kDevice) {
     allocator = g_device_allocator.load();
     if (allocator == nullptr || allocator->allocate == nullptr || allocator->release == nullptr) {
-      return Status(StatusCode::kFailedPrecondition, "device",
-                    "no device allocator installed for " + name + " (this binary links no device library)");
+      return FailedPrecondition("device",
+                                "no device allocator installed for " + name + " (this binary links no device library)");
     }
     Result<uint64_t> a = allocator->allocate(bytes);
     if (!a.ok()) return a.status();

@@ -271,6 +271,8 @@ Status WriteWeightsFile(const std::string& path, const TinyConfig& c, const Weig
   return WriteWeightFile(path, c.name, WeightSpecs(c), w);
 }
 
+// Long (~95 lines) on purpose: one pass over hostile bytes, each check beside the read it guards
+// and returning at the first failure; split, the offsets checked so far would have to travel along.
 Result<Weights> ParseWeightFile(std::string_view bytes, std::string_view model_name,
                                 std::span<const TensorSpec> specs) {
   if (bytes.size() < 8)

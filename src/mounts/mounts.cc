@@ -62,10 +62,6 @@ constexpr uint64_t kUint32Max = std::numeric_limits<uint32_t>::max();
 // the e4m3 latent at record + 64 k): a block's records must start on 16 bytes.
 constexpr uint64_t kKernelVectorBytes = 16;
 
-Status FailedPrecondition(std::string field, std::string message) {
-  return Status(StatusCode::kFailedPrecondition, std::move(field), std::move(message));
-}
-
 // The pool's bytes must exist somewhere a kernel can read: host or device memory.
 Status NeedBytes(const BlockPool& pool, uint32_t region) {
   if (pool.regions().kind(region) == RegionKind::kUnbacked) {

@@ -84,9 +84,7 @@ Result<GpuSpec> LoadGpu(std::string_view name) {
   const std::string want = Lower(name);
   for (size_t i = 0; i < n; ++i) {
     Result<GpuSpec> s = GpuSpecFromJson(files[i].text, files[i].name);
-    if (!s.ok())
-      return Status(StatusCode::kInternal, "gpu",
-                    "shipped spec " + std::string(files[i].name) + ": " + s.status().ToString());
+    if (!s.ok()) return Internal("gpu", "shipped spec " + std::string(files[i].name) + ": " + s.status().ToString());
     if (Lower(s->name) == want || Lower(files[i].name) == want) return s;
   }
   std::string known;

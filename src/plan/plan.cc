@@ -72,6 +72,8 @@ class PhaseBytesAt {
 
 }  // namespace
 
+// Long (~90 lines): the plan's option checks, then one pass per engine that fills its row; the
+// rows share the budget computed at the top, which a split would pass in pieces.
 Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const PlanOptions& o) {
   if (o.context_tokens == 0) return InvalidArgument("context", "must be a positive token count");
   if (o.concurrency && *o.concurrency == 0) return InvalidArgument("concurrency", "must be positive");

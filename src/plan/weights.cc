@@ -166,6 +166,8 @@ void AddLayer(const Builder& b, const Config& c, uint64_t layer) {
   AddFfn(b, c, layer);
 }
 
+// Long (~90 lines) on purpose: a flat list of the config fields read, one line each, with the
+// checks between them that depend on the ones read before.
 Status ReadConfig(const json& cfg, Config& c, WeightShapes& s) {
   TESSERA_ASSIGN_OR_RETURN(c.hidden, Dim(cfg, "hidden_size", true));
   TESSERA_ASSIGN_OR_RETURN(c.layers, Dim(cfg, "num_hidden_layers", true));

@@ -130,9 +130,8 @@ BlockId BlockPool::LruPopVictim() {
 
 Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
   if (n > Available()) {
-    return Status(StatusCode::kOutOfBlocks, "blocks",
-                  "need " + std::to_string(n) + " blocks, " + std::to_string(Available()) + " free or evictable of " +
-                      std::to_string(capacity_));
+    return OutOfBlocks("blocks", "need " + std::to_string(n) + " blocks, " + std::to_string(Available()) +
+                                     " free or evictable of " + std::to_string(capacity_));
   }
   // Grow geometrically: reserving exactly size() + n would copy a request's whole block table on
   // every new block (quadratic over a 1M-token context).
@@ -252,7 +251,9 @@ BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {
 RecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
   RecordView v;
   const PoolGroup& g = groups_[group];
-  std::span<std::byte> page = Bytes(PageHandle(b, group, layer));
+  // A RecordView is the writers' view (its planes writable), handed out by a const pool as the
+  // manager's Record is: see docs/adr/0036-status-const-options.md.
+  std::span<std::byte> page = regions_.Resolve(PageHandle(b, group, layer));
   if (g.format.packing == Packing::kPerToken) {
     const uint64_t rb = g.format.record_bytes();
     v.planes[0] = page.subspan(slot * rb, rb);
@@ -274,7 +275,7 @@ uint64_t BlockPool::bytes_held() const {
 }
 
 Status BlockPool::CheckInvariants() const {
-  auto fail = [](const std::string& what) { return Status(StatusCode::kInternal, "pool", what); };
+  auto fail = [](const std::string& what) { return Internal("pool", what); };
   std::vector<uint8_t> seen(capacity_, 0);
   uint32_t n = 0;
   for (uint32_t i = free_head_; i != kNil; i = next_[i]) {

@@ -77,7 +77,7 @@ Result<std::unique_ptr<RequestStates>> RequestStates::Create(StateOptions o) {
   s->chunk_bytes_ = chunk.value();
   const uint64_t arena_bytes = std::max<uint64_t>(arena.value(), 1);
   void* p = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return Status(StatusCode::kOutOfBlocks, "max-requests", "cannot map the state arena");
+  if (p == MAP_FAILED) return OutOfBlocks("max-requests", "cannot map the state arena");
   s->arena_ = std::unique_ptr<std::byte, ArenaDeleter>(static_cast<std::byte*>(p), ArenaDeleter{arena_bytes});
   s->states_.resize(opt.max_requests);
   for (uint32_t i = opt.max_requests; i > 0; --i) s->free_slabs_.push_back(i - 1);
@@ -87,8 +87,7 @@ Result<std::unique_ptr<RequestStates>> RequestStates::Create(StateOptions o) {
 
 Result<uint32_t> RequestStates::Open() {
   if (free_slabs_.empty()) {
-    return Status(StatusCode::kOutOfBlocks, "requests",
-                  "the state arena holds " + std::to_string(options_.max_requests) + " requests");
+    return OutOfBlocks("requests", "the state arena holds " + std::to_string(options_.max_requests) + " requests");
   }
   const uint32_t id = free_slabs_.back();
   free_slabs_.pop_back();

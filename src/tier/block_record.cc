@@ -87,36 +87,34 @@ Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<
                                          const ChainLink& link) {
   const size_t data = DataOffset(info.block_tokens);
   if (payload.size() < data + info.page_bytes) {
-    return Status(
-        StatusCode::kDataLoss, "record",
-        "length " + std::to_string(payload.size()) + ", expected at least " + std::to_string(data + info.page_bytes));
+    return DataLoss("record", "length " + std::to_string(payload.size()) + ", expected at least " +
+                                  std::to_string(data + info.page_bytes));
   }
   const uint64_t state_bytes = Read<uint64_t>(payload, 96);
   if (state_bytes != payload.size() - data - info.page_bytes) {
-    return Status(
-        StatusCode::kDataLoss, "record",
-        "length " + std::to_string(payload.size()) + " does not match its state length " + std::to_string(state_bytes));
+    return DataLoss("record", "length " + std::to_string(payload.size()) + " does not match its state length " +
+                                  std::to_string(state_bytes));
   }
   if (Read<uint32_t>(payload, 0) != kRecordMagic || Read<uint16_t>(payload, 4) != kRecordVersion) {
-    return Status(StatusCode::kDataLoss, "record", "not a block record of version 2");
+    return DataLoss("record", "not a block record of version 2");
   }
   if (Read<uint32_t>(payload, 8) != info.block_tokens || Read<uint32_t>(payload, 12) != info.groups ||
       Read<uint64_t>(payload, 16) != info.fingerprint || Read<uint64_t>(payload, 88) != info.page_bytes) {
-    return Status(StatusCode::kDataLoss, "record", "another block layout (model, format or block size)");
+    return DataLoss("record", "another block layout (model, format or block size)");
   }
   if (Read<Hash128>(payload, 72) != link.cache_identity) {
-    return Status(StatusCode::kDataLoss, "record", "another cache identity (model config, weights or layout)");
+    return DataLoss("record", "another cache identity (model config, weights or layout)");
   }
-  if (Read<Hash128>(payload, 40) != link.key) return Status(StatusCode::kDataLoss, "record", "prefix key differs");
+  if (Read<Hash128>(payload, 40) != link.key) return DataLoss("record", "prefix key differs");
   if (Read<Hash128>(payload, 56) != link.parent_key) {
-    return Status(StatusCode::kDataLoss, "record", "parent key differs");
+    return DataLoss("record", "parent key differs");
   }
   if (Read<uint32_t>(payload, 24) != link.domain || Read<uint64_t>(payload, 32) != link.salt) {
-    return Status(StatusCode::kDataLoss, "record", "tenant domain or salt differs");
+    return DataLoss("record", "tenant domain or salt differs");
   }
   if (link.tokens.size() != info.block_tokens ||
       std::memcmp(payload.data() + kFixedHeader, link.tokens.data(), link.tokens.size_bytes()) != 0) {
-    return Status(StatusCode::kDataLoss, "record", "stored tokens differ from the prompt's");
+    return DataLoss("record", "stored tokens differ from the prompt's");
   }
   return BlockRecordView{payload.subspan(data, info.page_bytes), payload.subspan(data + info.page_bytes)};
 }

@@ -199,8 +199,8 @@ Status DiskTier::OpenDirectory() {
   // One writer (or fsck) at a time; readers share. The lock goes with the descriptor.
   if (::flock(dir_fd_.get(), (options_.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
-      return Status(StatusCode::kFailedPrecondition, "dir",
-                    dir + " is locked by another process (a writer or fsck); try again when it exits");
+      return FailedPrecondition("dir",
+                                dir + " is locked by another process (a writer or fsck); try again when it exits");
     }
     return Errno("dir", "cannot lock " + dir);
   }
@@ -432,6 +432,8 @@ Status DiskTier::PutBatch(std::span<const TierRecord> records) {
 
 Status DiskTier::PutBatch(std::span<const TierRecord* const> records) { return AppendRecords(records, /*flags=*/0); }
 
+// Long (~85 lines) on purpose: the write and its undo (the segment cut back on any failure) stay
+// in one function so that every early return is seen to leave nothing of the batch.
 Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint32_t flags) {
   if (options_.read_only || mac_ == nullptr) return IoError("disk", "the tier is open read-only");
   Checked incoming = 0;
@@ -541,7 +543,7 @@ Result<TierRecord> DiskTier::Get(const Hash128& key) {
       TESSERA_RETURN_IF_ERROR(
           Quarantine(*seg, loc.offset, RecordBytes(loc.payload_len), "failed verification on read", true));
     }
-    return Status(StatusCode::kDataLoss, "key", "record failed verification and was quarantined");
+    return DataLoss("key", "record failed verification and was quarantined");
   }
   return r;
 }

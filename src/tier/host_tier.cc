@@ -79,9 +79,8 @@ Status HostTier::ReserveArena() {
   // Reserved, not committed: pages are touched (and so backed) only as records are written.
   void* p = ::mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    return Status(
-        StatusCode::kOutOfBlocks, "capacity",
-        "cannot reserve the host tier's arena of " + std::to_string(capacity_) + " bytes: " + std::strerror(errno));
+    return OutOfBlocks("capacity", "cannot reserve the host tier's arena of " + std::to_string(capacity_) +
+                                       " bytes: " + std::strerror(errno));
   }
   (void)::madvise(p, capacity_, MADV_HUGEPAGE);  // best effort: fewer page faults and TLB misses
   arena_ = std::unique_ptr<std::byte, ArenaDeleter>(static_cast<std::byte*>(p), ArenaDeleter{capacity_});
@@ -139,9 +138,8 @@ Status HostTier::Put(const Hash128& key, uint16_t format_id, std::span<const std
   const uint64_t len = payload.size();
   if (len > capacity_) {
     ++refused_;
-    return Status(
-        StatusCode::kOutOfBlocks, "capacity",
-        "a " + std::to_string(len) + "-byte record exceeds the host tier's " + std::to_string(capacity_) + " bytes");
+    return OutOfBlocks("capacity", "a " + std::to_string(len) + "-byte record exceeds the host tier's " +
+                                       std::to_string(capacity_) + " bytes");
   }
   if (len > 0) TESSERA_RETURN_IF_ERROR(ReserveArena());
   Erase(key);
@@ -152,7 +150,7 @@ Status HostTier::Put(const Hash128& key, uint16_t format_id, std::span<const std
     while (!got.has_value()) {
       // Enough free bytes, but not in one range (mixed sizes). An empty arena is one range of
       // `capacity_` bytes, so this ends before the tier is empty.
-      if (lru_.empty()) return Status(StatusCode::kInternal, "capacity", "the host tier's arena lost free bytes");
+      if (lru_.empty()) return Internal("capacity", "the host tier's arena lost free bytes");
       EvictOne();
       ++fragmentation_evictions_;
       got = Allocate(len);
@@ -190,7 +188,7 @@ Status HostTier::GetInto(const Hash128& key, std::span<std::byte> out, uint16_t*
     if (e.len > 0) std::memset(out.data(), 0, e.len);
     ++quarantined_;
     Drop(it->second);
-    return Status(StatusCode::kDataLoss, "key", "host record failed verification and was dropped");
+    return DataLoss("key", "host record failed verification and was dropped");
   }
   lru_.splice(lru_.begin(), lru_, it->second);
   ++hits_;

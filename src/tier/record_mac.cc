@@ -50,11 +50,11 @@ Result<RecordMac> RecordMac::Create(std::span<const std::byte> secret, std::stri
   algorithms->hmac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
   algorithms->poly1305 = EVP_MAC_fetch(nullptr, "POLY1305", nullptr);
   if (algorithms->hmac == nullptr || algorithms->poly1305 == nullptr) {
-    return Status(StatusCode::kInternal, "mac-key", "the crypto library provides no HMAC or Poly1305");
+    return Internal("mac-key", "the crypto library provides no HMAC or Poly1305");
   }
   RecordMac mac;
   if (!HmacSha256(algorithms->hmac, secret, std::as_bytes(std::span(label.data(), label.size())), &mac.key_)) {
-    return Status(StatusCode::kInternal, "mac-key", "cannot derive the record mac key");
+    return Internal("mac-key", "cannot derive the record mac key");
   }
   mac.algorithms_ = std::move(algorithms);
   return mac;

@@ -100,6 +100,58 @@ struct RedisClusterTier::Op {
   bool done = false;   // a reply of the type the command gives; `reply` holds it
   Reply reply;
   std::string failure;  // why not done
+
+  // Appends the command (and ASKING first, on a retry after ASK) to a pipeline; the replies to
+  // expect from it.
+  size_t AppendTo(std::string* request, int round) const {
+    size_t replies = 1;
+    if (round == 1 && asking) {
+      redis_io::AppendCommand(request, {"ASKING"});
+      ++replies;
+    }
+    switch (kind) {
+      case OpKind::kGet:
+        redis_io::AppendCommand(request, {"GET", key});
+        break;
+      case OpKind::kSet:
+        redis_io::AppendCommand(request, {"SET", key, value});
+        break;
+      case OpKind::kDel:
+        redis_io::AppendCommand(request, {"DEL", key});
+        break;
+    }
+    return replies;
+  }
+  // Whether `r` is a reply of the type the command gives.
+  bool Expects(const Reply& r) const {
+    switch (kind) {
+      case OpKind::kGet:
+        return r.type == Reply::Type::kString || r.type == Reply::Type::kNil;
+      case OpKind::kSet:
+        return r.IsStatus("OK");
+      case OpKind::kDel:
+        return r.type == Reply::Type::kInteger;
+    }
+    return false;
+  }
+  // The ops of a round by node: the first round takes every op with a known owner, the second
+  // the redirected ones.
+  static std::vector<std::vector<size_t>> ByNode(const std::vector<Op>& ops, size_t nodes, int round) {
+    std::vector<std::vector<size_t>> groups(nodes);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const bool pending = round == 0 ? ops[i].target >= 0 : ops[i].retry;
+      if (pending) groups[static_cast<size_t>(ops[i].target)].push_back(i);
+    }
+    return groups;
+  }
+  // Fails the ops group[from..] with `why` (no retry).
+  static void FailFrom(std::vector<Op>& ops, const std::vector<size_t>& group, size_t from, const std::string& why) {
+    for (size_t k = from; k < group.size(); ++k) {
+      Op& op = ops[group[k]];
+      op.retry = false;
+      op.failure = why;
+    }
+  }
 };
 
 Result<std::unique_ptr<RedisClusterTier>> RedisClusterTier::Open(RedisClusterOptions options) {
@@ -317,135 +369,18 @@ void RedisClusterTier::Execute(std::vector<Op>& ops, Clock::time_point deadline)
     op.target = slots_[op.slot];
     if (op.target < 0) op.failure = "slot " + std::to_string(op.slot) + " has no known owner";
   }
-  const redis_io::ReplyLimits limits = redis_io::DataLimits(codec_->max_value_bytes());
   bool connection_lost = false;
   bool moved_seen = false;
   for (int round = 0; round < 2; ++round) {
-    // Group this round's ops by node.
-    std::vector<std::vector<size_t>> groups(nodes_.size());
-    bool any = false;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      Op& op = ops[i];
-      bool pending = round == 0 ? op.target >= 0 : op.retry;
-      if (!pending) continue;
-      groups[static_cast<size_t>(op.target)].push_back(i);
-      any = true;
-    }
-    if (!any) break;
-    auto fail_group = [&](const std::vector<size_t>& group, size_t from, const std::string& why) {
-      for (size_t k = from; k < group.size(); ++k) {
-        Op& op = ops[group[k]];
-        op.retry = false;
-        op.failure = why;
-      }
-    };
-    // One pipeline per node; all of them are written and read at once, under the batch deadline.
+    std::vector<std::vector<size_t>> groups = Op::ByNode(ops, nodes_.size(), round);
+    if (std::all_of(groups.begin(), groups.end(), [](const std::vector<size_t>& g) { return g.empty(); })) break;
     std::vector<redis_io::Conversation> convs(groups.size());
-    std::vector<redis_io::Conversation*> active;
-    for (size_t n = 0; n < groups.size(); ++n) {
-      if (groups[n].empty()) continue;
-      Node& node = *nodes_[n];
-      if (!EnsureConnected(node, deadline)) {
-        fail_group(groups[n], 0, node.Address() + " unreachable");
-        connection_lost = true;
-        continue;
-      }
-      redis_io::Conversation& c = convs[n];
-      c.fd = node.conn.fd();
-      c.limits = limits;
-      for (size_t i : groups[n]) {
-        Op& op = ops[i];
-        if (round == 1 && op.asking) {
-          redis_io::AppendCommand(&c.request, {"ASKING"});
-          ++c.expected;
-        }
-        switch (op.kind) {
-          case OpKind::kGet:
-            redis_io::AppendCommand(&c.request, {"GET", op.key});
-            break;
-          case OpKind::kSet:
-            redis_io::AppendCommand(&c.request, {"SET", op.key, op.value});
-            break;
-          case OpKind::kDel:
-            redis_io::AppendCommand(&c.request, {"DEL", op.key});
-            break;
-        }
-        ++c.expected;
-      }
-      active.push_back(&c);
-    }
-    redis_io::Exchange(active, deadline);
+    SendRound(ops, groups, round, deadline, convs, &connection_lost);
     for (size_t n = 0; n < groups.size(); ++n) {
       redis_io::Conversation& c = convs[n];
       if (c.fd < 0) continue;  // not asked this round
       Node& node = *nodes_[n];
-      const std::vector<size_t>& group = groups[n];
-      const std::string lost_why = c.ok() ? std::string() : node.Address() + ": " + c.error;
-      size_t next = 0;  // the next reply of this pipeline
-      for (size_t k = 0; k < group.size(); ++k) {
-        Op& op = ops[group[k]];
-        op.retry = false;
-        // ASKING's own reply is not looked at: an error there shows in the command's reply.
-        const size_t at = next + (round == 1 && op.asking ? 1 : 0);
-        if (at >= c.replies.size()) {
-          fail_group(group, k, lost_why);
-          break;
-        }
-        next = at + 1;
-        Reply& reply = c.replies[at];
-        bool moved = StartsWith(reply, "MOVED ");
-        bool ask = StartsWith(reply, "ASK ");
-        if (moved || ask) {
-          std::optional<HostPort> to = RedirectTarget(reply);
-          int32_t target = to ? NodeFor(to->host, to->port) : -1;
-          if (!to || target < 0) {
-            NodeError(node);
-            op.failure = node.Address() + ": redirect not followed '" + redis_io::Printable(reply.str) + "'";
-          } else if (round == 1) {
-            NodeError(node);
-            op.failure = node.Address() + ": redirected twice in one batch ('" + redis_io::Printable(reply.str) + "')";
-          } else {
-            ++stats_.redirections;
-            if (moved) {
-              ++stats_.moved;
-              slots_[op.slot] = target;
-              moved_seen = true;
-            } else {
-              ++stats_.asks;
-            }
-            op.target = target;
-            op.asking = ask;
-            op.retry = true;
-          }
-          continue;
-        }
-        if (reply.type == Reply::Type::kError) {
-          NodeError(node);
-          op.failure = node.Address() + ": " + redis_io::Printable(reply.str);
-          continue;
-        }
-        bool expected_type = false;
-        switch (op.kind) {
-          case OpKind::kGet:
-            expected_type = reply.type == Reply::Type::kString || reply.type == Reply::Type::kNil;
-            break;
-          case OpKind::kSet:
-            expected_type = reply.IsStatus("OK");
-            break;
-          case OpKind::kDel:
-            expected_type = reply.type == Reply::Type::kInteger;
-            break;
-        }
-        if (!expected_type) {
-          NodeError(node);
-          ++stats_.bad_replies;
-          op.failure = node.Address() + ": unexpected reply " + redis_io::Describe(reply);
-          continue;
-        }
-        op.done = true;
-        op.failure.clear();
-        op.reply = std::move(reply);
-      }
+      ReadReplies(ops, node, groups[n], c, round, &moved_seen);
       if (!c.ok()) {
         ConversationFailed(node, c);
         connection_lost = true;
@@ -458,6 +393,92 @@ void RedisClusterTier::Execute(std::vector<Op>& ops, Clock::time_point deadline)
       RefreshSlotMap(!moved_seen, deadline);
     }
   }
+}
+
+void RedisClusterTier::SendRound(std::vector<Op>& ops, const std::vector<std::vector<size_t>>& groups, int round,
+                                 Clock::time_point deadline, std::vector<redis_io::Conversation>& convs,
+                                 bool* connection_lost) {
+  const redis_io::ReplyLimits limits = redis_io::DataLimits(codec_->max_value_bytes());
+  // One pipeline per node; all of them are written and read at once, under the batch deadline.
+  std::vector<redis_io::Conversation*> active;
+  for (size_t n = 0; n < groups.size(); ++n) {
+    if (groups[n].empty()) continue;
+    Node& node = *nodes_[n];
+    if (!EnsureConnected(node, deadline)) {
+      Op::FailFrom(ops, groups[n], 0, node.Address() + " unreachable");
+      *connection_lost = true;
+      continue;
+    }
+    redis_io::Conversation& c = convs[n];
+    c.fd = node.conn.fd();
+    c.limits = limits;
+    for (size_t i : groups[n]) c.expected += ops[i].AppendTo(&c.request, round);
+    active.push_back(&c);
+  }
+  redis_io::Exchange(active, deadline);
+}
+
+void RedisClusterTier::ReadReplies(std::vector<Op>& ops, Node& node, const std::vector<size_t>& group,
+                                   redis_io::Conversation& c, int round, bool* moved_seen) {
+  const std::string lost_why = c.ok() ? std::string() : node.Address() + ": " + c.error;
+  size_t next = 0;  // the next reply of this pipeline
+  for (size_t k = 0; k < group.size(); ++k) {
+    Op& op = ops[group[k]];
+    op.retry = false;
+    // ASKING's own reply is not looked at: an error there shows in the command's reply.
+    const size_t at = next + (round == 1 && op.asking ? 1 : 0);
+    if (at >= c.replies.size()) {
+      Op::FailFrom(ops, group, k, lost_why);
+      break;
+    }
+    next = at + 1;
+    Reply& reply = c.replies[at];
+    bool moved = StartsWith(reply, "MOVED ");
+    if (moved || StartsWith(reply, "ASK ")) {
+      FollowRedirect(op, node, reply, moved, round, moved_seen);
+      continue;
+    }
+    if (reply.type == Reply::Type::kError) {
+      NodeError(node);
+      op.failure = node.Address() + ": " + redis_io::Printable(reply.str);
+      continue;
+    }
+    if (!op.Expects(reply)) {
+      NodeError(node);
+      ++stats_.bad_replies;
+      op.failure = node.Address() + ": unexpected reply " + redis_io::Describe(reply);
+      continue;
+    }
+    op.done = true;
+    op.failure.clear();
+    op.reply = std::move(reply);
+  }
+}
+
+void RedisClusterTier::FollowRedirect(Op& op, Node& node, const Reply& reply, bool moved, int round, bool* moved_seen) {
+  std::optional<HostPort> to = RedirectTarget(reply);
+  int32_t target = to ? NodeFor(to->host, to->port) : -1;
+  if (!to || target < 0) {
+    NodeError(node);
+    op.failure = node.Address() + ": redirect not followed '" + redis_io::Printable(reply.str) + "'";
+    return;
+  }
+  if (round == 1) {
+    NodeError(node);
+    op.failure = node.Address() + ": redirected twice in one batch ('" + redis_io::Printable(reply.str) + "')";
+    return;
+  }
+  ++stats_.redirections;
+  if (moved) {
+    ++stats_.moved;
+    slots_[op.slot] = target;
+    *moved_seen = true;
+  } else {
+    ++stats_.asks;
+  }
+  op.target = target;
+  op.asking = !moved;
+  op.retry = true;
 }
 
 namespace {

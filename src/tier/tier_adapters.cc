@@ -50,7 +50,10 @@ class HostTierAdapter final : public Tier {
     return Status::Ok();
   }
   std::vector<Hash128> Keys() const override { return host_.Keys(); }
-  void Quarantine(const Hash128& key, const std::string&) override { host_.Erase(key); }
+  Status Quarantine(const Hash128& key, const std::string&) override {
+    host_.Erase(key);
+    return Status::Ok();
+  }
   TierCounters counters() const override {
     HostTierStats s = host_.stats();
     return {s.records, s.bytes, capacity_, s.evictions, s.quarantined};
@@ -134,9 +137,10 @@ class DiskTierAdapter final : public Tier {
     for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) keys.push_back(*it);
     return keys;
   }
-  void Quarantine(const Hash128& key, const std::string& why) override {
-    (void)disk_->QuarantineKey(key, why);
+  Status Quarantine(const Hash128& key, const std::string& why) override {
+    Status st = disk_->QuarantineKey(key, why);
     Forget(key);
+    return st;
   }
   TierCounters counters() const override {
     return {map_.size(), bytes_, capacity_, evictions_, disk_->stats().quarantined};
@@ -248,9 +252,9 @@ class RedisAdapter final : public Tier {
   }
   Status EraseBatch(std::span<const Hash128> keys) override { return redis_->EraseBatch(keys); }
   std::vector<Hash128> Keys() const override { return {}; }
-  void Quarantine(const Hash128& key, const std::string&) override {
+  Status Quarantine(const Hash128& key, const std::string&) override {
     prefetched_.erase(key);
-    (void)redis_->EraseBatch(std::span<const Hash128>(&key, 1));
+    return redis_->EraseBatch(std::span<const Hash128>(&key, 1));
   }
   // records, bytes: what this process wrote (the server's LRU may have dropped some since).
   TierCounters counters() const override { return {written_, written_bytes_, 0, 0, redis_->stats().verify_failures}; }
@@ -290,11 +294,11 @@ Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions& op
 #else
 // Configured without Redis (TESSERA_WITH_REDIS=OFF): the tiers are declared, not built.
 Result<std::unique_ptr<Tier>> MakeRedisTier(const RedisTierOptions&) {
-  return Status(StatusCode::kFailedPrecondition, "redis", "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
+  return FailedPrecondition("redis", "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
 }
 
 Result<std::unique_ptr<Tier>> MakeRedisClusterTier(const RedisClusterOptions&) {
-  return Status(StatusCode::kFailedPrecondition, "redis", "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
+  return FailedPrecondition("redis", "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
 }
 #endif
 

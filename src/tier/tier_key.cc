@@ -22,8 +22,7 @@ Result<TierKey> ReadKey(int fd, const std::string& path) {
   if (::fstat(fd, &st) != 0) return Errno("cannot stat " + path, errno);
   if (!S_ISREG(st.st_mode)) return IoError("dir", path + " is not a regular file; refusing it as a key");
   if (st.st_size != static_cast<off_t>(kTierKeyBytes)) {
-    return Status(StatusCode::kDataLoss, "dir",
-                  path + " holds " + std::to_string(st.st_size) + " bytes, expected a 32-byte key");
+    return DataLoss("dir", path + " holds " + std::to_string(st.st_size) + " bytes, expected a 32-byte key");
   }
   TierKey key;
   key.secret.resize(kTierKeyBytes);
@@ -31,7 +30,7 @@ Result<TierKey> ReadKey(int fd, const std::string& path) {
   while (done < kTierKeyBytes) {
     ssize_t n = ::read(fd, key.secret.data() + done, kTierKeyBytes - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status(StatusCode::kDataLoss, "dir", "cannot read the 32-byte key in " + path);
+    if (n <= 0) return DataLoss("dir", "cannot read the 32-byte key in " + path);
     done += static_cast<size_t>(n);
   }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {

@@ -301,7 +301,7 @@ size_t TieredStore::Probe(std::span<const ChainLink> links) {
   return run;
 }
 
-size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                           std::vector<std::vector<std::byte>>* states) {
   if (states != nullptr) states->clear();
   const size_t n = std::min(links.size(), blocks.size());
@@ -334,10 +334,9 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
   for (; done < n; ++done) {
     if (!found[done]) break;
     const TierRecord& r = *found[done];
-    Result<BlockRecordView> page =
-        r.format_id == format_id_
-            ? CheckBlockRecord(info_, r.payload, links[done])
-            : Result<BlockRecordView>(Status(StatusCode::kDataLoss, "record", "record-format id differs"));
+    Result<BlockRecordView> page = r.format_id == format_id_
+                                       ? CheckBlockRecord(info_, r.payload, links[done])
+                                       : Result<BlockRecordView>(DataLoss("record", "record-format id differs"));
     if (!page.ok()) {
       {
         MutexLock lock(stats_mu_);
@@ -347,13 +346,18 @@ size_t TieredStore::Fetch(const BlockPool& pool, std::span<const ChainLink> link
       if (!queued[done]) {  // a queued record is this process's own copy: nothing to take out
         Slot& slot = *tiers_[from[done]];
         MutexLock lock(slot.mu);
-        slot.tier->Quarantine(r.key, page.status().message());
+        Status q = slot.tier->Quarantine(r.key, page.status().message());
+        if (!q.ok()) {
+          MutexLock stats_lock(stats_mu_);  // stats_mu_ is acquired after Slot::mu
+          ++stats_.quarantine_failures;
+          stats_.last_error = "quarantine: " + q.ToString();
+        }
       }
       break;
     }
     size_t off = 0;
     for (uint32_t g = 0; g < pool.groups().size(); ++g) {
-      std::span<std::byte> to = pool.Bytes(pool.BlockHandleOf(blocks[done], g));
+      std::span<std::byte> to = pool.MutableBytes(pool.BlockHandleOf(blocks[done], g));
       std::memcpy(to.data(), page.value().pages.data() + off, to.size());
       off += to.size();
     }

@@ -273,7 +273,7 @@ Result<ClaimCheck> CheckSeedClaims() {
   for (size_t i = 0; i < n; ++i) {
     if (files[i].name == "seed-000") return CheckClaims(files[i].text);
   }
-  return Status(StatusCode::kInternal, "claims", "the seed claim table is not built in");
+  return Internal("claims", "the seed claim table is not built in");
 }
 
 }  // namespace tessera

@@ -444,45 +444,44 @@ Result<ManagerOptions> RunOptions(const Geometry& g, const AgentScenario& s, std
   return mo;
 }
 
-// The scenario, once, through one manager built for `strategy` (models with windows) — the one
-// driver for every model. Fills the peak figures of `out` and adds its counters; returns the
-// run's own figures.
-Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
-                            SimulationResult& out) {
-  StrategyRun run;
-  if (strategy) run.strategy = *strategy;
+// The manager one run drives, built for `strategy`, and its store when the scenario has tiers
+// (declared in this order: the store goes first). Fills the layout figures of `out`.
+struct RunSetup {
+  ManagerOptions options;
+  std::unique_ptr<RequestManager> m;
+  std::unique_ptr<TieredStore> store;
+  uint64_t block_tokens = 0;
+};
+
+Result<RunSetup> OpenRun(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
+                         SimulationResult& out) {
+  RunSetup r;
   Ledger probe;
-  TESSERA_ASSIGN_OR_RETURN(ManagerOptions mo, RunOptions(g, s, strategy, &probe));
-  const uint64_t bt = probe.block_tokens;
-  const uint32_t pairs = std::min<uint32_t>(s.tenants, 2);
-  // Token layout of the workload.
-  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
-  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
-  const uint64_t docs = s.shared_tokens - system - tools;
+  TESSERA_ASSIGN_OR_RETURN(r.options, RunOptions(g, s, strategy, &probe));
+  r.block_tokens = probe.block_tokens;
   // With a disk directory (a model with windows: one per strategy — their records carry
   // different state).
   const std::string dir =
       s.disk_dir.empty() || !strategy ? s.disk_dir : s.disk_dir + "/" + std::string(SwaStrategyName(*strategy));
   const bool redis = !s.redis.empty() || !s.redis_cluster.empty();
   if (redis) {
-    mo.hash_key = s.redis_secret;  // the fleet's: every process computes the same prefix keys
+    r.options.hash_key = s.redis_secret;  // the fleet's: every process computes the same prefix keys
   } else if (!dir.empty()) {
     TESSERA_ASSIGN_OR_RETURN(TierKey key, DiskTier::LoadOrCreateKey(dir));
-    mo.hash_key = std::move(key.secret);
+    r.options.hash_key = std::move(key.secret);
     for (std::string& w : key.warnings) out.warnings.push_back(std::move(w));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RequestManager> m, RequestManager::Create(g, mo));
-  std::unique_ptr<TieredStore> store;
+  TESSERA_ASSIGN_OR_RETURN(r.m, RequestManager::Create(g, r.options));
   if (!dir.empty() || redis) {
-    TESSERA_ASSIGN_OR_RETURN(store, OpenSimulationStore(g, m->pool(), s, dir));
-    m->SetBlockSource(store.get());
+    TESSERA_ASSIGN_OR_RETURN(r.store, OpenSimulationStore(g, r.m->pool(), s, dir));
+    r.m->SetBlockSource(r.store.get());
   }
   out.model = g.name;
   out.kv_format = probe.kv_format;
-  out.block_tokens = static_cast<uint32_t>(bt);
-  out.block_bytes = m->pool().block_bytes();
-  out.capacity_blocks = mo.capacity_blocks;
-  m->SetSecurityListener([&out](const SecurityEvent& e) {
+  out.block_tokens = static_cast<uint32_t>(r.block_tokens);
+  out.block_bytes = r.m->pool().block_bytes();
+  out.capacity_blocks = r.options.capacity_blocks;
+  r.m->SetSecurityListener([&out](const SecurityEvent& e) {
     if (out.security_events.size() < kMaxSecurityEvents) {
       out.security_events.push_back("dedup collision: content key " + e.content_key.Hex() + " names block " +
                                     std::to_string(e.existing.value) + ", candidate block " +
@@ -490,129 +489,170 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
                                     std::to_string(e.domain) + "); installed separately");
     }
   });
+  return r;
+}
 
-  Simulation sim(g, s, m.get(), &run);
-  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs),
-                        tool_tokens = sim.Tokens(tools);
-  std::vector<std::vector<uint32_t>> preambles = {sim.Tokens(s.preamble_tokens), sim.Tokens(s.preamble_tokens),
-                                                  sim.Tokens(s.preamble_tokens)};
-  auto concat = [](std::initializer_list<const std::vector<uint32_t>*> parts) {
-    std::vector<uint32_t> all;
-    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
-    return all;
-  };
+std::vector<uint32_t> Concat(std::initializer_list<const std::vector<uint32_t>*> parts) {
+  std::vector<uint32_t> all;
+  for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+  return all;
+}
+
+// The agents of one run, as the first wave leaves them, and the prompts the later waves repeat.
+struct Wave {
   std::vector<Agent> agents;
-  agents.reserve(1 + s.agents + s.independent + 2 * pairs);
-  uint64_t first_wave_hits = 0;
+  std::vector<size_t> forked;  // indices into agents
+  std::vector<std::vector<uint32_t>> independent_prompts;
+  std::vector<uint32_t> independent_tenants;
+  uint64_t hit_tokens = 0;
+};
 
-  // 1. The orchestrator builds the shared context.
-  std::vector<uint32_t> shared = concat({&system_tokens, &doc_tokens, &tool_tokens});
-  agents.emplace_back();
-  if (!sim.AdmitAndWrite(agents[0], shared, &first_wave_hits)) ++out.out_of_blocks;
-
-  // 2. Forked agents: each shares the context (window state included) and appends its own task.
-  std::vector<size_t> forked;
+// Step 2: forked agents, each sharing the orchestrator's context (window state included) and
+// appending its own task.
+void ForkAgents(Simulation& sim, RequestManager& m, const AgentScenario& s, Wave& w, SimulationResult& out) {
   // Without the orchestrator's context there is nothing to fork: each agent counts as not placed.
-  if (!agents[0].live) out.out_of_blocks += s.agents;
-  for (uint32_t i = 0; i < s.agents && agents[0].live; ++i) {
-    Result<RequestId> child = m->Fork(agents[0].id);
+  if (!w.agents[0].live) out.out_of_blocks += s.agents;
+  for (uint32_t i = 0; i < s.agents && w.agents[0].live; ++i) {
+    Result<RequestId> child = m.Fork(w.agents[0].id);
     if (!child.ok()) {
       ++out.out_of_blocks;
       continue;
     }
-    agents.push_back(agents[0]);
-    Agent& a = agents.back();
+    w.agents.push_back(w.agents[0]);
+    Agent& a = w.agents.back();
     a.id = *child;
     a.forked = true;
     std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
     const uint64_t from = a.tokens.size();
     Simulation::Extend(a, task);
     if (!sim.Write(a, from)) ++out.out_of_blocks;
-    forked.push_back(agents.size() - 1);
+    w.forked.push_back(w.agents.size() - 1);
   }
+}
 
-  // 3. Independent agents: their own preamble (one of two), then the same documents and tools.
-  std::vector<std::vector<uint32_t>> independent_prompts;
-  std::vector<uint32_t> independent_tenants;
-  for (uint32_t i = 0; i < s.independent; ++i) {
-    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
-    std::vector<uint32_t> prompt = concat({&preambles[i % 2], &doc_tokens, &tool_tokens, &task});
-    agents.emplace_back();
-    Agent& a = agents.back();
-    a.tenant = i % s.tenants;
-    if (!sim.AdmitAndWrite(a, prompt, &first_wave_hits)) ++out.out_of_blocks;
-    independent_prompts.push_back(std::move(prompt));
-    independent_tenants.push_back(a.tenant);
-  }
-
-  // 4. Identical prompts in the same step, before either is sealed (per tenant, up to two).
-  std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
-  std::vector<uint32_t> pair_prompt = concat({&preambles[2], &doc_tokens, &pair_task});
+// Step 4: identical prompts in the same step, before either is sealed (per tenant, up to two),
+// written in lockstep one block at a time: each seal of the second finds the first's equal block.
+void RunLockstepPairs(Simulation& sim, RequestManager& m, const std::vector<uint32_t>& pair_prompt, uint32_t pairs,
+                      uint64_t bt, Wave& w, SimulationResult& out) {
   for (uint32_t t = 0; t < pairs; ++t) {
-    const size_t first = agents.size();
+    const size_t first = w.agents.size();
     for (int k = 0; k < 2; ++k) {
-      agents.emplace_back();
-      agents.back().tenant = t;
-      if (!sim.Admit(agents.back(), pair_prompt, &first_wave_hits)) ++out.out_of_blocks;
+      w.agents.emplace_back();
+      w.agents.back().tenant = t;
+      if (!sim.Admit(w.agents.back(), pair_prompt, &w.hit_tokens)) ++out.out_of_blocks;
     }
-    // Lockstep, one block at a time: each seal of the second finds the first's equal block.
     for (uint64_t pos = 0; pos < pair_prompt.size();) {
       const uint64_t end = std::min<uint64_t>(pair_prompt.size(), (pos / bt + 1) * bt);
       for (size_t k = first; k < first + 2; ++k) {
-        Agent& a = agents[k];
+        Agent& a = w.agents[k];
         // Only a request exactly at `pos` takes the chunk (a cached prefix starts it further on;
         // a failed append leaves it behind, and the chunk must not land at another position).
-        if (!a.live || m->Tokens(a.id) != pos) continue;
+        if (!a.live || m.Tokens(a.id) != pos) continue;
         std::span<const uint32_t> chunk = std::span<const uint32_t>(a.tokens).subspan(pos, end - pos);
-        if (!m->Append(a.id, chunk, Simulation::WritersFor(a)).ok()) ++out.out_of_blocks;
+        if (!m.Append(a.id, chunk, Simulation::WritersFor(a)).ok()) ++out.out_of_blocks;
       }
       pos = end;
     }
   }
+}
 
-  // 5. The peak: sharing, copies of the shared context, tenant isolation, bytes held.
-  MeasurePeak(*m, agents, forked, s.shared_tokens / bt, run, out);
+// Steps 1-4, the first wave: the orchestrator's shared context, the forked agents, the
+// independent agents (their own preamble, one of two, then the same documents and tools), and
+// the lockstep pairs. The tokens are drawn in this order.
+Wave RunFirstWave(Simulation& sim, RequestManager& m, const AgentScenario& s, uint64_t bt, SimulationResult& out) {
+  const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
+  const uint64_t docs = s.shared_tokens - system - tools;
+  const uint32_t pairs = std::min<uint32_t>(s.tenants, 2);
+  std::vector<uint32_t> system_tokens = sim.Tokens(system), doc_tokens = sim.Tokens(docs),
+                        tool_tokens = sim.Tokens(tools);
+  std::vector<std::vector<uint32_t>> preambles = {sim.Tokens(s.preamble_tokens), sim.Tokens(s.preamble_tokens),
+                                                  sim.Tokens(s.preamble_tokens)};
+  Wave w;
+  w.agents.reserve(1 + s.agents + s.independent + 2 * pairs);
+  // 1. The orchestrator builds the shared context.
+  std::vector<uint32_t> shared = Concat({&system_tokens, &doc_tokens, &tool_tokens});
+  w.agents.emplace_back();
+  if (!sim.AdmitAndWrite(w.agents[0], shared, &w.hit_tokens)) ++out.out_of_blocks;
+  // 2.
+  ForkAgents(sim, m, s, w, out);
+  // 3. Independent agents.
+  for (uint32_t i = 0; i < s.independent; ++i) {
+    std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
+    std::vector<uint32_t> prompt = Concat({&preambles[i % 2], &doc_tokens, &tool_tokens, &task});
+    w.agents.emplace_back();
+    Agent& a = w.agents.back();
+    a.tenant = i % s.tenants;
+    if (!sim.AdmitAndWrite(a, prompt, &w.hit_tokens)) ++out.out_of_blocks;
+    w.independent_prompts.push_back(std::move(prompt));
+    w.independent_tenants.push_back(a.tenant);
+  }
+  // 4.
+  std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
+  RunLockstepPairs(sim, m, Concat({&preambles[2], &doc_tokens, &pair_task}), pairs, bt, w, out);
+  return w;
+}
 
-  // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
-  for (Agent& a : agents) sim.Release(a, out);
-
-  // 7. Second wave: the independent prompts again, from the cache.
-  for (size_t i = 0; i < independent_prompts.size(); ++i) {
+// Steps 7 and 8: the independent prompts again, from the cache; then cold agents, new prompts
+// of the same length (with a tight pool they evict cached blocks).
+void RunLaterWaves(Simulation& sim, const Wave& w, SimulationResult& out) {
+  for (size_t i = 0; i < w.independent_prompts.size(); ++i) {
     Agent a;
-    a.tenant = independent_tenants[i];
+    a.tenant = w.independent_tenants[i];
     uint64_t hits = 0;
-    if (!sim.AdmitAndWrite(a, independent_prompts[i], &hits)) ++out.out_of_blocks;
+    if (!sim.AdmitAndWrite(a, w.independent_prompts[i], &hits)) ++out.out_of_blocks;
     out.second_wave_hit_tokens += hits;
     sim.Release(a, out);
   }
-
-  // 8. Cold agents: new prompts of the same length; with a tight pool they evict cached blocks.
-  for (size_t i = 0; i < independent_prompts.size(); ++i) {
+  for (size_t i = 0; i < w.independent_prompts.size(); ++i) {
     Agent a;
-    a.tenant = independent_tenants[i];
-    if (!sim.AdmitAndWrite(a, sim.Tokens(independent_prompts[i].size()), nullptr)) ++out.out_of_blocks;
+    a.tenant = w.independent_tenants[i];
+    if (!sim.AdmitAndWrite(a, sim.Tokens(w.independent_prompts[i].size()), nullptr)) ++out.out_of_blocks;
     sim.Release(a, out);
   }
+}
 
-  const IndexStats& is = m->index().stats();
+// The run's counters into `run` and `out`; with tiers, the store's figures (write-back writes
+// the pool's sealed blocks first: the end of the run is a graceful shutdown).
+Status Tally(RunSetup& r, const AgentScenario& s, StrategyRun& run, SimulationResult& out) {
+  RequestManager& m = *r.m;
+  const IndexStats& is = m.index().stats();
   run.dedup_hits = is.dedup_hits.load();
   out.dedup_hits += run.dedup_hits;
   out.dedup_collisions += is.dedup_collisions.load();
-  out.evictions += m->pool().stats().evictions.load();
-  out.cow_copies += m->metrics().cow_copies.load();
+  out.evictions += m.pool().stats().evictions.load();
+  out.cow_copies += m.metrics().cow_copies.load();
   out.prefix_hit_tokens += run.prefix_hit_tokens;
   out.records_verified += run.records_verified;
   out.verify_failures += run.verify_failures;
-  out.metrics = m->CollectMetrics();
-  if (store) {
-    // The end of the run is a graceful shutdown: under write-back the pool's sealed blocks are
-    // written now (write-through wrote them at seal).
-    if (s.tier_write == WritePolicy::kWriteBack) TESSERA_RETURN_IF_ERROR(m->Checkpoint().status());
-    m->SetBlockSource(nullptr);
-    run.tiers = CollectTierRun(*store, run.tier_blocks * bt);
-    for (MetricFamily& f : store->CollectMetrics()) out.metrics.push_back(std::move(f));
+  out.metrics = m.CollectMetrics();
+  if (r.store) {
+    if (s.tier_write == WritePolicy::kWriteBack) TESSERA_RETURN_IF_ERROR(m.Checkpoint().status());
+    m.SetBlockSource(nullptr);
+    run.tiers = CollectTierRun(*r.store, run.tier_blocks * r.block_tokens);
+    for (MetricFamily& f : r.store->CollectMetrics()) out.metrics.push_back(std::move(f));
     out.tiers = run.tiers;
   }
+  return Status::Ok();
+}
+
+// The scenario, once, through one manager built for `strategy` (models with windows) — the one
+// driver for every model. Fills the peak figures of `out` and adds its counters; returns the
+// run's own figures.
+Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::optional<SwaStrategy> strategy,
+                            SimulationResult& out) {
+  StrategyRun run;
+  if (strategy) run.strategy = *strategy;
+  TESSERA_ASSIGN_OR_RETURN(RunSetup r, OpenRun(g, s, strategy, out));
+  const uint64_t bt = r.block_tokens;
+  Simulation sim(g, s, r.m.get(), &run);
+  Wave w = RunFirstWave(sim, *r.m, s, bt, out);
+  // 5. The peak: sharing, copies of the shared context, tenant isolation, bytes held.
+  MeasurePeak(*r.m, w.agents, w.forked, s.shared_tokens / bt, run, out);
+  // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
+  for (Agent& a : w.agents) sim.Release(a, out);
+  RunLaterWaves(sim, w, out);
+  TESSERA_RETURN_IF_ERROR(Tally(r, s, run, out));
   return run;
 }
 

@@ -682,7 +682,7 @@ class TimedSource final : public BlockSource {
   void BeginCheckpoint() override { inner_->BeginCheckpoint(); }
   Status FinishCheckpoint() override { return inner_->FinishCheckpoint(); }
   size_t Probe(std::span<const ChainLink> links) override { return inner_->Probe(links); }
-  size_t Fetch(const BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+  size_t Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                std::vector<std::vector<std::byte>>* states) override {
     const Clock::time_point t0 = Clock::now();
     const size_t n = inner_->Fetch(pool, links, blocks, states);
@@ -849,7 +849,7 @@ Status OnlyKeys(const nlohmann::json& j, std::initializer_list<std::string_view>
 Result<std::vector<std::byte>> ReadSecretFile(const std::string& path, std::string_view field_name) {
   const std::string field(field_name);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Status(StatusCode::kIoError, field, "cannot open " + path + ": " + std::strerror(errno));
+  if (fd < 0) return IoError(field, "cannot open " + path + ": " + std::strerror(errno));
   std::vector<std::byte> secret(4097);
   size_t n = 0;
   while (n < secret.size()) {
@@ -872,8 +872,8 @@ Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, con
                                                      std::string_view format, uint32_t timeout_ms) {
 #if !TESSERA_HAVE_REDIS
   (void)url, (void)cluster, (void)secret, (void)key_namespace, (void)model, (void)format, (void)timeout_ms;
-  return Status(StatusCode::kFailedPrecondition, url.empty() ? "redis-cluster" : "redis",
-                "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
+  return FailedPrecondition(url.empty() ? "redis-cluster" : "redis",
+                            "this build has no Redis tier (TESSERA_WITH_REDIS=OFF)");
 #else
   std::string ns = RedisNamespace(model, format, 0);
   if (key_namespace != "tessera") ns = key_namespace + ns.substr(std::string_view("tessera").size());
@@ -889,7 +889,7 @@ Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, con
       TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<RedisTier> probe, RedisTier::Open(ro));
       const Hash128 nothing{};
       (void)probe->GetBatch(std::span(&nothing, 1));
-      if (!probe->stats().connected) return Status(StatusCode::kIoError, "redis", "cannot reach " + url);
+      if (!probe->stats().connected) return IoError("redis", "cannot reach " + url);
     }
     return MakeRedisTier(ro);
   }
@@ -903,7 +903,7 @@ Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, con
     if (probe->stats().slots_covered == 0) {
       std::string seeds;
       for (const std::string& seed : cluster) seeds += (seeds.empty() ? "" : ",") + seed;
-      return Status(StatusCode::kIoError, "redis-cluster", "no node of " + seeds + " answered");
+      return IoError("redis-cluster", "no node of " + seeds + " answered");
     }
   }
   return MakeRedisClusterTier(ro);
@@ -958,7 +958,7 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
     uint64_t planes = 0;
     for (uint32_t p = 0; p < groups[gi].format.plane_count(); ++p) planes += groups[gi].format.plane_bytes(p);
     if (planes != groups[gi].format.record_bytes()) {
-      return Status(StatusCode::kInternal, "kv_format", groups[gi].format.name + ": planes do not tile the record");
+      return Internal("kv_format", groups[gi].format.name + ": planes do not tile the record");
     }
     for (uint32_t l = 0; l < groups[gi].layers; ++l) {
       core->record_offset_[gi][l] = static_cast<int64_t>(core->record_bytes_);
@@ -1044,7 +1044,7 @@ Result<Admission> ServeCore::AdmitLocked(std::span<const uint32_t> prompt, const
       }
     }
     if (!st.ok()) {
-      (void)manager_->Free(a->id);
+      manager_->Free(a->id).IgnoreError();  // the admission failed: st is the error to report
       PublishLocked();
       return st;
     }
@@ -1379,10 +1379,10 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
   if (!slot.ok() || *slot > UINT32_MAX) return BadRequest(InvalidArgument("block", "must be a block index"));
   std::lock_guard<std::mutex> lock(mu_);
   if (!manager_->pool().backed()) {
-    return {409, Error(Status(StatusCode::kFailedPrecondition, "pool", "an unbacked pool holds no bytes")).dump()};
+    return {409, Error(FailedPrecondition("pool", "an unbacked pool holds no bytes")).dump()};
   }
   if (record_bytes_ == 0) {
-    return {409, Error(Status(StatusCode::kFailedPrecondition, "model", "the model has no per-token records")).dump()};
+    return {409, Error(FailedPrecondition("model", "the model has no per-token records")).dump()};
   }
   const RequestId r{static_cast<uint32_t>(*id)};
   if (prefix_hash_.find(r.value) == prefix_hash_.end()) {
@@ -1561,8 +1561,7 @@ class ServeHttp {
     const mg_request_info* ri = mg_get_request_info(conn);
     if (!core->Authorized(mg_get_header(conn, "Authorization"))) {
       const std::string body =
-          Error(Status(StatusCode::kInvalidArgument, "authorization", "a bearer token is required (http.token_file)"))
-              .dump();
+          Error(InvalidArgument("authorization", "a bearer token is required (http.token_file)")).dump();
       mg_printf(conn,
                 "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer\r\nContent-Type: application/json\r\n"
                 "Content-Length: %zu\r\nConnection: close\r\n\r\n",

@@ -983,6 +983,7 @@ int RunServeCommand(const ServeArgs& args) {
 
 }  // namespace
 
+// Long (~110 lines): the subcommand table (one registration and one dispatch per subcommand).
 int Main(int argc, char** argv) {
   CLI::App app{"tessera: KV-cache ledger for MLA models"};
   app.require_subcommand(1);
