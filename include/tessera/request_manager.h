@@ -53,6 +53,9 @@ struct RequestId {
   friend bool operator==(RequestId, RequestId) = default;
 };
 
+// ManagerOptions::max_requests: no ceiling on live requests (the tables grow on demand).
+inline constexpr uint32_t kNoRequestLimit = UINT32_MAX;
+
 // Validated once, by RequestManager::Create.
 struct ManagerOptions {
   // Record formats and block span (empty / unset: the model's defaults).
@@ -63,9 +66,11 @@ struct ManagerOptions {
   bool include_mtp = false;
   // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
   uint32_t spec_tokens = 0;
-  // Capacity: page blocks, and requests (the table; with windows, the state arena's slabs).
+  // Capacity: page blocks, and live requests. The request table (and, with windows, the state
+  // arena's slabs) grows on demand; max_requests is only a ceiling the caller chooses (Admit and
+  // Fork beyond it: kOutOfBlocks on "requests", naming max-requests). The default sets none.
   uint32_t capacity_blocks = 1024;
-  uint32_t max_requests = 1024;
+  uint32_t max_requests = kNoRequestLimit;
   // kHost: the pool holds the KV bytes (writers fill them; Append without a writer is refused).
   // kUnbacked: bookkeeping only, for KV an engine keeps elsewhere (a device); no writer needed.
   RegionKind region_kind = RegionKind::kHost;

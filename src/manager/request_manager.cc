@@ -164,8 +164,9 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   if (plan.state) {
     TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));
   }
-  m->requests_.reserve(options.max_requests);
-  m->free_request_ids_.reserve(options.max_requests);
+  // The table grows on demand; reserve what a ceiling (or a typical batch) needs up front.
+  m->requests_.reserve(std::min<uint32_t>(options.max_requests, 1024));
+  m->free_request_ids_.reserve(std::min<uint32_t>(options.max_requests, 1024));
   // The index's hook runs before the pool's listener below drops a block's kept window state,
   // so the state travels with the block.
   RequestManager* self = m.get();
@@ -254,7 +255,7 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   }
   if (live_ >= options_.max_requests || (states_ && states_->slabs_free() == 0)) {
     return Status(StatusCode::kOutOfBlocks, "requests",
-                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+                  "all " + std::to_string(options_.max_requests) + " requests allowed by max-requests are live");
   }
   const std::span<const uint32_t> prompt = keys.tokens();
   // The last prompt token is always computed: its logits start generation.
@@ -618,7 +619,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   if (p == nullptr) return NoRequest(parent);
   if (live_ >= options_.max_requests) {
     return Status(StatusCode::kOutOfBlocks, "requests",
-                  "all " + std::to_string(options_.max_requests) + " request slots are in use");
+                  "all " + std::to_string(options_.max_requests) + " requests allowed by max-requests are live");
   }
   Request copy;  // filled before TakeSlot may move requests_
   if (states_) {
