@@ -299,7 +299,17 @@ class RequestManager {
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
   std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
-  KvEventLog kv_log_;                // recorded, not yet taken
+  // The span of a token count without a division when block_tokens_ is a power of two (the hot
+  // path divides by it several times per request per step).
+  uint64_t SpanOf(uint64_t tokens) const { return span_shift_ >= 0 ? tokens >> span_shift_ : tokens / block_tokens_; }
+  uint64_t SpanOffset(uint64_t tokens) const {
+    return span_shift_ >= 0 ? tokens & (uint64_t{block_tokens_} - 1) : tokens % block_tokens_;
+  }
+  int span_shift_ = -1;
+  // A filling block is shared only by a fork (Fork clones the table); until the first fork no
+  // slot can need a copy-on-write, and the step skips looking.
+  bool forked_ = false;
+  KvEventLog kv_log_;  // recorded, not yet taken
   KvMedium kv_medium_ = KvMedium::kGpu;
   bool resetting_ = false;  // ResetPrefixCache is evicting: nothing goes to the source
 };
