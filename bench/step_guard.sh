@@ -54,12 +54,12 @@ build "$repo"
 a_bin="$base_dir/build/release/bench/store_bench"
 b_bin="$repo/build/release/bench/store_bench"
 
-echo "load before: $(uptime)" >&2
+echo "load before: $(uptime)"
 for ((i = 0; i < pairs; i++)); do
   "$a_bin" --benchmark_filter="$filter" --benchmark_format=json >"$tmp/a$i.json" 2>/dev/null
   "$b_bin" --benchmark_filter="$filter" --benchmark_format=json >"$tmp/b$i.json" 2>/dev/null
 done
-echo "load after: $(uptime)" >&2
+echo "load after: $(uptime)"
 
 python3 - "$tmp" "$pairs" "$base_sha" $counters <<'EOF'
 import json, statistics, sys
