@@ -146,10 +146,10 @@ BENCHMARK(BM_PrefixLookup128K)->Unit(benchmark::kMicrosecond);
 // (an unbacked pool: no KV bytes, so no content hashing). Reports the median, p99 and worst
 // step over every step of every iteration (a fresh manager each iteration: its first block
 // boundary and first index growth are in the figures).
-std::vector<std::vector<uint32_t>> TracePrompts() {
-  constexpr uint32_t kRequests = 1024, kPrompt = 2048, kShared = 1024, kGroup = 16;
-  std::vector<std::vector<uint32_t>> prompts(kRequests);
-  for (uint32_t r = 0; r < kRequests; ++r) {
+std::vector<std::vector<uint32_t>> TracePrompts(uint32_t requests) {
+  constexpr uint32_t kPrompt = 2048, kShared = 1024, kGroup = 16;
+  std::vector<std::vector<uint32_t>> prompts(requests);
+  for (uint32_t r = 0; r < requests; ++r) {
     prompts[r].resize(kPrompt);
     for (uint32_t t = 0; t < kPrompt; ++t) {
       prompts[r][t] = t < kShared ? (r / kGroup) * 100000 + t : 50000000 + r * kPrompt + t;
@@ -165,7 +165,9 @@ double Percentile(std::vector<double> v, double q) {
 
 // An unbacked DeepSeek-V3 fp8 manager for `requests` decoding requests (the decode benchmarks).
 std::unique_ptr<RequestManager> DecodeManager(uint32_t requests) {
-  ManagerOptions o = Fp8(40000, RegionKind::kUnbacked);
+  // The trace holds about 22 blocks a request (its own 16 prompt blocks, 4 decode blocks, its
+  // share of its group's 16): room for that, at least the 40,000 blocks of the 1,024 trace.
+  ManagerOptions o = Fp8(std::max<uint32_t>(40000, requests * 24), RegionKind::kUnbacked);
   o.max_requests = requests;
   return *RequestManager::Create(V3(), o);
 }
@@ -179,8 +181,9 @@ RequestId Prefill(benchmark::State& state, RequestManager& m, std::span<const ui
 }
 
 void BM_SchedulerTrace(benchmark::State& state) {
-  constexpr uint32_t kRequests = 1024, kSteps = 256;
-  const std::vector<std::vector<uint32_t>> prompts = TracePrompts();
+  const uint32_t kRequests = static_cast<uint32_t>(state.range(0));
+  constexpr uint32_t kSteps = 256;
+  const std::vector<std::vector<uint32_t>> prompts = TracePrompts(kRequests);
   double admit_ns = 0, free_ns = 0;
   std::vector<double> steps;
   const std::vector<uint32_t> counts(kRequests, 1), tokens(kRequests, 7);
@@ -207,7 +210,7 @@ void BM_SchedulerTrace(benchmark::State& state) {
     admit_ns += std::chrono::duration<double, std::nano>(t1 - t0).count();
     free_ns += std::chrono::duration<double, std::nano>(t3 - t2).count();
     // 15 of every group of 16 hit the 1,024 shared tokens (16 whole blocks).
-    if (m->metrics().prefix_hit_tokens.load() != uint64_t{kRequests - kRequests / 16} * 1024) {
+    if (m->metrics().prefix_hit_tokens.load() != uint64_t{kRequests - (kRequests / 16)} * 1024) {
       state.SkipWithError("unexpected prefix hits");
     }
     state.PauseTiming();
@@ -237,7 +240,9 @@ void BM_SchedulerTrace(benchmark::State& state) {
   }
   state.counters["seal_step_mean_us"] = seal_sum / static_cast<double>(seal_steps) / 1e3;
 }
-BENCHMARK(BM_SchedulerTrace)->Unit(benchmark::kMillisecond)->Iterations(5);
+// 1,024 requests (the guarded figure, bench/step_guard.sh), 4,096 and 16,384 (linearity, and the
+// worst step against the median as the prefix index outgrows the cache).
+BENCHMARK(BM_SchedulerTrace)->Arg(1024)->Arg(4096)->Arg(16384)->Unit(benchmark::kMillisecond)->Iterations(5);
 
 // Admission of a 2,048-token prompt whose first 1,024 tokens are cached, including appending
 // (and sealing) its 16 new blocks, then freeing it: the per-request cost of the trace's

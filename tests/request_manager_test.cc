@@ -185,6 +185,45 @@ TEST(RequestManagerCreate, RetainNeedsBlocksOfWholeWindows) {
   EXPECT_TRUE(RequestManager::Create(g, o).ok());
 }
 
+// No silent cap on requests: by default the table grows on demand, so a trace of 3,000 requests
+// runs through admission and a decode step (it failed at the 1,025th Admit when the default was
+// 1,024). A ceiling the caller sets is refused at Admit and Fork, naming max-requests.
+TEST(RequestManagerCreate, RequestTableGrowsOnDemand) {
+  ManagerOptions o = V3Fp8(4096);
+  o.region_kind = RegionKind::kUnbacked;
+  EXPECT_EQ(o.max_requests, kNoRequestLimit);
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  ASSERT_NE(m, nullptr);
+  constexpr uint32_t kRequests = 3000;
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < kRequests; ++r) {
+    const std::vector<uint32_t> prompt = {r + 1, r + 2};
+    Result<Admission> a = m->Admit(prompt, RequestSpec{});
+    ASSERT_TRUE(a.ok()) << r << ": " << a.status().ToString();
+    ASSERT_TRUE(m->Append(a->id, prompt, nullptr).ok());
+    ids.push_back(a->id);
+  }
+  EXPECT_EQ(m->live_requests(), kRequests);
+  const std::vector<uint32_t> counts(kRequests, 1), tokens(kRequests, 9);
+  StepResult r;
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &r).ok());
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(m->Tokens(ids.back()), 3u);
+  ASSERT_TRUE(m->Fork(ids.front()).ok());
+
+  o.max_requests = 2;
+  std::unique_ptr<RequestManager> capped = MustManager(Preset("deepseek-v3"), o);
+  const Admission first = MustAdmit(*capped, std::vector<uint32_t>{1});
+  MustAdmit(*capped, std::vector<uint32_t>{2});
+  Result<Admission> third = capped->Admit(std::vector<uint32_t>{3}, RequestSpec{});
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::kOutOfBlocks);
+  EXPECT_NE(third.status().message().find("max-requests"), std::string::npos) << third.status().ToString();
+  Result<RequestId> fork = capped->Fork(first.id);
+  ASSERT_FALSE(fork.ok());
+  EXPECT_NE(fork.status().message().find("max-requests"), std::string::npos);
+}
+
 TEST(RequestManagerCreate, BadOptionsNameTheirField) {
   Geometry g = Preset("deepseek-v3");
   ManagerOptions o = V3Fp8(4);

@@ -57,6 +57,44 @@ TEST(RequestStates, SlabsAreCountedAndReused) {
   EXPECT_EQ(*s->Open(), a);
 }
 
+// The arena grows a segment at a time when every slab is in use; rows already handed out stay
+// where they are (segments never move) and keep their bytes; max_requests is the ceiling.
+TEST(RequestStates, ArenaGrowsOnDemandAndRowsStayPut) {
+  const uint32_t seg = RequestStates::kSlabsPerSegment;
+  auto s = std::move(RequestStates::Create(Options(SwaStrategy::kSnapshot, 2 * seg + 5))).value();
+  EXPECT_EQ(s->arena_segments(), 1u);
+  std::vector<uint32_t> ids;
+  for (uint32_t i = 0; i < seg; ++i) ids.push_back(*s->Open());
+  const KvWriters w = Writers();
+  ASSERT_TRUE(s->WriteToken(ids[0], 0, w, nullptr).ok());
+  const std::vector<std::byte> before = s->LiveState(ids[0], 1);
+  SlabState probe;
+  probe.slab = ids[0];
+  const std::byte* row = s->SlabWindowRow(probe, 0, 0).data();
+  EXPECT_EQ(s->arena_segments(), 1u);
+  for (uint32_t i = seg; i < 2 * seg + 5; ++i) {
+    Result<uint32_t> id = s->Open();
+    ASSERT_TRUE(id.ok()) << i << ": " << id.status().ToString();
+    ids.push_back(*id);
+  }
+  EXPECT_EQ(s->arena_segments(), 3u);
+  EXPECT_EQ(s->SlabWindowRow(probe, 0, 0).data(), row);
+  EXPECT_EQ(s->LiveState(ids[0], 1), before);
+  EXPECT_EQ(s->bytes_held(), uint64_t{2 * seg + 5} * s->slab_bytes());
+  // A slab of a later segment is written and forked like the first.
+  ASSERT_TRUE(s->WriteToken(ids.back(), 0, w, nullptr).ok());
+  EXPECT_EQ(s->LiveState(ids.back(), 1), before);
+  Result<uint32_t> over = s->Open();
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kOutOfBlocks);
+  EXPECT_EQ(over.status().field(), "requests");
+  EXPECT_NE(over.status().message().find("max-requests"), std::string::npos) << over.status().ToString();
+  s->Close(ids.back());
+  Result<uint32_t> forked = s->Fork(ids[0]);
+  ASSERT_TRUE(forked.ok());
+  EXPECT_EQ(s->LiveState(*forked, 1), before);
+}
+
 // LiveState: the last `window` rows of every layer in position order, then the compressor rows
 // still needed (the incomplete group and the previous one); a fork holds the same bytes.
 TEST(RequestStates, LiveStateOrderAndForks) {

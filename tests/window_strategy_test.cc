@@ -467,6 +467,20 @@ TEST(Hybrid, BadInput) {
   o = ManagerOptions{};
   o.block_tokens = 100;
   EXPECT_EQ(RequestManager::Create(Tiny(), o).status().field(), "block-tokens");
+  // By default the state arena grows on demand: more requests than one arena segment holds.
+  {
+    ManagerOptions d;
+    d.region_kind = RegionKind::kUnbacked;
+    std::unique_ptr<RequestManager> many = Make(Tiny(), d);
+    const uint32_t n = RequestStates::kSlabsPerSegment + 100;
+    for (uint32_t i = 0; i < n; ++i) {
+      Result<Admission> a = many->Admit(std::span<const uint32_t>(), RequestSpec{});
+      ASSERT_TRUE(a.ok()) << i << ": " << a.status().ToString();
+    }
+    EXPECT_EQ(many->live_requests(), n);
+    EXPECT_EQ(many->states()->arena_segments(), 2u);
+    EXPECT_EQ(many->states()->bytes_held(), uint64_t{n} * many->states()->slab_bytes());
+  }
   o = ManagerOptions{};
   o.max_requests = 1;
   std::unique_ptr<RequestManager> m = Make(Tiny(), o);

@@ -144,6 +144,8 @@ class BlockIndex {
 
   void SetSecurityListener(std::function<void(const SecurityEvent&)> listener) { security_ = std::move(listener); }
   const IndexStats& stats() const { return stats_; }
+  // Whether Seal may hand back an equal block in place of the candidate (content dedup).
+  bool dedups() const { return content_dedup_; }
   size_t prefix_entries() const { return prefix_.size(); }
 
  private:

@@ -53,15 +53,20 @@ struct RequestId {
   friend bool operator==(RequestId, RequestId) = default;
 };
 
+// ManagerOptions::max_requests: no ceiling on live requests (the tables grow on demand).
+inline constexpr uint32_t kNoRequestLimit = UINT32_MAX;
+
 // Validated once, by RequestManager::Create. The layout (record formats, block span, kernel, MTP
 // layers, tensor-parallel ranks, scale formats; empty / unset: the model's defaults) is the
 // CacheLayoutOptions it derives from.
 struct ManagerOptions : CacheLayoutOptions {
   // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
   uint32_t spec_tokens = 0;
-  // Capacity: page blocks, and requests (the table; with windows, the state arena's slabs).
+  // Capacity: page blocks, and live requests. The request table (and, with windows, the state
+  // arena's slabs) grows on demand; max_requests is only a ceiling the caller chooses (Admit and
+  // Fork beyond it: kOutOfBlocks on "requests", naming max-requests). The default sets none.
   uint32_t capacity_blocks = 1024;
-  uint32_t max_requests = 1024;
+  uint32_t max_requests = kNoRequestLimit;
   // kHost: the pool holds the KV bytes (writers fill them; Append without a writer is refused).
   // kUnbacked: bookkeeping only, for KV an engine keeps elsewhere (a device); no writer needed.
   RegionKind region_kind = RegionKind::kHost;
@@ -297,7 +302,17 @@ class RequestManager {
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
   std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
-  KvEventLog kv_log_;                // recorded, not yet taken
+  // The span of a token count without a division when block_tokens_ is a power of two (the hot
+  // path divides by it several times per request per step).
+  uint64_t SpanOf(uint64_t tokens) const { return span_shift_ >= 0 ? tokens >> span_shift_ : tokens / block_tokens_; }
+  uint64_t SpanOffset(uint64_t tokens) const {
+    return span_shift_ >= 0 ? tokens & (uint64_t{block_tokens_} - 1) : tokens % block_tokens_;
+  }
+  int span_shift_ = -1;
+  // A filling block is shared only by a fork (Fork clones the table); until the first fork no
+  // slot can need a copy-on-write, and the step skips looking.
+  bool forked_ = false;
+  KvEventLog kv_log_;  // recorded, not yet taken
   KvMedium kv_medium_ = KvMedium::kGpu;
   bool resetting_ = false;  // ResetPrefixCache is evicting: nothing goes to the source
 };

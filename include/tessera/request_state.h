@@ -57,7 +57,10 @@ struct StateOptions {
   uint32_t spec_tokens = 0;
   uint64_t window_record_bytes = 0;
   uint32_t block_tokens = 0;
-  uint32_t max_requests = 0;  // arena slabs
+  // At most this many slabs in use at once. The arena grows on demand, a segment of
+  // min(max_requests, kSlabsPerSegment) slabs at a time (segments never move, so a row handed out
+  // stays valid); UINT32_MAX sets no limit.
+  uint32_t max_requests = 0;
   std::vector<StateLayer> layers;
 };
 
@@ -109,7 +112,11 @@ class RequestStates {
   RequestStates(const RequestStates&) = delete;
   RequestStates& operator=(const RequestStates&) = delete;
 
-  // A slab for a new request. kOutOfBlocks on "requests" when every slab is in use.
+  static constexpr uint32_t kSlabsPerSegment = 1024;
+
+  // A slab for a new request (the arena grows by a segment when every slab is in use).
+  // kOutOfBlocks on "requests" when max_requests slabs are in use or a segment cannot be
+  // mapped.
   Result<uint32_t> Open();
   void Close(uint32_t id);
   // A new slab holding a copy of `parent`'s rows. kOutOfBlocks as Open.
@@ -144,7 +151,10 @@ class RequestStates {
   uint64_t boundaries_kept() const { return strategy_->boundaries_kept(); }
   uint64_t boundary_bytes_kept() const { return strategy_->boundary_bytes_kept(); }
   uint32_t window() const { return options_.window; }
-  uint32_t slabs_free() const { return static_cast<uint32_t>(free_slabs_.size()); }
+  // Slabs that can still be opened (growing the arena), up to max_requests.
+  uint32_t slabs_free() const { return options_.max_requests - slabs_live_; }
+  uint32_t slabs_live() const { return slabs_live_; }
+  uint64_t arena_segments() const { return segments_.size(); }
   const StateOptions& options() const { return options_; }
 
   // For the strategies: storage and the fixed order of boundary rows.
@@ -177,8 +187,16 @@ class RequestStates {
   uint32_t ring_slots_ = 0;  // window + spec tokens
   uint64_t slab_bytes_ = 0;
   std::vector<uint64_t> window_offset_, state_offset_, istate_offset_;  // per layer, in the slab
-  std::unique_ptr<std::byte, ArenaDeleter> arena_{nullptr, ArenaDeleter{0}};
+  std::byte* Slab(uint32_t slab) const {
+    return segments_[slab / segment_slabs_].get() + uint64_t{slab % segment_slabs_} * slab_bytes_;
+  }
+  Status Grow();  // maps one more segment of slabs
+
+  uint32_t segment_slabs_ = 0;
+  uint64_t segment_bytes_ = 0;
+  std::vector<std::unique_ptr<std::byte, ArenaDeleter>> segments_;
   std::vector<uint32_t> free_slabs_;
+  uint32_t slabs_live_ = 0;
   std::vector<SlabState> states_;  // by slab
   // Chunks are handed out as writable spans from const accessors, like the arena's rows.
   mutable std::vector<std::vector<std::byte>> chunks_;

@@ -181,7 +181,7 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
   o.include_mtp = ToBool(include_mtp, "include_mtp");
   o.spec_tokens = static_cast<uint32_t>(ToU64(spec_tokens, "spec_tokens", 1024));
   o.capacity_blocks = ToU32(capacity_blocks, "capacity_blocks");
-  o.max_requests = ToU32(max_requests, "max_requests");
+  o.max_requests = max_requests.is_none() ? kNoRequestLimit : ToU32(max_requests, "max_requests");
   pm->backed = ToBool(backed, "backed");
   o.region_kind = pm->backed ? RegionKind::kHost : RegionKind::kUnbacked;
   o.window_strategy = TakeAs(ParseSwaStrategy(ToStr(window_strategy, "window_strategy")), "window_strategy");
@@ -460,7 +460,7 @@ void BindManager(py::module_& m) {
       .def(py::init(&Create), py::arg("model") = py::none(), py::kw_only(), py::arg("config") = py::none(),
            py::arg("kv_format") = py::none(), py::arg("indexer_format") = py::none(),
            py::arg("block_tokens") = py::none(), py::arg("kernel") = "flashmla", py::arg("include_mtp") = false,
-           py::arg("spec_tokens") = 0, py::arg("capacity_blocks") = 1024, py::arg("max_requests") = 1024,
+           py::arg("spec_tokens") = 0, py::arg("capacity_blocks") = 1024, py::arg("max_requests") = py::none(),
            py::arg("backed") = true, py::arg("window_strategy") = "recompute", py::arg("hash") = "xxh3",
            py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,

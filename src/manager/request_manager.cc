@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cassert>
 #include <cstring>
 #include <map>
@@ -148,6 +149,7 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   m->options_ = options;
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(plan.pool)));
   m->block_tokens_ = m->pool_->block_tokens();
+  if (std::has_single_bit(m->block_tokens_)) m->span_shift_ = std::countr_zero(m->block_tokens_);
   for (const PoolGroup& pg : m->pool_->groups()) m->token_groups_ = m->token_groups_ || pg.page.compress_ratio == 1;
   const std::string_view variant = plan.state ? SwaStrategyName(options.window_strategy) : std::string_view();
   const Hash128 identity = CacheIdentityKey(g.config_sha256, options.weights_revision, *m->pool_, variant);
@@ -158,8 +160,9 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   if (plan.state) {
     TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));
   }
-  m->requests_.reserve(options.max_requests);
-  m->free_request_ids_.reserve(options.max_requests);
+  // The table grows on demand; reserve what a ceiling (or a typical batch) needs up front.
+  m->requests_.reserve(std::min<uint32_t>(options.max_requests, 1024));
+  m->free_request_ids_.reserve(std::min<uint32_t>(options.max_requests, 1024));
   // The index's hook runs before the pool's listener below drops a block's kept window state,
   // so the state travels with the block.
   RequestManager* self = m.get();
@@ -214,7 +217,7 @@ Status RequestManager::OutOfBlocks(uint64_t needed) {
 
 // A block id per block span: the group whose entries need the most blocks decides.
 uint64_t RequestManager::BlocksNeeded(uint64_t tokens) const {
-  if (!states_) return CeilDiv(tokens, block_tokens_);  // per-token groups: a block per span
+  if (!states_) return SpanOf(tokens + block_tokens_ - 1);  // per-token groups: a block per span
   uint64_t need = 0;
   for (const PoolGroup& g : pool_->groups()) {
     need = std::max(need, CeilDiv(tokens / g.page.compress_ratio, g.page.entries_per_block));
@@ -249,8 +252,8 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
     return InvalidArgument("prompt", "prompt keys hashed for another tenant or cache salt");
   }
   if (live_ >= options_.max_requests || (states_ && states_->slabs_free() == 0)) {
-    return tessera::OutOfBlocks("requests",
-                                "all " + std::to_string(options_.max_requests) + " request slots are in use");
+    return tessera::OutOfBlocks(
+        "requests", "all " + std::to_string(options_.max_requests) + " requests allowed by max-requests are live");
   }
   const std::span<const uint32_t> prompt = keys.tokens();
   // The last prompt token is always computed: its logits start generation.
@@ -331,8 +334,9 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
 
 uint32_t RequestManager::SharedSlots(const Request& q, uint64_t n) const {
   if (n == 0) return 0;
-  const size_t first = q.tokens / block_tokens_;
-  const size_t last = std::min<size_t>(q.table.size(), CeilDiv(q.tokens + n, block_tokens_));
+  if (!forked_) return 0;  // only a fork shares a filling block
+  const size_t first = SpanOf(q.tokens);
+  const size_t last = std::min<size_t>(q.table.size(), SpanOf(q.tokens + n + block_tokens_ - 1));
   uint32_t shared = 0;
   for (size_t slot = first; slot < last; ++slot) {
     const BlockId b = q.table[slot];
@@ -342,8 +346,9 @@ uint32_t RequestManager::SharedSlots(const Request& q, uint64_t n) const {
 }
 
 Status RequestManager::UnshareSlots(Request& q, uint64_t n) {
-  const size_t first = q.tokens / block_tokens_;
-  const size_t last = std::min<size_t>(q.table.size(), CeilDiv(q.tokens + n, block_tokens_));
+  if (!forked_) return Status::Ok();
+  const size_t first = SpanOf(q.tokens);
+  const size_t last = std::min<size_t>(q.table.size(), SpanOf(q.tokens + n + block_tokens_ - 1));
   for (size_t slot = first; slot < last; ++slot) {
     const BlockId b = q.table[slot];
     if (pool_->state(b) == BlockState::kFilling && pool_->refcount(b) > 1) {
@@ -397,11 +402,11 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
   const bool pages = w.page && pool_->backed() && token_groups_;
   while (!tokens.empty()) {
     const uint64_t p0 = q.tokens;
-    const size_t n = std::min<size_t>(tokens.size(), block_tokens_ - p0 % block_tokens_);
+    const size_t n = std::min<size_t>(tokens.size(), block_tokens_ - SpanOffset(p0));
     if (pages) {
       // Per-token groups have a block from the span's first token on (compressed groups only
       // once an entry completes).
-      const BlockId b = q.table[p0 / block_tokens_];
+      const BlockId b = q.table[SpanOf(p0)];
       assert(pool_->state(b) == BlockState::kFilling && pool_->refcount(b) == 1 &&
              "writing into a shared or sealed block");
       for (uint64_t p = p0; p < p0 + n; ++p) {
@@ -433,8 +438,8 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
     }
     q.span_tokens.insert(q.span_tokens.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n));
     q.tokens += n;
-    if (q.tokens % block_tokens_ == 0) {
-      SealSlot(q, q.tokens / block_tokens_ - 1, q.span_tokens, std::nullopt);
+    if (SpanOffset(q.tokens) == 0) {
+      SealSlot(q, SpanOf(q.tokens) - 1, q.span_tokens, std::nullopt);
       q.span_tokens.clear();
     }
     tokens = tokens.subspan(n);
@@ -588,19 +593,26 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
   Request* q = Get(r);
   if (q == nullptr) return StatusCode::kInvalidArgument;
   const size_t before = q->table.size();
-  // Only slots from the unsealed one on can change (unshared, or renamed when sealed).
-  const size_t first = std::min<size_t>(q->tokens / block_tokens_, before);
-  step_slots_.assign(q->table.ids().begin() + static_cast<ptrdiff_t>(first), q->table.ids().end());
+  // Only slots from the unsealed one on can change: unshared (after a fork), or renamed when a
+  // seal finds an equal block (content dedup, backed pools). Without either nothing is replaced
+  // and the step skips the copy and the comparison.
+  const bool may_replace = forked_ || index_->dedups();
+  const size_t first = std::min<size_t>(SpanOf(q->tokens), before);
+  if (may_replace) step_slots_.assign(q->table.ids().begin() + static_cast<ptrdiff_t>(first), q->table.ids().end());
   if (Status st = Reserve(*q, tokens.size()); !st.ok()) return st.code();
   if (Status st = AppendReserved(*q, tokens, writers); !st.ok()) return st.code();
-  for (size_t slot = first; slot < before; ++slot) {
-    const BlockId was = step_slots_[slot - first];
-    if (q->table[slot] != was) {
-      out->replaced.push_back({index, static_cast<uint32_t>(slot), was, q->table[slot]});
+  if (may_replace) {
+    for (size_t slot = first; slot < before; ++slot) {
+      const BlockId was = step_slots_[slot - first];
+      if (q->table[slot] != was) {
+        out->replaced.push_back({index, static_cast<uint32_t>(slot), was, q->table[slot]});
+      }
     }
   }
-  const std::span<const BlockId> added = q->table.ids().subspan(before);
-  out->new_blocks.insert(out->new_blocks.end(), added.begin(), added.end());
+  if (q->table.size() > before) {
+    const std::span<const BlockId> added = q->table.ids().subspan(before);
+    out->new_blocks.insert(out->new_blocks.end(), added.begin(), added.end());
+  }
   return StatusCode::kOk;
 }
 
@@ -623,8 +635,8 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   const Request* p = Get(parent);
   if (p == nullptr) return NoRequest(parent);
   if (live_ >= options_.max_requests) {
-    return tessera::OutOfBlocks("requests",
-                                "all " + std::to_string(options_.max_requests) + " request slots are in use");
+    return tessera::OutOfBlocks(
+        "requests", "all " + std::to_string(options_.max_requests) + " requests allowed by max-requests are live");
   }
   Request copy;  // filled before TakeSlot may move requests_
   if (states_) {
@@ -637,6 +649,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   copy.tokens = p->tokens;
   copy.span_tokens = p->span_tokens;
   copy.table = p->table.Clone();
+  forked_ = true;  // filling blocks may be shared from now on
   copy.chain = p->chain;
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
   requests_[id] = std::move(copy);

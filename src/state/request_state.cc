@@ -70,27 +70,41 @@ Result<std::unique_ptr<RequestStates>> RequestStates::Create(StateOptions o) {
     offset += Checked(l.istate_slots) * l.istate_floats * sizeof(float);
   }
   Checked chunk = Checked(opt.window) * opt.window_record_bytes * opt.layers.size();
-  Checked arena = offset * opt.max_requests;
+  s->segment_slabs_ = std::min(opt.max_requests, kSlabsPerSegment);
+  Checked segment = offset * s->segment_slabs_;
   if (offset.overflowed() || chunk.overflowed()) return OutOfRange("sliding_window", "state bytes overflow");
-  if (arena.overflowed()) return OutOfRange("max-requests", "arena bytes overflow");
+  if (segment.overflowed()) return OutOfRange("max-requests", "arena bytes overflow");
   s->slab_bytes_ = offset.value();
   s->chunk_bytes_ = chunk.value();
-  const uint64_t arena_bytes = std::max<uint64_t>(arena.value(), 1);
-  void* p = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return OutOfBlocks("max-requests", "cannot map the state arena");
-  s->arena_ = std::unique_ptr<std::byte, ArenaDeleter>(static_cast<std::byte*>(p), ArenaDeleter{arena_bytes});
-  s->states_.resize(opt.max_requests);
-  for (uint32_t i = opt.max_requests; i > 0; --i) s->free_slabs_.push_back(i - 1);
+  s->segment_bytes_ = std::max<uint64_t>(segment.value(), 1);
+  TESSERA_RETURN_IF_ERROR(s->Grow());  // the first segment, so that a bad size fails here
   s->strategy_ = MakeWindowStrategy(opt.strategy, *s);
   return s;
 }
 
-Result<uint32_t> RequestStates::Open() {
-  if (free_slabs_.empty()) {
-    return OutOfBlocks("requests", "the state arena holds " + std::to_string(options_.max_requests) + " requests");
+Status RequestStates::Grow() {
+  const uint64_t first = uint64_t{segment_slabs_} * segments_.size();
+  if (first >= options_.max_requests || first + segment_slabs_ > UINT32_MAX) {
+    return OutOfBlocks("requests", "the state arena holds at most " + std::to_string(options_.max_requests) +
+                                       " requests (max-requests)");
   }
+  void* p = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return OutOfBlocks("requests", "cannot map a state arena segment");
+  segments_.emplace_back(static_cast<std::byte*>(p), ArenaDeleter{segment_bytes_});
+  states_.resize(first + segment_slabs_);
+  for (uint64_t i = first + segment_slabs_; i > first; --i) free_slabs_.push_back(static_cast<uint32_t>(i - 1));
+  return Status::Ok();
+}
+
+Result<uint32_t> RequestStates::Open() {
+  if (slabs_live_ >= options_.max_requests) {
+    return OutOfBlocks("requests",
+                       "all " + std::to_string(options_.max_requests) + " request states are in use (max-requests)");
+  }
+  if (free_slabs_.empty()) TESSERA_RETURN_IF_ERROR(Grow());
   const uint32_t id = free_slabs_.back();
   free_slabs_.pop_back();
+  ++slabs_live_;
   states_[id] = SlabState{};
   states_[id].slab = id;
   return id;
@@ -101,25 +115,26 @@ void RequestStates::Close(uint32_t id) {
   strategy_->Close(q);
   q = SlabState{};
   free_slabs_.push_back(id);
+  --slabs_live_;
 }
 
 Result<uint32_t> RequestStates::Fork(uint32_t parent) {
   TESSERA_ASSIGN_OR_RETURN(uint32_t child, Open());
-  std::memcpy(arena_.get() + uint64_t{child} * slab_bytes_, arena_.get() + uint64_t{parent} * slab_bytes_, slab_bytes_);
+  std::memcpy(Slab(child), Slab(parent), slab_bytes_);
   strategy_->Fork(states_[parent], states_[child]);
   return child;
 }
 
 std::span<std::byte> RequestStates::SlabWindowRow(const SlabState& q, uint32_t layer_pos, uint64_t position) const {
   const uint64_t rb = options_.window_record_bytes;
-  std::byte* slab = arena_.get() + uint64_t{q.slab} * slab_bytes_;
+  std::byte* slab = Slab(q.slab);
   return {slab + window_offset_[layer_pos] + (position % ring_slots_) * rb, rb};
 }
 
 std::span<float> RequestStates::StateRow(const SlabState& q, uint32_t layer_pos, bool indexer,
                                          uint64_t position) const {
   const StateLayer& l = options_.layers[layer_pos];
-  std::byte* slab = arena_.get() + uint64_t{q.slab} * slab_bytes_;
+  std::byte* slab = Slab(q.slab);
   const uint32_t slots = indexer ? l.istate_slots : l.state_slots;
   const uint32_t floats = indexer ? l.istate_floats : l.state_floats;
   const uint64_t off =
@@ -255,8 +270,7 @@ std::vector<std::byte> RequestStates::LiveState(uint32_t id, uint64_t n) const {
 }
 
 uint64_t RequestStates::bytes_held() const {
-  const uint64_t live_slabs = options_.max_requests - free_slabs_.size();
-  return live_slabs * slab_bytes_ + strategy_->boundary_rows_bytes() + chunks_live_ * chunk_bytes_;
+  return uint64_t{slabs_live_} * slab_bytes_ + strategy_->boundary_rows_bytes() + chunks_live_ * chunk_bytes_;
 }
 
 }  // namespace tessera
