@@ -561,8 +561,7 @@ class EventPublisher {
  public:
   // `core_mu` guards `manager` (the core's mutex); the thread takes it only to drain an idle
   // core and at Stop.
-  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c, std::mutex* core_mu,
-                                                        RequestManager* manager) {
+  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c, Mutex* core_mu, RequestManager* manager) {
     auto p = std::unique_ptr<EventPublisher>(new EventPublisher());
     p->topic_ = c.events_topic;
     p->rank_ = c.events_data_parallel_rank;
@@ -633,7 +632,7 @@ class EventPublisher {
   bool DrainCore() {
     events_.clear();
     {
-      std::lock_guard<std::mutex> core(*core_mu_);
+      MutexLock core(*core_mu_);
       {
         std::lock_guard<std::mutex> lock(hand_mu_);
         std::swap(events_, handoff_);
@@ -698,7 +697,7 @@ class EventPublisher {
   std::string topic_;
   std::string endpoint_;
   uint32_t rank_ = 0;
-  std::mutex* core_mu_ = nullptr;
+  Mutex* core_mu_ = nullptr;
   RequestManager* manager_ = nullptr;
   std::chrono::milliseconds interval_{5};
   int idle_polls_ = 20;  // idle intervals (about 100 ms) before it sleeps until woken
@@ -1111,7 +1110,7 @@ KvWriters ServeCore::WritersFor(const std::vector<uint64_t>* h, const std::byte*
 }
 
 Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return AdmitLocked(prompt, spec, nullptr);
 }
 
@@ -1179,7 +1178,7 @@ Status ServeCore::StepAs(std::optional<uint32_t> tenant, std::span<const Request
   if (config_.kv_engine && !tokens.empty()) {
     return InvalidArgument("records", "kv_source: engine: a step carries its tokens' records (a framed body)");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   StepLocked(requests, counts, tokens, nullptr, tenant, codes);
   return Status::Ok();
 }
@@ -1224,7 +1223,7 @@ void ServeCore::StepLocked(std::span<const RequestId> requests, std::span<const 
 Status ServeCore::Free(RequestId r) { return FreeAs(std::nullopt, r); }
 
 Status ServeCore::FreeAs(std::optional<uint32_t> tenant, RequestId r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const std::optional<uint32_t> owner = manager_->TenantOf(r);
   if (owner && tenant && *owner != *tenant) {  // the same answer as for an id never issued
     return InvalidArgument(
@@ -1239,7 +1238,7 @@ Status ServeCore::FreeAs(std::optional<uint32_t> tenant, RequestId r) {
 Status ServeCore::Shutdown() {
   Status result = Status::Ok();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (store_) {
       Result<uint64_t> n = manager_->Checkpoint();
       if (!n.ok()) result = n.status();
@@ -1383,7 +1382,7 @@ std::pair<int, std::string> ServeCore::AdmitReply(const Admission& a) {
                         {"cached_blocks", a.cached_blocks},      {"tier_blocks", a.tier_blocks},
                         {"state_restored", a.state_restored},    {"recompute_from", a.recompute_from},
                         {"recompute_tokens", a.recompute_tokens}};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   nlohmann::json table = nlohmann::json::array();
   for (BlockId b : manager_->BlockTable(a.id)) table.push_back(b.value);
   out["block_table"] = std::move(table);
@@ -1406,7 +1405,7 @@ std::pair<int, std::string> ServeCore::HandleAdmitFramed(std::string_view body) 
   TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(header));
   if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
   Result<Admission> a = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return AdmitLocked(call.tokens, call.spec, reinterpret_cast<const std::byte*>(frame.records.data()));
   }();
   if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
@@ -1416,7 +1415,7 @@ std::pair<int, std::string> ServeCore::HandleAdmitFramed(std::string_view body) 
 std::pair<int, std::string> ServeCore::StepReply(std::span<const RequestId> requests, std::span<const StatusCode> codes,
                                                  uint32_t tenant) {
   nlohmann::json out = {{"codes", nlohmann::json::array()}, {"block_tables", nlohmann::json::array()}};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < requests.size(); ++i) {
     out["codes"].push_back(std::string(StatusCodeName(codes[i])));
     nlohmann::json table = nlohmann::json::array();
@@ -1446,7 +1445,7 @@ std::pair<int, std::string> ServeCore::HandleStepFramed(std::string_view body) {
   if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
   std::vector<StatusCode> codes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     StepLocked(call.requests, call.counts, call.tokens, reinterpret_cast<const std::byte*>(frame.records.data()),
                call.tenant, &codes);
   }
@@ -1512,7 +1511,7 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
   }
   Result<uint64_t> slot = ParseUnsigned(block_text, "block");
   if (!slot.ok() || *slot > UINT32_MAX) return BadRequest(InvalidArgument("block", "must be a block index"));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!manager_->pool().backed()) {
     return {409, Error(Status(StatusCode::kFailedPrecondition, "pool", "an unbacked pool holds no bytes")).dump()};
   }
@@ -1590,7 +1589,7 @@ std::pair<int, std::string> ServeCore::HandleFree(std::string_view body) {
 }
 
 std::pair<int, std::string> ServeCore::HandleReset() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Status st = manager_->ResetPrefixCache();
   PublishLocked();
   if (!st.ok()) return {HttpStatusOf(st.code()), Error(st).dump()};

@@ -52,7 +52,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -62,6 +61,7 @@
 
 #include "tessera/kv_events.h"
 #include "tessera/layout.h"
+#include "tessera/mutex.h"
 #include "tessera/request_manager.h"
 #include "tessera/status.h"
 #include "tessera/tiered_store.h"
@@ -226,7 +226,7 @@ class ServeCore {
 
  private:
   ServeCore() = default;
-  void PublishLocked();
+  void PublishLocked() REQUIRES(mu_);
   std::pair<int, std::string> HandleAdmit(std::string_view body);
   std::pair<int, std::string> HandleStep(std::string_view body);
   std::pair<int, std::string> HandleFree(std::string_view body);
@@ -237,20 +237,21 @@ class ServeCore {
   std::pair<int, std::string> StepReply(std::span<const RequestId> requests, std::span<const StatusCode> codes,
                                         uint32_t tenant);
   // Admit and Step with the engine's records (`records`: tokens x record_bytes_, checked).
-  Result<Admission> AdmitLocked(std::span<const uint32_t> prompt, const RequestSpec& spec, const std::byte* records);
+  Result<Admission> AdmitLocked(std::span<const uint32_t> prompt, const RequestSpec& spec, const std::byte* records)
+      REQUIRES(mu_);
   void StepLocked(std::span<const RequestId> requests, std::span<const uint32_t> counts,
                   std::span<const uint32_t> tokens, const std::byte* records, std::optional<uint32_t> tenant,
-                  std::vector<StatusCode>* codes);
+                  std::vector<StatusCode>* codes) REQUIRES(mu_);
   KvWriters WritersFor(const std::vector<uint64_t>* h, const std::byte* records, uint64_t first) const;
 
   ServeConfig config_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;  // serialises every manager call (the manager has one owner at a time)
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<TimedSource> timed_;
   std::unique_ptr<RequestManager> manager_;
   std::unique_ptr<EventPublisher> publisher_;
   // Per live request: the rolling hash of its token prefix at every position (the synthetic KV).
-  std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_;
+  std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_ GUARDED_BY(mu_);
   LatencyHistogram admit_latency_, step_latency_;
   std::shared_ptr<LatencyHistogram> promote_latency_;
   std::atomic<uint64_t> http_errors_{0};
