@@ -206,6 +206,18 @@ TEST(Reconcile, TraceNumbersAreReadWholeOrRefused) {
   }
 }
 
+// Issue 27 (low): a trace line with terminal escapes is quoted in the error with every control
+// byte shown as '?': the error line carries no ESC from the file.
+TEST(Reconcile, TraceErrorsNeverEchoControlBytes) {
+  testing::TempDir dir;
+  std::string bad = dir.Write("esc.txt", "\x1b]0;owned\x07\x1b[2J12 kv\x7f\n");
+  Result<uint64_t> r = ReadAllocationTrace(bad);
+  ASSERT_FALSE(r.ok());
+  const std::string line = r.status().ToString();
+  for (char ch : line) EXPECT_FALSE(static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) << line;
+  EXPECT_NE(line.find("?]0;owned??[2J12 kv?"), std::string::npos) << line;
+}
+
 // A trace is a regular file of bounded size: a FIFO blocked forever, /dev/zero never ended.
 TEST(Reconcile, TraceMustBeARegularFile) {
   for (const char* path : {"/dev/zero", "/dev/null", "/"}) {

@@ -259,6 +259,48 @@ TEST(RequestManager, AppendWritesRecordsThatReadBack) {
   EXPECT_EQ(m->live_requests(), 1u);
 }
 
+// Issue 27.2: a freed id's slot is reused by another tenant's request; the old id (another
+// generation) names nothing — no read, write, fork or free reaches the new request.
+TEST(RequestManagerIds, AStaleIdNeverReachesTheRequestThatReusedItsSlot) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(16));
+  KvStream alice;
+  alice.Add(Range(1, 10));
+  RequestSpec spec_a;
+  spec_a.tenant = 1;
+  const Admission a = MustAdmit(*m, alice.tokens(), spec_a);
+  Fill(*m, a.id, alice, 10);
+  EXPECT_EQ(m->TenantOf(a.id), 1u);
+  ASSERT_TRUE(m->Free(a.id).ok());
+  EXPECT_EQ(m->TenantOf(a.id), std::nullopt);
+
+  KvStream bob(500, 5);
+  RequestSpec spec_b;
+  spec_b.tenant = 2;
+  const Admission b = MustAdmit(*m, bob.tokens(), spec_b);
+  Fill(*m, b.id, bob, 5);
+  ASSERT_EQ(b.id.value, a.id.value);            // the slot is reused ...
+  EXPECT_NE(b.id.generation, a.id.generation);  // ... under another generation
+  EXPECT_EQ(m->TenantOf(b.id), 2u);
+  EXPECT_EQ(m->LiveAt(b.id.value), b.id);
+
+  EXPECT_EQ(m->Free(a.id).field(), "request");
+  EXPECT_EQ(m->AllocateSlots(a.id, 1).field(), "request");
+  const std::vector<uint32_t> more = {7};
+  EXPECT_EQ(m->Append(a.id, more, alice.Writer()).field(), "request");
+  EXPECT_EQ(m->Record(a.id, 0, 0, 0).status().field(), "request");
+  EXPECT_TRUE(m->BlockTable(a.id).empty());
+  EXPECT_EQ(m->Tokens(a.id), 0u);
+  EXPECT_FALSE(m->Fork(a.id).ok());
+  StepResult out;
+  const std::vector<RequestId> ids = {a.id};
+  const std::vector<uint32_t> counts = {1};
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, more}, alice.Writer(), &out).ok());
+  EXPECT_EQ(m->live_requests(), 1u);
+  EXPECT_EQ(m->Tokens(b.id), 5u);  // bob's request is as bob left it
+  EXPECT_TRUE(RecordsMatch(*m, b.id, bob));
+  EXPECT_TRUE(m->Free(b.id).ok());
+}
+
 TEST(RequestManager, RecordErrorsNameTheirField) {
   std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
   KvStream s;

@@ -96,7 +96,7 @@ class ServeEventsTest(unittest.TestCase):
 
         prompt = list(range(1, 3 * 64 + 2))
         r = post(self.port, "/v1/admit", {"tokens": prompt, "tenant": 4})
-        post(self.port, "/v1/free", {"request": r["request"]})
+        post(self.port, "/v1/free", {"request": r["request"], "tenant": 4})  # its tenant (ADR 0031)
         # Eight blocks of capacity: a seven-block prompt evicts the first prompt's three.
         r2 = post(self.port, "/v1/admit", {"tokens": list(range(5000, 5000 + 7 * 64 + 1))})
         batches = self.receive(0.5)

@@ -47,9 +47,14 @@
 
 namespace tessera {
 
-// A request of one manager (an index into its request table).
+// A request of one manager: an index into its request table and the generation of that slot
+// when the request was created. A slot's generation grows each time a request there is freed,
+// so an id kept past its Free (a stale id) names no request, even once the slot is reused: every
+// call refuses it (kInvalidArgument on "request") instead of acting on the slot's new request
+// (issue 27.2; docs/adr/0031-serve-hardening.md). Generations wrap after 2^32 frees of one slot.
 struct RequestId {
   uint32_t value = UINT32_MAX;
+  uint32_t generation = 0;
   friend bool operator==(RequestId, RequestId) = default;
 };
 
@@ -221,6 +226,13 @@ class RequestManager {
   // Windows: the live window and compressor rows (RequestStates::LiveState).
   std::vector<std::byte> LiveState(RequestId r) const;
   size_t live_requests() const { return live_; }
+  // The tenant that admitted live request r (a fork keeps its parent's), or nullopt when r names
+  // no live request (stale or never issued). Callers that serve several clients refuse an id
+  // whose tenant is not the caller's.
+  std::optional<uint32_t> TenantOf(RequestId r) const;
+  // The id of the live request in table slot `slot` (its current generation), or nullopt. For a
+  // binding that hands out slot numbers to a single in-process owner.
+  std::optional<RequestId> LiveAt(uint32_t slot) const;
 
   // Pages + block metadata of every block not free + the state component's bytes.
   uint64_t bytes_held() const;

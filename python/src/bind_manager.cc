@@ -25,7 +25,7 @@ namespace tessera::py_bind {
 RequestId PyManager::Live(py::handle r, const char* arg) const {
   const uint32_t v = ToU32(r, arg);
   if (!IsLive(v)) ThrowValue(arg, "no live request " + std::to_string(v));
-  return RequestId{v};
+  return At(v);
 }
 
 ManagerLock::ManagerLock(PyManager& pm) : pm_(pm) {
@@ -265,7 +265,7 @@ void CheckBatch(PyManager& pm, const U32Array& ids, const U32Array& counts, cons
       ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(r) + ") appears twice");
     }
     pm.seen[r] = pm.seen_epoch;
-    pm.ids[i] = RequestId{r};
+    pm.ids[i] = pm.At(r);
   }
 }
 

@@ -73,7 +73,7 @@ std::vector<RequestId> Requests(PyManager& pm, const py::object& request_ids) {
       ThrowValue("request_ids",
                  "element " + std::to_string(i) + " (" + std::to_string(ids.data[i]) + ") is not a live request");
     }
-    out.push_back(RequestId{ids.data[i]});
+    out.push_back(pm.At(ids.data[i]));
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +47,12 @@ struct PyManager {
   void SetLive(uint32_t r, bool on) {
     if (r >= live.size()) live.resize(size_t{r} + 1, 0);
     live[r] = on ? 1 : 0;
+  }
+  // The manager's id of live slot r, with the slot's generation (Python holds slot numbers: one
+  // in-process owner; docs/adr/0031-serve-hardening.md). REQUIRES: IsLive(r).
+  RequestId At(uint32_t r) const {
+    const std::optional<RequestId> id = m->LiveAt(r);
+    return id ? *id : RequestId{r, UINT32_MAX};
   }
   // ValueError naming `arg` unless `r` is a live request.
   RequestId Live(py::handle r, const char* arg = "request_id") const;

@@ -211,8 +211,15 @@ Result<AllocationTrace> ReadLabelledAllocationTrace(const std::string& path) {
     std::string number = line.substr(start, end == std::string::npos ? std::string::npos : end - start);
     Result<uint64_t> v = ParseUnsigned(number, "trace");
     if (!v.ok()) {
-      return InvalidArgument("trace", path + " line " + std::to_string(lineno) +
-                                          ": expected \"<bytes> [label]\", got \"" + line.substr(0, 60) + "\"");
+      // The file's bytes are shown with every control byte (ESC, NUL, DEL...) as '?': an error line
+      // never carries a terminal escape from a file.
+      std::string shown = line.substr(0, 60);
+      for (char& ch : shown) {
+        const auto u = static_cast<unsigned char>(ch);
+        if (u < 0x20 || u == 0x7f) ch = '?';
+      }
+      return InvalidArgument(
+          "trace", path + " line " + std::to_string(lineno) + ": expected \"<bytes> [label]\", got \"" + shown + "\"");
     }
     total += *v;
     std::string label;

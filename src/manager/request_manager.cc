@@ -18,6 +18,8 @@ namespace tessera {
 
 struct RequestManager::Request {
   bool live = false;
+  uint32_t generation = 0;  // of the slot: kept across Free (RequestId)
+  uint32_t tenant = 0;
   uint32_t domain = 0;
   uint64_t salt = 0;
   uint8_t priority = kDefaultRetentionPriority;
@@ -195,17 +197,33 @@ void RequestManager::SetSecurityListener(std::function<void(const SecurityEvent&
 }
 
 RequestManager::Request* RequestManager::Get(RequestId r) {
-  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
-  return &requests_[r.value];
+  if (r.value >= requests_.size()) return nullptr;
+  Request& q = requests_[r.value];
+  if (!q.live || q.generation != r.generation) return nullptr;
+  return &q;
 }
 
 const RequestManager::Request* RequestManager::GetConst(RequestId r) const {
-  if (r.value >= requests_.size() || !requests_[r.value].live) return nullptr;
-  return &requests_[r.value];
+  if (r.value >= requests_.size()) return nullptr;
+  const Request& q = requests_[r.value];
+  if (!q.live || q.generation != r.generation) return nullptr;
+  return &q;
 }
 
 Status RequestManager::NoRequest(RequestId r) {
-  return InvalidArgument("request", "no live request " + std::to_string(r.value));
+  return InvalidArgument(
+      "request", "no live request " + std::to_string(r.value) + " (generation " + std::to_string(r.generation) + ")");
+}
+
+std::optional<uint32_t> RequestManager::TenantOf(RequestId r) const {
+  const Request* q = GetConst(r);
+  if (q == nullptr) return std::nullopt;
+  return q->tenant;
+}
+
+std::optional<RequestId> RequestManager::LiveAt(uint32_t slot) const {
+  if (slot >= requests_.size() || !requests_[slot].live) return std::nullopt;
+  return RequestId{slot, requests_[slot].generation};
 }
 
 Status RequestManager::OutOfBlocks(uint64_t needed) {
@@ -262,6 +280,7 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   Request q;
   q.table = PinnedBlocks(pool_.get());
   q.live = true;
+  q.tenant = spec.tenant;
   q.domain = keys.domain_;
   q.salt = keys.salt_;
   q.priority = std::min(spec.priority, kMaxRetentionPriority);
@@ -317,9 +336,10 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
     }
   }
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  q.generation = requests_[id].generation;
   requests_[id] = std::move(q);
   ++live_;
-  a.id = RequestId{id};
+  a.id = RequestId{id, requests_[id].generation};
   const size_t full_blocks = prompt.size() / block_tokens_;
   Bump(metrics_.requests_admitted, 1);
   Bump(metrics_.prefix_hit_tokens, a.cached_tokens);
@@ -643,6 +663,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
     TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
   }
   copy.live = true;
+  copy.tenant = p->tenant;
   copy.domain = p->domain;
   copy.salt = p->salt;
   copy.priority = p->priority;
@@ -652,11 +673,12 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   forked_ = true;  // filling blocks may be shared from now on
   copy.chain = p->chain;
   const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  copy.generation = requests_[id].generation;
   requests_[id] = std::move(copy);
   ++live_;
   Bump(metrics_.forks, 1);
   SyncStateBytes();
-  return RequestId{id};
+  return RequestId{id, requests_[id].generation};
 }
 
 Status RequestManager::Free(RequestId r) {
@@ -664,7 +686,9 @@ Status RequestManager::Free(RequestId r) {
   if (q == nullptr) return NoRequest(r);
   q->table.Clear();  // the tail first (BlockTable)
   if (states_) states_->Close(q->state);
+  const uint32_t next_generation = q->generation + 1;  // every id of this slot so far goes stale
   *q = Request{};
+  q->generation = next_generation;
   free_request_ids_.push_back(r.value);
   --live_;
   SyncStateBytes();

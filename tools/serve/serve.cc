@@ -1,8 +1,13 @@
 #include "tessera/serve.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -26,6 +31,7 @@
 #include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
+#include "tessera/mutex.h"
 #include "tessera/redis_cluster.h"
 #include "tessera/redis_tier.h"
 #include "tessera/tier_adapters.h"
@@ -76,6 +82,28 @@ std::vector<std::string> SplitCommas(std::string_view text) {
   return out;
 }
 
+// "host:port" with an explicit host (an IPv4 address, a name, or [IPv6]) and a port 0..65535
+// (`any_port`: or "*", ZeroMQ's any free port). A bare port ("0", "8080") is refused: civetweb
+// would bind every interface, which must be asked for by name ("0.0.0.0:8080").
+Status CheckHostPort(std::string_view text, const std::string& key, bool any_port = false) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return InvalidArgument(key,
+                           "must be host:port with an explicit host (e.g. 127.0.0.1:8080; 0.0.0.0:8080 for "
+                           "every interface)");
+  }
+  const std::string_view port = text.substr(colon + 1);
+  if (any_port && port == "*") return Status::Ok();
+  uint64_t v = 0;
+  if (port.empty() || port.size() > 5) return OutOfRange(key, "the port must be 0..65535");
+  for (char ch : port) {
+    if (ch < '0' || ch > '9') return InvalidArgument(key, "the port must be a number 0..65535");
+    v = v * 10 + static_cast<uint64_t>(ch - '0');
+  }
+  if (v > 65535) return OutOfRange(key, "the port must be 0..65535 (got " + std::string(port) + ")");
+  return Status::Ok();
+}
+
 // Applies one setting to the config. Unknown keys are errors naming them.
 Status Apply(const Setting& s, ServeConfig* c) {
   const std::string& k = s.key;
@@ -110,6 +138,7 @@ Status Apply(const Setting& s, ServeConfig* c) {
   } else if (k == "http.token_file") {
     c->http_token_file = s.text;
   } else if (k == "http.listen") {
+    TESSERA_RETURN_IF_ERROR(CheckHostPort(s.text, k));
     c->http_listen = s.text;
   } else if (k == "http.max_body_bytes") {
     TESSERA_ASSIGN_OR_RETURN(c->http_max_body_bytes, ParseByteSize(s.text, k));
@@ -120,9 +149,22 @@ Status Apply(const Setting& s, ServeConfig* c) {
     TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 256));
     if (v == 0) return OutOfRange(k, "must be positive");
     c->http_threads = static_cast<uint32_t>(v);
+  } else if (k == "http.header_timeout_ms") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 600000));
+    if (v < 10) return OutOfRange(k, "must be 10 .. 600000");
+    c->http_header_timeout_ms = static_cast<uint32_t>(v);
+  } else if (k == "http.body_timeout_ms") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 600000));
+    if (v < 10) return OutOfRange(k, "must be 10 .. 600000");
+    c->http_body_timeout_ms = static_cast<uint32_t>(v);
+  } else if (k == "http.max_connections_per_client") {
+    TESSERA_ASSIGN_OR_RETURN(uint64_t v, U64(s, 65536));
+    if (v == 0) return OutOfRange(k, "must be positive");
+    c->http_max_connections_per_client = static_cast<uint32_t>(v);
   } else if (k == "events.enabled") {
     TESSERA_ASSIGN_OR_RETURN(c->events_enabled, Bool(s));
   } else if (k == "events.endpoint") {
+    if (s.text.starts_with("tcp://")) TESSERA_RETURN_IF_ERROR(CheckHostPort(s.text.substr(6), k, /*any_port=*/true));
     c->events_endpoint = s.text;
   } else if (k == "events.topic") {
     if (s.text.size() > 256) return OutOfRange(k, "at most 256 bytes");
@@ -222,7 +264,16 @@ Result<ServeConfig> ParseServeConfig(std::string_view yaml, const std::map<std::
   std::vector<Setting> settings;
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(yaml));
+    // Every document is parsed: a second one (after "---") is refused, never dropped unread
+    // (it could hold http.token_file; issue 27.6).
+    std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
+    if (docs.size() > 1) {
+      const int line = docs[1].Mark().line;
+      return InvalidArgument("config", "a second YAML document" +
+                                           (line >= 0 ? " at line " + std::to_string(line + 1) : std::string()) +
+                                           ": the configuration is one document (no \"---\" after the first)");
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
     return InvalidArgument("config", "malformed YAML at line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
@@ -510,8 +561,7 @@ class EventPublisher {
  public:
   // `core_mu` guards `manager` (the core's mutex); the thread takes it only to drain an idle
   // core and at Stop.
-  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c, std::mutex* core_mu,
-                                                        RequestManager* manager) {
+  static Result<std::unique_ptr<EventPublisher>> Create(const ServeConfig& c, Mutex* core_mu, RequestManager* manager) {
     auto p = std::unique_ptr<EventPublisher>(new EventPublisher());
     p->topic_ = c.events_topic;
     p->rank_ = c.events_data_parallel_rank;
@@ -582,7 +632,7 @@ class EventPublisher {
   bool DrainCore() {
     events_.clear();
     {
-      std::lock_guard<std::mutex> core(*core_mu_);
+      MutexLock core(*core_mu_);
       {
         std::lock_guard<std::mutex> lock(hand_mu_);
         std::swap(events_, handoff_);
@@ -647,7 +697,7 @@ class EventPublisher {
   std::string topic_;
   std::string endpoint_;
   uint32_t rank_ = 0;
-  std::mutex* core_mu_ = nullptr;
+  Mutex* core_mu_ = nullptr;
   RequestManager* manager_ = nullptr;
   std::chrono::milliseconds interval_{5};
   int idle_polls_ = 20;  // idle intervals (about 100 ms) before it sleeps until woken
@@ -786,11 +836,17 @@ Result<Frame> ParseFrame(std::string_view body) {
   return Frame{body.substr(8, h), body.substr(8 + h)};
 }
 
-Result<nlohmann::json> ParseHeader(std::string_view text) {
+// JSON text of the API: one value, UTF-8 without a byte order mark, no NUL byte anywhere
+// (nlohmann's parser skips a BOM; a NUL is no JSON). Errors name `field`.
+Result<nlohmann::json> ParseJson(std::string_view text, const char* field) {
+  if (text.starts_with("\xEF\xBB\xBF")) return InvalidArgument(field, "malformed JSON: a byte order mark");
+  if (text.find('\0') != std::string_view::npos) return InvalidArgument(field, "malformed JSON: a NUL byte");
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded()) return InvalidArgument("header", "malformed JSON");
+  if (j.is_discarded()) return InvalidArgument(field, "malformed JSON");
   return j;
 }
+
+Result<nlohmann::json> ParseHeader(std::string_view text) { return ParseJson(text, "header"); }
 
 nlohmann::json Error(const Status& st) { return {{"error", st.ToString()}, {"field", st.field()}}; }
 
@@ -821,6 +877,19 @@ Result<uint64_t> UintField(const nlohmann::json& j, const char* name, uint64_t m
   return v;
 }
 
+Result<std::vector<uint64_t>> U64Array(const nlohmann::json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end()) return InvalidArgument(name, "missing");
+  if (!it->is_array()) return InvalidArgument(name, "must be an array of unsigned 64-bit integers");
+  std::vector<uint64_t> out;
+  out.reserve(it->size());
+  for (const auto& e : *it) {
+    if (!e.is_number_unsigned()) return InvalidArgument(name, "must be an array of unsigned 64-bit integers");
+    out.push_back(e.get<uint64_t>());
+  }
+  return out;
+}
+
 Result<std::vector<uint32_t>> U32Array(const nlohmann::json& j, const char* name) {
   auto it = j.find(name);
   if (it == j.end()) return InvalidArgument(name, "missing");
@@ -839,7 +908,17 @@ Result<std::vector<uint32_t>> U32Array(const nlohmann::json& j, const char* name
 Status OnlyKeys(const nlohmann::json& j, std::initializer_list<std::string_view> keys) {
   if (!j.is_object()) return InvalidArgument("body", "must be a JSON object");
   for (const auto& [k, v] : j.items()) {
-    if (std::find(keys.begin(), keys.end(), k) == keys.end()) return InvalidArgument(k, "unknown field");
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      // Named by at most 64 bytes of it, control bytes shown as '?' (the name is the client's,
+      // whatever its length and bytes): the error line and its field stay short.
+      std::string shown;
+      for (char ch : std::string_view(k).substr(0, 64)) {
+        const auto u = static_cast<unsigned char>(ch);
+        shown += (u < 0x20 || u == 0x7f || u == '"' || u == '\\') ? '?' : ch;
+      }
+      if (k.size() > 64) shown += "...";
+      return InvalidArgument(shown, "unknown field");
+    }
   }
   return Status::Ok();
 }
@@ -921,6 +1000,21 @@ Result<std::unique_ptr<ServeCore>> ServeCore::Create(const ServeConfig& config, 
   }
   if (!config.http_token_file.empty()) {
     TESSERA_ASSIGN_OR_RETURN(core->http_token_, ReadSecretFile(config.http_token_file, "http.token_file"));
+    // Writable by group or others: anyone there could set the token (refused). Readable by them:
+    // they could read it (a warning, as for the tier key: docs/adr/0031-serve-hardening.md).
+    struct stat st {};
+    if (::stat(config.http_token_file.c_str(), &st) == 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+      if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+        return InvalidArgument("http.token_file", config.http_token_file + " has mode " + mode +
+                                                      ": writable by group or others (chmod 600)");
+      }
+      if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0 && warnings != nullptr) {
+        warnings->push_back(config.http_token_file + " has mode " + mode +
+                            ": the bearer token is readable by group or others (chmod 600)");
+      }
+    }
   }
   ManagerOptions mo;
   mo.window_strategy = config.window_strategy;
@@ -1016,7 +1110,7 @@ KvWriters ServeCore::WritersFor(const std::vector<uint64_t>* h, const std::byte*
 }
 
 Result<Admission> ServeCore::Admit(std::span<const uint32_t> prompt, const RequestSpec& spec) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return AdmitLocked(prompt, spec, nullptr);
 }
 
@@ -1074,18 +1168,25 @@ Status CheckStepShape(std::span<const RequestId> requests, std::span<const uint3
 
 Status ServeCore::Step(std::span<const RequestId> requests, std::span<const uint32_t> counts,
                        std::span<const uint32_t> tokens, std::vector<StatusCode>* codes) {
+  return StepAs(std::nullopt, requests, counts, tokens, codes);
+}
+
+Status ServeCore::StepAs(std::optional<uint32_t> tenant, std::span<const RequestId> requests,
+                         std::span<const uint32_t> counts, std::span<const uint32_t> tokens,
+                         std::vector<StatusCode>* codes) {
   TESSERA_RETURN_IF_ERROR(CheckStepShape(requests, counts, tokens));
   if (config_.kv_engine && !tokens.empty()) {
     return InvalidArgument("records", "kv_source: engine: a step carries its tokens' records (a framed body)");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  StepLocked(requests, counts, tokens, nullptr, codes);
+  MutexLock lock(mu_);
+  StepLocked(requests, counts, tokens, nullptr, tenant, codes);
   return Status::Ok();
 }
 
 // `records`: engine KV, record_bytes_ per token of `tokens` (checked by the caller).
 void ServeCore::StepLocked(std::span<const RequestId> requests, std::span<const uint32_t> counts,
-                           std::span<const uint32_t> tokens, const std::byte* records, std::vector<StatusCode>* codes) {
+                           std::span<const uint32_t> tokens, const std::byte* records, std::optional<uint32_t> tenant,
+                           std::vector<StatusCode>* codes) {
   const Clock::time_point t0 = Clock::now();
   const bool synthetic = manager_->pool().backed() && !config_.kv_engine;
   codes->assign(requests.size(), StatusCode::kOk);
@@ -1094,8 +1195,11 @@ void ServeCore::StepLocked(std::span<const RequestId> requests, std::span<const 
     const std::span<const uint32_t> mine = tokens.subspan(next, counts[i]);
     const std::byte* my_records = records == nullptr ? nullptr : records + next * record_bytes_;
     next += counts[i];
+    // A stale id (its slot freed, maybe reused: another generation) or another tenant's request
+    // is refused before anything of the slot is touched.
+    const std::optional<uint32_t> owner = manager_->TenantOf(requests[i]);
     auto it = prefix_hash_.find(requests[i].value);
-    if (it == prefix_hash_.end()) {
+    if (!owner || (tenant && *owner != *tenant) || it == prefix_hash_.end()) {
       (*codes)[i] = StatusCode::kInvalidArgument;
       continue;
     }
@@ -1116,8 +1220,15 @@ void ServeCore::StepLocked(std::span<const RequestId> requests, std::span<const 
   PublishLocked();
 }
 
-Status ServeCore::Free(RequestId r) {
-  std::lock_guard<std::mutex> lock(mu_);
+Status ServeCore::Free(RequestId r) { return FreeAs(std::nullopt, r); }
+
+Status ServeCore::FreeAs(std::optional<uint32_t> tenant, RequestId r) {
+  MutexLock lock(mu_);
+  const std::optional<uint32_t> owner = manager_->TenantOf(r);
+  if (owner && tenant && *owner != *tenant) {  // the same answer as for an id never issued
+    return InvalidArgument(
+        "request", "no live request " + std::to_string(RequestHandle(r)) + " of tenant " + std::to_string(*tenant));
+  }
   Status st = manager_->Free(r);
   if (st.ok()) prefix_hash_.erase(r.value);
   PublishLocked();
@@ -1127,7 +1238,7 @@ Status ServeCore::Free(RequestId r) {
 Status ServeCore::Shutdown() {
   Status result = Status::Ok();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (store_) {
       Result<uint64_t> n = manager_->Checkpoint();
       if (!n.ok()) result = n.status();
@@ -1225,19 +1336,28 @@ struct StepCall {
   std::vector<RequestId> requests;
   std::vector<uint32_t> counts;
   std::vector<uint32_t> tokens;
+  uint32_t tenant = 0;
 };
 
+// "tenant": the caller's tenant (default 0): a call acts only on the requests it admitted.
+Result<uint32_t> TenantField(const nlohmann::json& j) {
+  TESSERA_ASSIGN_OR_RETURN(uint64_t tenant, UintField(j, "tenant", UINT32_MAX, 0));
+  return static_cast<uint32_t>(tenant);
+}
+
 Result<StepCall> ParseStepCall(const nlohmann::json& j) {
-  TESSERA_RETURN_IF_ERROR(OnlyKeys(j, {"requests", "counts", "tokens"}));
+  TESSERA_RETURN_IF_ERROR(OnlyKeys(j, {"requests", "counts", "tokens", "tenant"}));
   StepCall c;
-  TESSERA_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, U32Array(j, "requests"));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<uint64_t> ids, U64Array(j, "requests"));
   TESSERA_ASSIGN_OR_RETURN(c.counts, U32Array(j, "counts"));
   TESSERA_ASSIGN_OR_RETURN(c.tokens, U32Array(j, "tokens"));
+  TESSERA_ASSIGN_OR_RETURN(c.tenant, TenantField(j));
   c.requests.reserve(ids.size());
-  std::set<uint32_t> unique;
-  for (uint32_t id : ids) {
-    if (!unique.insert(id).second) return InvalidArgument("requests", "a request given twice");
-    c.requests.push_back(RequestId{id});
+  std::set<uint32_t> unique;  // table slots: one request per slot is live
+  for (uint64_t id : ids) {
+    const RequestId r = RequestOfHandle(id);
+    if (!unique.insert(r.value).second) return InvalidArgument("requests", "a request given twice");
+    c.requests.push_back(r);
   }
   TESSERA_RETURN_IF_ERROR(CheckStepShape(c.requests, c.counts, c.tokens));
   return c;
@@ -1258,14 +1378,11 @@ std::pair<int, std::string> BadRequest(const Status& st) { return {400, Error(st
 }  // namespace
 
 std::pair<int, std::string> ServeCore::AdmitReply(const Admission& a) {
-  nlohmann::json out = {{"request", a.id.value},
-                        {"cached_tokens", a.cached_tokens},
-                        {"cached_blocks", a.cached_blocks},
-                        {"tier_blocks", a.tier_blocks},
-                        {"state_restored", a.state_restored},
-                        {"recompute_from", a.recompute_from},
+  nlohmann::json out = {{"request", RequestHandle(a.id)},        {"cached_tokens", a.cached_tokens},
+                        {"cached_blocks", a.cached_blocks},      {"tier_blocks", a.tier_blocks},
+                        {"state_restored", a.state_restored},    {"recompute_from", a.recompute_from},
                         {"recompute_tokens", a.recompute_tokens}};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   nlohmann::json table = nlohmann::json::array();
   for (BlockId b : manager_->BlockTable(a.id)) table.push_back(b.value);
   out["block_table"] = std::move(table);
@@ -1274,8 +1391,7 @@ std::pair<int, std::string> ServeCore::AdmitReply(const Admission& a) {
 
 std::pair<int, std::string> ServeCore::HandleAdmit(std::string_view body) {
   if (IsFramed(body)) return HandleAdmitFramed(body);
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded()) return BadRequest(InvalidArgument("body", "malformed JSON"));
+  TESSERA_HTTP_ASSIGN(j, ParseJson(body, "body"));
   TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(j));
   Result<Admission> a = Admit(call.tokens, call.spec);
   if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
@@ -1289,21 +1405,23 @@ std::pair<int, std::string> ServeCore::HandleAdmitFramed(std::string_view body) 
   TESSERA_HTTP_ASSIGN(call, ParseAdmitCall(header));
   if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
   Result<Admission> a = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return AdmitLocked(call.tokens, call.spec, reinterpret_cast<const std::byte*>(frame.records.data()));
   }();
   if (!a.ok()) return {HttpStatusOf(a.status().code()), Error(a.status()).dump()};
   return AdmitReply(*a);
 }
 
-std::pair<int, std::string> ServeCore::StepReply(std::span<const RequestId> requests,
-                                                 std::span<const StatusCode> codes) {
+std::pair<int, std::string> ServeCore::StepReply(std::span<const RequestId> requests, std::span<const StatusCode> codes,
+                                                 uint32_t tenant) {
   nlohmann::json out = {{"codes", nlohmann::json::array()}, {"block_tables", nlohmann::json::array()}};
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < requests.size(); ++i) {
     out["codes"].push_back(std::string(StatusCodeName(codes[i])));
     nlohmann::json table = nlohmann::json::array();
-    for (BlockId b : manager_->BlockTable(requests[i])) table.push_back(b.value);
+    if (manager_->TenantOf(requests[i]) == tenant) {  // another tenant's table is not shown
+      for (BlockId b : manager_->BlockTable(requests[i])) table.push_back(b.value);
+    }
     out["block_tables"].push_back(std::move(table));
   }
   return {200, out.dump()};
@@ -1311,13 +1429,12 @@ std::pair<int, std::string> ServeCore::StepReply(std::span<const RequestId> requ
 
 std::pair<int, std::string> ServeCore::HandleStep(std::string_view body) {
   if (IsFramed(body)) return HandleStepFramed(body);
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded()) return BadRequest(InvalidArgument("body", "malformed JSON"));
+  TESSERA_HTTP_ASSIGN(j, ParseJson(body, "body"));
   TESSERA_HTTP_ASSIGN(call, ParseStepCall(j));
   std::vector<StatusCode> codes;
-  Status st = Step(call.requests, call.counts, call.tokens, &codes);
+  Status st = StepAs(call.tenant, call.requests, call.counts, call.tokens, &codes);
   if (!st.ok()) return BadRequest(st);
-  return StepReply(call.requests, codes);
+  return StepReply(call.requests, codes, call.tenant);
 }
 
 std::pair<int, std::string> ServeCore::HandleStepFramed(std::string_view body) {
@@ -1328,11 +1445,11 @@ std::pair<int, std::string> ServeCore::HandleStepFramed(std::string_view body) {
   if (Status st = CheckRecords(frame.records, call.tokens.size(), record_bytes_); !st.ok()) return BadRequest(st);
   std::vector<StatusCode> codes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     StepLocked(call.requests, call.counts, call.tokens, reinterpret_cast<const std::byte*>(frame.records.data()),
-               &codes);
+               call.tenant, &codes);
   }
-  return StepReply(call.requests, codes);
+  return StepReply(call.requests, codes, call.tenant);
 }
 
 std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* binary) {
@@ -1364,28 +1481,45 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
   const size_t slash = rest.find("/blocks/");
   if (slash == std::string_view::npos) return {404, Error(InvalidArgument("path", "no such endpoint")).dump()};
   Result<uint64_t> id = ParseUnsigned(rest.substr(0, slash), "request");
-  if (!id.ok() || *id > UINT32_MAX) return BadRequest(InvalidArgument("request", "must be a request id"));
+  if (!id.ok()) return BadRequest(InvalidArgument("request", "must be a request id"));
   std::string_view block_text = rest.substr(slash + 8);
-  uint64_t count = 1;  // ?count=N: N consecutive block slots in one reply
+  uint64_t count = 1;   // ?count=N: N consecutive block slots in one reply
+  uint32_t tenant = 0;  // ?tenant=T: the caller's tenant (a request of another is not read)
   if (const size_t q = block_text.find('?'); q != std::string_view::npos) {
-    const std::string_view query = block_text.substr(q + 1);
+    std::string_view query = block_text.substr(q + 1);
     block_text = block_text.substr(0, q);
-    if (!query.starts_with("count=")) return BadRequest(InvalidArgument("query", "only count=N is known"));
-    Result<uint64_t> c = ParseUnsigned(query.substr(6), "count");
-    if (!c.ok() || *c == 0 || *c > (1u << 20)) return BadRequest(InvalidArgument("count", "must be 1..1048576"));
-    count = *c;
+    bool seen_count = false;
+    bool seen_tenant = false;
+    while (!query.empty()) {
+      const size_t amp = query.find('&');
+      const std::string_view item = query.substr(0, amp);
+      query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+      if (item.starts_with("count=") && !seen_count) {
+        seen_count = true;
+        Result<uint64_t> c = ParseUnsigned(item.substr(6), "count");
+        if (!c.ok() || *c == 0 || *c > (1u << 20)) return BadRequest(InvalidArgument("count", "must be 1..1048576"));
+        count = *c;
+      } else if (item.starts_with("tenant=") && !seen_tenant) {
+        seen_tenant = true;
+        Result<uint64_t> t = ParseUnsigned(item.substr(7), "tenant");
+        if (!t.ok() || *t > UINT32_MAX) return BadRequest(InvalidArgument("tenant", "must be a u32"));
+        tenant = static_cast<uint32_t>(*t);
+      } else {
+        return BadRequest(InvalidArgument("query", "only count=N and tenant=T are known, each once"));
+      }
+    }
   }
   Result<uint64_t> slot = ParseUnsigned(block_text, "block");
   if (!slot.ok() || *slot > UINT32_MAX) return BadRequest(InvalidArgument("block", "must be a block index"));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!manager_->pool().backed()) {
     return {409, Error(FailedPrecondition("pool", "an unbacked pool holds no bytes")).dump()};
   }
   if (record_bytes_ == 0) {
     return {409, Error(FailedPrecondition("model", "the model has no per-token records")).dump()};
   }
-  const RequestId r{static_cast<uint32_t>(*id)};
-  if (prefix_hash_.find(r.value) == prefix_hash_.end()) {
+  const RequestId r = RequestOfHandle(*id);
+  if (manager_->TenantOf(r) != tenant || prefix_hash_.find(r.value) == prefix_hash_.end()) {
     return BadRequest(InvalidArgument("request", "no live request " + std::to_string(*id)));
   }
   const uint64_t bt = manager_->block_tokens();
@@ -1445,17 +1579,17 @@ bool ServeCore::Authorized(const char* authorization) const {
 }
 
 std::pair<int, std::string> ServeCore::HandleFree(std::string_view body) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_discarded()) return {400, Error(InvalidArgument("body", "malformed JSON")).dump()};
-  if (Status st = OnlyKeys(j, {"request"}); !st.ok()) return {400, Error(st).dump()};
-  TESSERA_HTTP_ASSIGN(id, UintField(j, "request", UINT32_MAX, std::nullopt));
-  Status st = Free(RequestId{static_cast<uint32_t>(id)});
+  TESSERA_HTTP_ASSIGN(j, ParseJson(body, "body"));
+  if (Status st = OnlyKeys(j, {"request", "tenant"}); !st.ok()) return {400, Error(st).dump()};
+  TESSERA_HTTP_ASSIGN(id, UintField(j, "request", UINT64_MAX, std::nullopt));
+  TESSERA_HTTP_ASSIGN(tenant, TenantField(j));
+  Status st = FreeAs(tenant, RequestOfHandle(id));
   if (!st.ok()) return {HttpStatusOf(st.code()), Error(st).dump()};
   return {200, "{}"};
 }
 
 std::pair<int, std::string> ServeCore::HandleReset() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Status st = manager_->ResetPrefixCache();
   PublishLocked();
   if (!st.ok()) return {HttpStatusOf(st.code()), Error(st).dump()};
@@ -1472,6 +1606,7 @@ void Reply(mg_connection* conn, int status, const char* type, const std::string&
                        : status == 401 ? "Unauthorized"
                        : status == 404 ? "Not Found"
                        : status == 405 ? "Method Not Allowed"
+                       : status == 408 ? "Request Timeout"
                        : status == 409 ? "Conflict"
                        : status == 411 ? "Length Required"
                        : status == 413 ? "Payload Too Large"
@@ -1529,10 +1664,80 @@ class OwnerThread {
   std::thread thread_;
 };
 
+// Connections per client address (http.max_connections_per_client), counted from the moment
+// their headers are in (civetweb's begin_request) to civetweb's connection_close. Civetweb 1.15
+// gives its init_connection callback no address (mg_get_request_info is NULL there), so the
+// limit cannot act before the headers: the header phase is bounded by http.header_timeout_ms
+// instead (docs/adr/0031-serve-hardening.md).
+class ClientLimit {
+ public:
+  explicit ClientLimit(uint32_t max) : max_(max) {}
+  // True when the connection from `address` is admitted (and counted).
+  bool Enter(const std::string& address) {
+    MutexLock lock(mu_);
+    auto it = open_.find(address);
+    if (it != open_.end() && it->second >= max_) return false;
+    ++open_[address];
+    return true;
+  }
+  void Leave(const std::string& address) {
+    MutexLock lock(mu_);
+    auto it = open_.find(address);
+    if (it != open_.end() && --it->second == 0) open_.erase(it);
+  }
+
+ private:
+  const uint32_t max_;
+  Mutex mu_;
+  std::unordered_map<std::string, uint32_t> open_ GUARDED_BY(mu_);
+};
+
 struct HttpContext {
   ServeCore* core;
   OwnerThread* owner;
+  ClientLimit* limit;
 };
+
+void ConnectionClosed(const mg_connection* conn) {
+  // The user data of a counted connection: its address (owned).
+  auto* address = static_cast<std::string*>(mg_get_user_connection_data(conn));
+  if (address == nullptr) return;
+  const auto* http = static_cast<const HttpContext*>(mg_get_user_data(mg_get_context(conn)));
+  http->limit->Leave(*address);
+  delete address;
+}
+
+// Before any handler, once the headers are in: a client address over its connection limit, and
+// requests whose framing is ambiguous (two Content-Length headers, or one beside
+// Transfer-Encoding), are answered here, their body unread (the reply closes the connection).
+int BeginRequest(mg_connection* conn) {
+  const mg_request_info* ri = mg_get_request_info(conn);
+  const auto* http = static_cast<const HttpContext*>(mg_get_user_data(mg_get_context(conn)));
+  if (mg_get_user_connection_data(conn) == nullptr) {
+    if (!http->limit->Enter(ri->remote_addr)) {
+      Reply(conn, 503, "application/json",
+            Error(Status(StatusCode::kOutOfBlocks, "connections",
+                         "over http.max_connections_per_client from this client address"))
+                .dump());
+      return 503;
+    }
+    mg_set_user_connection_data(conn, new std::string(ri->remote_addr));
+  }
+  int lengths = 0;
+  bool chunked = false;
+  for (int i = 0; i < ri->num_headers; ++i) {
+    if (ri->http_headers[i].name == nullptr) continue;
+    if (::strcasecmp(ri->http_headers[i].name, "Content-Length") == 0) ++lengths;
+    if (::strcasecmp(ri->http_headers[i].name, "Transfer-Encoding") == 0) chunked = true;
+  }
+  if (lengths > 1 || (lengths == 1 && chunked)) {
+    Reply(conn, 400, "application/json",
+          Error(InvalidArgument("Content-Length", lengths > 1 ? "given twice" : "given beside Transfer-Encoding"))
+              .dump());
+    return 400;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -1594,9 +1799,18 @@ class ServeHttp {
                 .dump());
       return 413;
     }
+    // The body is read only now, after the token and the length were checked, and within
+    // http.body_timeout_ms in all (each read waits at most http.header_timeout_ms).
     std::string body(static_cast<size_t>(ri->content_length), '\0');
     size_t got = 0;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(core->config_.http_body_timeout_ms);
     while (got < body.size()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        Reply(conn, 408, "application/json",
+              Error(InvalidArgument("body", "not received within http.body_timeout_ms")).dump());
+        return 408;
+      }
       const int n = mg_read(conn, body.data() + got, body.size() - got);
       if (n <= 0) break;
       got += static_cast<size_t>(n);
@@ -1620,7 +1834,8 @@ class ServeCore::Http {
     mg_exit_library();
   }
   OwnerThread owner;
-  HttpContext context{nullptr, nullptr};
+  std::unique_ptr<ClientLimit> limit;
+  HttpContext context{nullptr, nullptr, nullptr};
   mg_context* ctx = nullptr;
   int port = 0;
 };
@@ -1629,14 +1844,22 @@ void ServeCore::HttpStop::operator()(Http* http) const { delete http; }
 
 Result<ServeCore::HttpHandle> ServeCore::StartHttp(ServeCore* core) {
   HttpHandle http(new Http());
-  http->context = HttpContext{core, &http->owner};
+  http->limit = std::make_unique<ClientLimit>(core->config_.http_max_connections_per_client);
+  http->context = HttpContext{core, &http->owner, http->limit.get()};
   mg_init_library(0);
   const std::string threads = std::to_string(core->config_.http_threads);
+  const std::string read_timeout = std::to_string(core->config_.http_header_timeout_ms);
   const std::string& listen = core->config_.http_listen;
-  const char* options[] = {"listening_ports",    listen.c_str(), "num_threads", threads.c_str(),
-                           "request_timeout_ms", "10000",        nullptr};
+  // request_timeout_ms bounds the request line and headers in all (civetweb's read_message
+  // counts from the connection's start) and each later read; keep-alive stays off (each reply
+  // closes), so a connection holds its worker for one request.
+  const char* options[] = {
+      "listening_ports",    listen.c_str(),      "num_threads", threads.c_str(), "request_timeout_ms",
+      read_timeout.c_str(), "enable_keep_alive", "no",          nullptr};
   mg_callbacks callbacks{};
-  http->ctx = mg_start(&callbacks, nullptr, options);
+  callbacks.begin_request = &BeginRequest;
+  callbacks.connection_close = &ConnectionClosed;  // the user data is still set (not in connection_closed)
+  http->ctx = mg_start(&callbacks, &http->context, options);
   if (http->ctx == nullptr) return InvalidArgument("http.listen", "cannot listen on " + listen);
   mg_set_request_handler(http->ctx, "/metrics$", &ServeHttp::Metrics, &http->context);
   mg_set_request_handler(http->ctx, "/health$", &ServeHttp::Health, &http->context);

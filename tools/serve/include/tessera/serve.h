@@ -12,12 +12,16 @@
 //                     body only reserves (the engine pushes prompt[cached_tokens:] with /v1/step);
 //                     a framed body (below) carries the records of every prompt token and the
 //                     uncached ones are written.
-//   POST /v1/step     {"requests":[id...], "counts":[n...], "tokens":[u32...]}: request i appends
+//   POST /v1/step     {"requests":[id...], "counts":[n...], "tokens":[u32...], "tenant":u32}: request i appends
 //                     counts[i] tokens -> {"codes":[...], "block_tables":[[...]...]}. Engine KV:
 //                     a framed body carrying the tokens' records (in the order of "tokens").
-//   POST /v1/free     {"request": id}
+//   POST /v1/free     {"request": id, "tenant": u32}
+//   Request ids are handles (u64: the table slot's generation << 32 | the slot): an id kept past
+//   its free names no request even once its slot is reused. Step, free and block reads carry the
+//   caller's tenant (default 0) and act only on requests that tenant admitted; another tenant's
+//   request is answered as one that does not exist (docs/adr/0031-serve-hardening.md).
 //   POST /v1/reset    drops the prefix cache (refused while requests are live): AllBlocksCleared.
-//   GET  /v1/requests/{id}/blocks/{i}[?count=N]   the records of the tokens block slots i..i+N-1
+//   GET  /v1/requests/{id}/blocks/{i}[?count=N][&tenant=T]   the records of the tokens block slots i..i+N-1
 //                     of a live request hold (application/octet-stream, tokens x record bytes;
 //                     a batch of N > 1 at most http.max_body_bytes).
 //   KV events         ZeroMQ PUB, multipart (topic, 8-byte big-endian sequence, msgpack payload),
@@ -48,7 +52,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,6 +61,7 @@
 
 #include "tessera/kv_events.h"
 #include "tessera/layout.h"
+#include "tessera/mutex.h"
 #include "tessera/request_manager.h"
 #include "tessera/status.h"
 #include "tessera/tiered_store.h"
@@ -83,7 +87,17 @@ struct ServeConfig {
   // http.*
   std::string http_listen = "127.0.0.1:8080";  // host:port (port 0: any free port)
   uint64_t http_max_body_bytes = 1u << 20;
-  uint32_t http_threads = 4;
+  // Workers: each connection holds one while its request is read and answered (a slow client
+  // holds it at most header_timeout_ms + body_timeout_ms).
+  uint32_t http_threads = 32;
+  // The request line and headers must arrive within this (from the connection's start), and
+  // every read of the body must make progress within it.
+  uint32_t http_header_timeout_ms = 5000;
+  // The whole body must arrive within this after the headers (else 408, connection closed).
+  uint32_t http_body_timeout_ms = 10000;
+  // Connections at once from one client address (IPv4/IPv6 address, any port); more are closed
+  // before their request is read.
+  uint32_t http_max_connections_per_client = 8;
   std::string http_token_file;  // non-empty: /v1/ calls need "Authorization: Bearer <its text>"
   // events.*
   bool events_enabled = true;
@@ -152,13 +166,19 @@ std::string EncodeKvEventBatch(std::span<const KvEvent> events, double ts, uint3
 // As above, from a log, appended to *out.
 void EncodeKvEventBatch(const KvEventLog& events, double ts, uint32_t data_parallel_rank, std::string* out);
 
+// A request id as the HTTP API shows it, and back (generation << 32 | slot).
+inline uint64_t RequestHandle(RequestId r) { return (uint64_t{r.generation} << 32) | r.value; }
+inline RequestId RequestOfHandle(uint64_t h) {
+  return RequestId{static_cast<uint32_t>(h & UINT32_MAX), static_cast<uint32_t>(h >> 32)};
+}
+
 class EventPublisher;
 class TimedSource;
 
 // The server without its HTTP front: what the handlers and the benchmarks call.
 class ServeCore {
  public:
-  // Opens the tiers (a Redis that does not answer is kUnavailable on "redis"), the manager and,
+  // Opens the tiers (a Redis that does not answer is kIoError on "redis"), the manager and,
   // when enabled, the event publisher. `warnings` receives e.g. a key file readable by others.
   static Result<std::unique_ptr<ServeCore>> Create(const ServeConfig& config, std::vector<std::string>* warnings);
   ~ServeCore();
@@ -184,6 +204,11 @@ class ServeCore {
   Status Step(std::span<const RequestId> requests, std::span<const uint32_t> counts, std::span<const uint32_t> tokens,
               std::vector<StatusCode>* codes);
   Status Free(RequestId r);
+  // As Step and Free on behalf of `tenant` (nullopt: any): a request of another tenant is
+  // refused (kInvalidArgument, as one that does not exist) and left unchanged.
+  Status StepAs(std::optional<uint32_t> tenant, std::span<const RequestId> requests, std::span<const uint32_t> counts,
+                std::span<const uint32_t> tokens, std::vector<StatusCode>* codes);
+  Status FreeAs(std::optional<uint32_t> tenant, RequestId r);
   // Graceful shutdown: every sealed block checkpointed to the persistent tier, the store
   // flushed, the last events published. Returns the checkpoint's error, if any.
   Status Shutdown();
@@ -201,7 +226,7 @@ class ServeCore {
 
  private:
   ServeCore() = default;
-  void PublishLocked();
+  void PublishLocked() REQUIRES(mu_);
   std::pair<int, std::string> HandleAdmit(std::string_view body);
   std::pair<int, std::string> HandleStep(std::string_view body);
   std::pair<int, std::string> HandleFree(std::string_view body);
@@ -209,21 +234,24 @@ class ServeCore {
   std::pair<int, std::string> HandleAdmitFramed(std::string_view body);
   std::pair<int, std::string> HandleStepFramed(std::string_view body);
   std::pair<int, std::string> AdmitReply(const Admission& a);
-  std::pair<int, std::string> StepReply(std::span<const RequestId> requests, std::span<const StatusCode> codes);
+  std::pair<int, std::string> StepReply(std::span<const RequestId> requests, std::span<const StatusCode> codes,
+                                        uint32_t tenant);
   // Admit and Step with the engine's records (`records`: tokens x record_bytes_, checked).
-  Result<Admission> AdmitLocked(std::span<const uint32_t> prompt, const RequestSpec& spec, const std::byte* records);
+  Result<Admission> AdmitLocked(std::span<const uint32_t> prompt, const RequestSpec& spec, const std::byte* records)
+      REQUIRES(mu_);
   void StepLocked(std::span<const RequestId> requests, std::span<const uint32_t> counts,
-                  std::span<const uint32_t> tokens, const std::byte* records, std::vector<StatusCode>* codes);
+                  std::span<const uint32_t> tokens, const std::byte* records, std::optional<uint32_t> tenant,
+                  std::vector<StatusCode>* codes) REQUIRES(mu_);
   KvWriters WritersFor(const std::vector<uint64_t>* h, const std::byte* records, uint64_t first) const;
 
   ServeConfig config_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;  // serialises every manager call (the manager has one owner at a time)
   std::unique_ptr<TieredStore> store_;
   std::unique_ptr<TimedSource> timed_;
   std::unique_ptr<RequestManager> manager_;
   std::unique_ptr<EventPublisher> publisher_;
   // Per live request: the rolling hash of its token prefix at every position (the synthetic KV).
-  std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_;
+  std::unordered_map<uint32_t, std::vector<uint64_t>> prefix_hash_ GUARDED_BY(mu_);
   LatencyHistogram admit_latency_, step_latency_;
   std::shared_ptr<LatencyHistogram> promote_latency_;
   std::atomic<uint64_t> http_errors_{0};
