@@ -71,6 +71,31 @@ TEST(PlanCli, GatesExitOneAndListTheRejected) {
   EXPECT_EQ(ok.exit_code, 0) << ok.out;
 }
 
+// Rejections read in units, the exact count beside them (issue 22 point 4).
+TEST(PlanCli, RejectionsInHumanUnits) {
+  CommandResult r = RunTessera(kPlan + " --max-committed-bytes 1GiB --concurrency 2");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.out.find("per rank > --max-committed-bytes 1 GiB (1,073,741,824 B)"), std::string::npos) << r.out;
+  CommandResult w = RunTessera("plan --model deepseek-v3 --gpu H100-80G --tp 1 --context 8k");
+  EXPECT_EQ(w.exit_code, 1) << w.err;
+  EXPECT_NE(w.out.find(" GiB ("), std::string::npos) << w.out;
+  EXPECT_EQ(w.out.find("B per rank) plus reserve ("), std::string::npos) << w.out;
+}
+
+// --max-model-len caps vLLM's and SGLang's contexts (the longest-context search included);
+// Tessera's pools have none (issue 22 point 2).
+TEST(PlanCli, MaxModelLenCapsVllmAndSglang) {
+  ExpectInputError(kPlan + " --max-model-len 64k", "max-model-len");  // the context 128k is past it
+  CommandResult r = RunTessera(kPlan + " --concurrency 1 --max-model-len 128k --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const auto& e : j["engines"]) {
+    if (e["engine"] != "tessera") {
+      EXPECT_LE(e["max_context"].get<uint64_t>(), 131072u) << e.dump();
+    }
+  }
+}
+
 TEST(PlanCli, BadInputExitsTwoNamingTheField) {
   const std::string base = "plan --model deepseek-v3.2 --context 128k";
   ExpectInputError(base + " --gpu A100 --tp 8", "gpu");

@@ -31,6 +31,7 @@
 extern char** environ;
 
 #include "tessera/claims.h"
+#include "tessera/codec.h"
 #include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
@@ -93,6 +94,9 @@ struct ModelArgs {
   std::string observed_scope = "rank";
   std::string swa_strategy = "recompute";
   std::string prefill_chunk = "8192";
+  std::string max_model_len;
+  std::string kv_scale_format;
+  std::string indexer_scale_format;
 
   void Register(CLI::App* app) {
     app->add_option("--model", model, "preset name (see `tessera models`)");
@@ -114,6 +118,13 @@ struct ModelArgs {
     app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
     app->add_option("--swa-strategy", swa_strategy, "recompute | snapshot | retain (models with windows)");
     app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
+    app->add_option("--max-model-len", max_model_len,
+                    "vllm and sglang engines: the longest context the engine admits, vLLM's --max-model-len "
+                    "(default: max(max_position_embeddings, context))");
+    app->add_option("--kv-scale-format", kv_scale_format,
+                    "scales of the fp32-scaled main record: amax | ue8m0 (default: what the engine writes)");
+    app->add_option("--indexer-scale-format", indexer_scale_format,
+                    "scales of the indexer record: amax | ue8m0 (default: what the engine writes)");
   }
 
   Result<Geometry> LoadGeometry() const { return LoadModelOrConfig(model, config); }
@@ -143,6 +154,18 @@ struct ModelArgs {
     TESSERA_ASSIGN_OR_RETURN(o.swa_strategy, ParseSwaStrategy(swa_strategy));
     TESSERA_ASSIGN_OR_RETURN(o.prefill_chunk_tokens, ParseTokenCount(prefill_chunk, "prefill-chunk"));
     if (o.prefill_chunk_tokens == 0) return InvalidArgument("prefill-chunk", "must be positive");
+    if (!max_model_len.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t m, ParseTokenCount(max_model_len, "max-model-len"));
+      o.max_model_len = m;
+    }
+    if (!kv_scale_format.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(ScaleFormat f, ParseScaleFormat(kv_scale_format, "kv-scale-format"));
+      o.kv_scale_format = f;
+    }
+    if (!indexer_scale_format.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(ScaleFormat f, ParseScaleFormat(indexer_scale_format, "indexer-scale-format"));
+      o.indexer_scale_format = f;
+    }
     return o;
   }
 
@@ -463,6 +486,7 @@ struct PlanArgs {
   std::string prefill_chunk = "8192";
   bool include_mtp = false;
   std::string format = "text";
+  std::string max_model_len;
 
   void RegisterCommon(CLI::App* app) {
     app->add_option("--model", model, "preset name (see `tessera models`)");
@@ -490,6 +514,8 @@ struct PlanArgs {
     app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
     app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
     app->add_flag("--include-mtp", include_mtp, "load the MTP layer(s) and count their cache");
+    app->add_option("--max-model-len", max_model_len,
+                    "vllm and sglang: the longest context the engine admits, vLLM's --max-model-len");
   }
   void RegisterPrice(CLI::App* app) {
     RegisterCommon(app);
@@ -574,6 +600,10 @@ struct PlanArgs {
     TESSERA_ASSIGN_OR_RETURN(o.ledger.prefill_chunk_tokens, ParseTokenCount(prefill_chunk, "prefill-chunk"));
     if (o.ledger.prefill_chunk_tokens == 0) return InvalidArgument("prefill-chunk", "must be positive");
     o.ledger.include_mtp = include_mtp;
+    if (!max_model_len.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t m, ParseTokenCount(max_model_len, "max-model-len"));
+      o.ledger.max_model_len = m;
+    }
     return o;
   }
 
@@ -959,7 +989,7 @@ struct ServeArgs {
   std::string redis;
   std::string redis_cluster;
   void Register(CLI::App* app) {
-    app->add_option("--config", config, "YAML configuration file (keys: docs/adr/0022-serve.md)")->required();
+    app->add_option("--config", config, "YAML configuration file (keys: docs/SERVE.md)")->required();
     app->add_option("--redis", redis, "a Redis tier: redis://host:port (overrides tiers.redis)");
     app->add_option("--redis-cluster", redis_cluster, "a Redis Cluster tier: host:port,... seeds");
   }
