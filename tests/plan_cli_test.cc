@@ -125,6 +125,23 @@ TEST(PlanCli, GpuSpecFile) {
   ExpectInputError("plan --model deepseek-v3.2 --gpu-spec " + bad + " --tp 8 --context 128k", "memory_bytes");
 }
 
+// price says what it prices (attention only), in units, and what its crossovers mean (issue 22
+// point 4).
+TEST(PriceCli, AttentionOnlyHumanUnitsAndCrossoversInWords) {
+  CommandResult r = RunTessera("price --model deepseek-v3 --gpu H200-141G --tp 8 --batch 64 --context 128k");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("MLA attention for one decoded token per sequence"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention only:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" decode step, batch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s at the roofline"), std::string::npos) << r.out;  // 2.17 s, not 2174316.88 µs
+  EXPECT_NE(r.out.find(" ms at the roofline"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(".88 µs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compute-bound from context 23 tokens on at this batch (memory-bound below)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("compute-bound from batch 1 on at this context"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("crossover context 23"), std::string::npos) << r.out;
+}
+
 TEST(PriceCli, JsonAndErrors) {
   CommandResult r =
       RunTessera("price --model deepseek-v3 --gpu H200-141G --tp 8 --batch 64 --context 128k --format json");

@@ -1070,7 +1070,8 @@ int Main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand("plan", "capacity: weights per rank, KV budget, requests and context per engine");
   plan_args.RegisterPlan(plan);
   PlanArgs price_args;
-  CLI::App* price = app.add_subcommand("price", "one decode step: FLOPs and HBM bytes of absorbed vs naive MLA");
+  CLI::App* price =
+      app.add_subcommand("price", "MLA attention for one decoded token: FLOPs and HBM bytes, absorbed vs naive");
   price_args.RegisterPrice(price);
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");
