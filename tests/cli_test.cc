@@ -1,6 +1,8 @@
 // End to end through the tessera binary: exit codes, one-line errors naming the field, and
 // no partial output files.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pty.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -247,6 +249,63 @@ TEST(CliOutputs, ServeHelpPointsAtServeMd) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("docs/SERVE.md"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("docs/adr/0022"), std::string::npos) << r.out;
+}
+
+// Progress (issue 22 point 4; ADR 0034): standard error stays quiet when it is not a terminal,
+// even past the delay; on a terminal (a pseudo-terminal here) the run says what it is doing.
+const char kSmallRun[] = "simulate --agents 2 --independent 1 --shared-tokens 256 --unique-tokens 16";
+
+TEST(CliProgress, QuietWhenStderrIsNotATerminal) {
+  ASSERT_EQ(::setenv("TESSERA_PROGRESS_DELAY_MS", "0", 1), 0);
+  CommandResult sim = RunTessera(kSmallRun);
+  CommandResult stats = RunTessera(std::string(kSmallRun).replace(0, 8, "stats"));
+  ::unsetenv("TESSERA_PROGRESS_DELAY_MS");
+  EXPECT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_EQ(sim.err, "");
+  EXPECT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_EQ(stats.err, "");
+}
+
+// Runs the binary with standard error on a pseudo-terminal; returns what the terminal received.
+std::string RunOnPty(const std::string& args, const char* delay_ms, int* exit_code) {
+  int master = -1, slave = -1;
+  if (::openpty(&master, &slave, nullptr, nullptr, nullptr) != 0) return "openpty failed";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(master);
+    ::dup2(slave, STDERR_FILENO);
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::setenv("TESSERA_PROGRESS_DELAY_MS", delay_ms, 1);
+    ::execl("/bin/sh", "sh", "-c", (std::string(TESSERA_BINARY) + " " + args).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(slave);
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;  // EIO once the child's side is closed
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(master);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return got;
+}
+
+TEST(CliProgress, ShownOnATerminalAfterTheDelayAndClearedAtTheEnd) {
+  int rc = -1;
+  std::string tty = RunOnPty(kSmallRun, "0", &rc);
+  EXPECT_EQ(rc, 0) << tty;
+  EXPECT_NE(tty.find("tessera simulate: 1/8 orchestrator context"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("8/8 cold agents"), std::string::npos) << tty;
+  EXPECT_GE(tty.size(), 4u);
+  EXPECT_EQ(tty.substr(tty.size() - 4), "\r\033[K") << tty;  // the line is cleared
+  // A run shorter than the delay (an hour) prints nothing, terminal or not.
+  EXPECT_EQ(RunOnPty(kSmallRun, "3600000", &rc), "");
+  EXPECT_EQ(rc, 0);
 }
 
 TEST(Cli, VersionPrintsTheBuildsVersion) {

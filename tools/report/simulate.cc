@@ -505,11 +505,18 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   agents.reserve(1 + s.agents + s.independent + 2 * pairs);
   uint64_t first_wave_hits = 0;
 
+  // Progress for a person at a terminal (AgentScenario::progress; the CLI prints it on a TTY).
+  const std::string run_name = strategy ? std::string(SwaStrategyName(*strategy)) + ": " : "";
+  auto Step = [&](const std::string& what) {
+    if (s.progress) s.progress(run_name + what);
+  };
+  Step("1/8 orchestrator context");
   // 1. The orchestrator builds the shared context.
   std::vector<uint32_t> shared = concat({&system_tokens, &doc_tokens, &tool_tokens});
   agents.emplace_back();
   if (!sim.AdmitAndWrite(agents[0], shared, &first_wave_hits)) ++out.out_of_blocks;
 
+  Step("2/8 forked agents");
   // 2. Forked agents: each shares the context (window state included) and appends its own task.
   std::vector<size_t> forked;
   // Without the orchestrator's context there is nothing to fork: each agent counts as not placed.
@@ -531,6 +538,7 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
     forked.push_back(agents.size() - 1);
   }
 
+  Step("3/8 independent agents");
   // 3. Independent agents: their own preamble (one of two), then the same documents and tools.
   std::vector<std::vector<uint32_t>> independent_prompts;
   std::vector<uint32_t> independent_tenants;
@@ -545,6 +553,7 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
     independent_tenants.push_back(a.tenant);
   }
 
+  Step("4/8 identical prompts");
   // 4. Identical prompts in the same step, before either is sealed (per tenant, up to two).
   std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
   std::vector<uint32_t> pair_prompt = concat({&preambles[2], &doc_tokens, &pair_task});
@@ -570,12 +579,15 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
     }
   }
 
+  Step("5/8 peak");
   // 5. The peak: sharing, copies of the shared context, tenant isolation, bytes held.
   MeasurePeak(*m, agents, forked, s.shared_tokens / bt, run, out);
 
+  Step("6/8 verifying every byte");
   // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
   for (Agent& a : agents) sim.Release(a, out);
 
+  Step("7/8 second wave");
   // 7. Second wave: the independent prompts again, from the cache.
   for (size_t i = 0; i < independent_prompts.size(); ++i) {
     Agent a;
@@ -586,6 +598,7 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
     sim.Release(a, out);
   }
 
+  Step("8/8 cold agents");
   // 8. Cold agents: new prompts of the same length; with a tight pool they evict cached blocks.
   for (size_t i = 0; i < independent_prompts.size(); ++i) {
     Agent a;

@@ -18,12 +18,16 @@
 //
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
 // written); 1 any other failure.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -383,12 +387,49 @@ struct SimulateArgs {
   }
 };
 
+// What a long run is doing, on standard error when it is a terminal and the run has taken more
+// than 2 s (TESSERA_PROGRESS_DELAY_MS overrides the delay, for tests); nothing otherwise, so
+// pipes, files and CI logs stay clean (ADR 0034). The line is rewritten in place and cleared at
+// the end.
+class TtyProgress {
+ public:
+  explicit TtyProgress(std::string command) : command_(std::move(command)), tty_(::isatty(STDERR_FILENO) == 1) {
+    if (const char* d = std::getenv("TESSERA_PROGRESS_DELAY_MS"); d != nullptr) {
+      delay_ = std::chrono::milliseconds(std::strtoll(d, nullptr, 10));
+    }
+  }
+  ~TtyProgress() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+  }
+  TtyProgress(const TtyProgress&) = delete;
+  TtyProgress& operator=(const TtyProgress&) = delete;
+  void operator()(const std::string& stage) {
+    if (!tty_) return;
+    const auto elapsed = std::chrono::steady_clock::now() - start_;
+    if (elapsed < delay_) return;
+    const long long secs = std::chrono::duration_cast<std::chrono::seconds>(elapsed).count();
+    std::fprintf(stderr, "\r\033[Ktessera %s: %s (%lld s)", command_.c_str(), stage.c_str(), secs);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+ private:
+  std::string command_;
+  bool tty_;
+  bool shown_ = false;
+  std::chrono::steady_clock::duration delay_ = std::chrono::seconds(2);
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
 int RunSimulate(const SimulateArgs& args, const std::string& format_name, bool prometheus) {
   Result<OutputFormat> format = ParseOutputFormat(format_name);
   if (!format.ok()) return Fail(format.status());
   auto parsed = args.Parse();
   if (!parsed.ok()) return Fail(parsed.status());
+  auto progress = std::make_shared<TtyProgress>(prometheus ? "stats" : "simulate");
+  parsed->second.progress = [progress](const std::string& stage) { (*progress)(stage); };
   Result<SimulationResult> r = RunAgentScenario(parsed->first, parsed->second);
+  progress.reset();
   if (!r.ok()) return Fail(r.status());
   for (const std::string& w : r->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::string text = prometheus ? PrometheusText(r->metrics) : RenderSimulation(*r, *format);
