@@ -71,7 +71,7 @@ class PhaseBytesAt {
   std::map<uint64_t, PhaseTotals> memo_;
 };
 
-// "79.29 GiB (85,140,130,848 B)": people read the unit, the exact count stays beside it.
+// "~626.920361 GiB (673,150,611,808 B)": people read the unit, the exact count stays beside it.
 std::string Human(uint64_t bytes) {
   if (bytes < 1024) return WithThousands(bytes) + " B";
   return FormatBinary(bytes) + " (" + WithThousands(bytes) + " B)";
