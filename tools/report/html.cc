@@ -229,6 +229,7 @@ std::string LineChartSvg(const LineChart& chart) {
   LogAxis xa = MakeLogAxis(xmin, xmax, kLeft, kWidth - kRight);
   LogAxis ya = MakeLogAxis(ymin, ymax, height - kBottom, kTop);
   std::vector<std::string> names;
+  names.reserve(chart.series.size());
   for (const Series& ser : chart.series) names.push_back(ser.name);
   std::string s = SvgOpen(ChartWidth(names, 12), height, chart.title);
   // Grid, ticks and labels.
@@ -294,6 +295,7 @@ std::string StackedBarsSvg(const std::string& title, const std::vector<Bar>& bar
   double plot_h = static_cast<double>(bars.size()) * (bar_h + gap);
   double height = kTop + 10 + std::max(plot_h, 20.0 * static_cast<double>(legend.size())) + kBottom;
   std::vector<std::string> names;
+  names.reserve(legend.size());
   for (const BarSegment* l : legend) names.push_back(l->name);
   std::string s = SvgOpen(ChartWidth(names, 11), height, title);
   double x0 = kLeft, x1 = kWidth - kRight;
