@@ -3,14 +3,15 @@
 # changed by the last commit), the dev build, the library under clang's thread-safety analysis
 # (build only: the check is the compile), the tiers configured without Redis, bounded libFuzzer
 # runs of the segment parser and of the config.json reader (clang), then the whole suite under
-# ASan+UBSan and under TSan.
-# Usage: scripts/test-all.sh [preset...]   (default: lint dev clang noredis fuzz asan tsan)
+# ASan+UBSan and under TSan, and the release preset built in full at -O3 (tests and benches
+# included; build only — its tests are the dev suite's, and GCC's -O3 warnings are the check).
+# Usage: scripts/test-all.sh [preset...]   (default: lint dev clang noredis fuzz asan tsan release)
 #        TESSERA_FUZZ_SECONDS=N sets the fuzzing time per target (default 15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 presets=("$@")
-if [ "${#presets[@]}" -eq 0 ]; then presets=(lint dev clang noredis fuzz asan tsan); fi
+if [ "${#presets[@]}" -eq 0 ]; then presets=(lint dev clang noredis fuzz asan tsan release); fi
 jobs=$(nproc)
 
 for p in "${presets[@]}"; do
@@ -45,6 +46,7 @@ for p in "${presets[@]}"; do
   fi
   cmake --build "build/$p" -j "$jobs"
   if [ "$p" = clang ]; then continue; fi  # -Wthread-safety -Werror: building clean is the test
+  if [ "$p" = release ]; then continue; fi  # -O3 -Werror in full (ADR 0034): building is the test
   echo "=== preset ${p}: tests"
   # TSan needs a fixed address-space layout on kernels with high mmap randomisation.
   runner=()

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -198,7 +199,7 @@ TEST(Browser, DomHoldsTheCharts) {
   EXPECT_EQ(Occurrences(dom, "<svg"), 4u) << dom.substr(0, 2000);
   EXPECT_EQ(Occurrences(dom, "<path class=\"series\""), 9u);
   EXPECT_EQ(Occurrences(dom, "<circle"), 99u);
-  EXPECT_GE(Occurrences(dom, "<rect class=\"seg\""), 3u);
+  EXPECT_EQ(Occurrences(dom, "<rect class=\"seg\""), 11u);  // README.md counts them too
   EXPECT_NE(dom.find("<table class=\"plan\">"), std::string::npos);
   EXPECT_NE(dom.find("Cache receipt: deepseek-v4-pro"), std::string::npos);
 }
@@ -232,6 +233,83 @@ TEST(Browser, ChartsAreOnScreen) {
     // A line across a chart, its points, its legend swatch: well over a swatch's 144 pixels.
     EXPECT_GT(CountColour(receipt, colour), 1000u) << what << " " << colour;
   }
+}
+
+std::string Thousands(uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// The page's figures are the receipt's: the Markdown+JSON receipt of the same options gives the
+// numbers and checks the page must show (issue 22 point 4).
+TEST(Browser, PageTextAgreesWithTheReceiptJson) {
+  REQUIRE_CHROMIUM();
+  TempDir dir;
+  std::string page = WriteReceipt(dir);
+  CommandResult r = RunTessera("receipt --model deepseek-v4-pro --context 128k --tp 8 --out " + dir.path() + "/r");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(ReadAll(dir.path() + "/r.json"));
+  std::string dom;
+  ASSERT_EQ(Chromium(dir, "--dump-dom", page, &dom), 0) << ReadAll(dir.path() + "/chromium.err");
+  const nlohmann::json& l = j["ledger"];
+  EXPECT_NE(dom.find("Cache receipt: " + l["model"].get<std::string>() + " at 131,072 tokens"), std::string::npos);
+  // The tessera row of the ledger table: requested, committed, read per token, as the JSON has them.
+  const std::string row = "<td>tessera</td><td class=\"n\">" + Thousands(l["requested_bytes"].get<uint64_t>()) +
+                          "</td><td class=\"n\">" + Thousands(l["committed_bytes"].get<uint64_t>()) +
+                          "</td><td class=\"n\">" + Thousands(l["read_bytes_per_token"].get<uint64_t>()) + "</td>";
+  EXPECT_NE(dom.find(row), std::string::npos) << row;
+  for (const auto& t : l["committed_terms"]) {
+    EXPECT_NE(dom.find("<td class=\"n\">" + Thousands(t["bytes"].get<uint64_t>()) + "</td>"), std::string::npos)
+        << t.dump();
+  }
+  size_t passed = 0;
+  for (const auto& c : j["checks"]) {
+    EXPECT_NE(dom.find(c["check"].get<std::string>()), std::string::npos) << c.dump();
+    passed += c["passed"].get<bool>() ? 1 : 0;
+  }
+  EXPECT_EQ(Occurrences(dom, "<li class=\"pass\">passed: "), passed);
+  // The first chart says what it plots: one copy of the request's cache (the JSON's requested
+  // bytes), not all ranks.
+  EXPECT_NE(dom.find("Requested bytes per request (one copy of its cache)"), std::string::npos);
+  EXPECT_EQ(dom.find("bytes (all ranks)"), std::string::npos);
+}
+
+// No text is clipped: every <text> box of every chart, as Chromium lays it out, lies inside its
+// SVG. The page forbids scripts (its Content-Security-Policy); a copy without that header gets
+// a script that measures the boxes and writes the result into the DOM.
+TEST(Browser, EveryChartTextLiesInsideItsSvg) {
+  REQUIRE_CHROMIUM();
+  TempDir dir;
+  std::string text = ReadAll(WriteReceipt(dir));
+  size_t csp = text.find("<meta http-equiv=\"Content-Security-Policy\"");
+  ASSERT_NE(csp, std::string::npos);
+  text.erase(csp, text.find('>', csp) + 1 - csp);
+  const std::string script =
+      "<script>(function(){let n=0;const bad=[];"
+      "for(const svg of document.querySelectorAll('svg.chart')){const s=svg.getBoundingClientRect();"
+      "for(const t of svg.querySelectorAll('text')){const b=t.getBoundingClientRect();++n;"
+      "if(b.width<=0||b.left<s.left-0.5||b.right>s.right+0.5||b.top<s.top-0.5||b.bottom>s.bottom+0.5)"
+      "bad.push(t.textContent+'@'+Math.round(b.left)+'..'+Math.round(b.right)+' in '+Math.round(s.left)+'..'"
+      "+Math.round(s.right));}}"
+      "const p=document.createElement('pre');p.id='bounds';p.textContent='texts '+n+' outside '+bad.length+"
+      "': '+bad.join(' | ');document.body.appendChild(p);})();</script>";
+  size_t end = text.rfind("</body>");
+  ASSERT_NE(end, std::string::npos);
+  text.insert(end, script);
+  std::string probe = dir.Write("probe.html", text);
+  std::string dom;
+  ASSERT_EQ(Chromium(dir, "--dump-dom", probe, &dom), 0) << ReadAll(dir.path() + "/chromium.err");
+  size_t at = dom.find("<pre id=\"bounds\">");
+  ASSERT_NE(at, std::string::npos) << "the probe did not run";
+  std::string result = dom.substr(at, dom.find("</pre>", at) - at);
+  EXPECT_NE(result.find(" outside 0: "), std::string::npos) << result;
+  // Titles, ticks, axis labels, legends and bar labels of four charts: many texts were measured.
+  size_t texts = std::stoul(result.substr(result.find("texts ") + 6));
+  EXPECT_GT(texts, 40u) << result;
 }
 
 }  // namespace

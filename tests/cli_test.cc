@@ -1,6 +1,8 @@
 // End to end through the tessera binary: exit codes, one-line errors naming the field, and
 // no partial output files.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pty.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -135,6 +137,175 @@ TEST(Cli, ReceiptHtmlGateFailureExitsOneAndListsTheRejected) {
   s << in.rdbuf();
   EXPECT_NE(s.str().find("<li class=\"fail\">vllm: sustained concurrency"), std::string::npos);
   EXPECT_NE(s.str().find("min concurrency</th><td>100,000</td>"), std::string::npos);
+}
+
+// --- Limits stated (issue 22 point 2; ADR 0034) ---------------------------------------------
+
+TEST(CliLimits, ContextPastMaxPositionEmbeddingsIsNotedInLedgerAndReceipt) {
+  const std::string note = "exceeds the model's max_position_embeddings 163,840";
+  CommandResult text = RunTessera("ledger --model deepseek-v3 --context 1m");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("notes:\n  - context 1,048,576 tokens " + note), std::string::npos) << text.out;
+  CommandResult json = RunTessera("ledger --model deepseek-v3 --context 1m --format json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_NE(nlohmann::json::parse(json.out)["notes"].dump().find(note), std::string::npos);
+  CommandResult within = RunTessera("ledger --model deepseek-v3 --context 128k --format json");
+  EXPECT_EQ(within.out.find("max_position_embeddings"), std::string::npos);
+
+  TempDir dir;
+  CommandResult r = RunTessera("receipt --model deepseek-v3 --context 1m --out " + dir.path() + "/long");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream js(dir.path() + "/long.json"), md(dir.path() + "/long.md");
+  std::stringstream j, m;
+  j << js.rdbuf();
+  m << md.rdbuf();
+  EXPECT_NE(nlohmann::json::parse(j.str())["ledger"]["notes"].dump().find(note), std::string::npos);
+  EXPECT_NE(m.str().find(note), std::string::npos);
+  CommandResult html = RunTessera("receipt --model deepseek-v3 --context 1m --format html --out " + dir.path() + "/h");
+  ASSERT_EQ(html.exit_code, 0) << html.err;
+  std::ifstream hs(dir.path() + "/h.html");
+  std::stringstream h;
+  h << hs.rdbuf();
+  EXPECT_NE(h.str().find("exceeds the model&#39;s max_position_embeddings 163,840"), std::string::npos);
+}
+
+TEST(CliLimits, MaxModelLenForTheVllmAndSglangProfiles) {
+  CommandResult ok =
+      RunTessera("ledger --model deepseek-v3 --context 128k --engine vllm --max-model-len 128k --format json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(nlohmann::json::parse(ok.out)["inputs"]["max_model_len"].get<uint64_t>(), 131072u);
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 1m --engine vllm --max-model-len 128k"),
+                   "max-model-len");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 1m --engine sglang --max-model-len 128k"),
+                   "max-model-len");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --max-model-len 128k"), "max-model-len");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --engine vllm --max-model-len lots"),
+                   "max-model-len");
+  TempDir dir;
+  ExpectInputError(RunTessera("receipt --model deepseek-v3 --context 1m --engine vllm --max-model-len 128k --out " +
+                              dir.path() + "/r"),
+                   "max-model-len");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/r.json"));
+}
+
+// --- Small gaps of ADR 0033: scale-format flags, per-line formulas ----------------------------
+
+TEST(Cli, ScaleFormatFlagsReachTheLedger) {
+  CommandResult amax = RunTessera(
+      "ledger --model deepseek-v3.2 --context 8k --engine vllm --kv-scale-format amax "
+      "--indexer-scale-format ue8m0 --format json");
+  ASSERT_EQ(amax.exit_code, 0) << amax.err;
+  nlohmann::json in = nlohmann::json::parse(amax.out)["inputs"];
+  EXPECT_EQ(in["kv_scale_format"], "amax");
+  EXPECT_EQ(in["indexer_scale_format"], "ue8m0");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3.2 --context 8k --kv-scale-format e8"), "kv-scale-format");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3.2 --context 8k --indexer-scale-format e8"),
+                   "indexer-scale-format");
+}
+
+TEST(Cli, EachCacheLinesFormulaIsPrinted) {
+  CommandResult j = RunTessera("ledger --model deepseek-v3 --context 8k --format json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  EXPECT_EQ(nlohmann::json::parse(j.out)["caches"][0]["formula"], "tokens x 1,152 B x 61 layers");
+  CommandResult t = RunTessera("ledger --model deepseek-v3 --context 8k");
+  EXPECT_NE(t.out.find("how each cache is priced"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("tokens x 1,152 B x 61 layers"), std::string::npos) << t.out;
+  // The storage column states the page's tokens, not a count of pages.
+  EXPECT_NE(t.out.find("pages of 64 tokens (64 entries, "), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("64 x 64-token pages"), std::string::npos) << t.out;
+}
+
+// --- Outputs a person trusts (issue 22 point 4) ---------------------------------------------
+
+TEST(CliOutputs, OutCreatesMissingParentFolders) {
+  TempDir dir;
+  const std::string prefix = dir.path() + "/receipts/deep/v3";
+  CommandResult r = RunTessera("receipt --model deepseek-v3 --context 8k --out " + prefix);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".md"));
+  EXPECT_TRUE(std::filesystem::exists(prefix + ".json"));
+  CommandResult h = RunTessera("receipt --model deepseek-v3 --context 8k --format html --out " + dir.path() + "/h/v3");
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/h/v3.html"));
+  CommandResult l = RunTessera("ledger --model deepseek-v3 --context 8k --out " + dir.path() + "/l/x.txt");
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/l/x.txt"));
+}
+
+TEST(CliOutputs, OutThatCannotBeCreatedNamesOutNotATempFile) {
+  TempDir dir;
+  const std::string file = dir.Write("plain", "x");
+  CommandResult r = RunTessera("receipt --model deepseek-v3 --context 8k --out " + file + "/v3");
+  EXPECT_EQ(r.exit_code, 1) << r.err;  // an output failure (exit 1), not an input error
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("out:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(file + "/v3.md"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(".tmp"), std::string::npos) << r.err;
+}
+
+// serve's keys are documented in docs/SERVE.md (written by the serve work); the help points there.
+TEST(CliOutputs, ServeHelpPointsAtServeMd) {
+  CommandResult r = RunTessera("serve --help");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("docs/SERVE.md"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("docs/adr/0022"), std::string::npos) << r.out;
+}
+
+// Progress (issue 22 point 4; ADR 0034): standard error stays quiet when it is not a terminal,
+// even past the delay; on a terminal (a pseudo-terminal here) the run says what it is doing.
+const char kSmallRun[] = "simulate --agents 2 --independent 1 --shared-tokens 256 --unique-tokens 16";
+
+TEST(CliProgress, QuietWhenStderrIsNotATerminal) {
+  ASSERT_EQ(::setenv("TESSERA_PROGRESS_DELAY_MS", "0", 1), 0);
+  CommandResult sim = RunTessera(kSmallRun);
+  CommandResult stats = RunTessera(std::string(kSmallRun).replace(0, 8, "stats"));
+  ::unsetenv("TESSERA_PROGRESS_DELAY_MS");
+  EXPECT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_EQ(sim.err, "");
+  EXPECT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_EQ(stats.err, "");
+}
+
+// Runs the binary with standard error on a pseudo-terminal; returns what the terminal received.
+std::string RunOnPty(const std::string& args, const char* delay_ms, int* exit_code) {
+  int master = -1, slave = -1;
+  if (::openpty(&master, &slave, nullptr, nullptr, nullptr) != 0) return "openpty failed";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(master);
+    ::dup2(slave, STDERR_FILENO);
+    int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, STDOUT_FILENO);
+    ::setenv("TESSERA_PROGRESS_DELAY_MS", delay_ms, 1);
+    ::execl("/bin/sh", "sh", "-c", (std::string(TESSERA_BINARY) + " " + args).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(slave);
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(master, buf, sizeof buf);
+    if (n <= 0) break;  // EIO once the child's side is closed
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(master);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return got;
+}
+
+TEST(CliProgress, ShownOnATerminalAfterTheDelayAndClearedAtTheEnd) {
+  int rc = -1;
+  std::string tty = RunOnPty(kSmallRun, "0", &rc);
+  EXPECT_EQ(rc, 0) << tty;
+  EXPECT_NE(tty.find("tessera simulate: 1/8 orchestrator context"), std::string::npos) << tty;
+  EXPECT_NE(tty.find("8/8 cold agents"), std::string::npos) << tty;
+  EXPECT_GE(tty.size(), 4u);
+  EXPECT_EQ(tty.substr(tty.size() - 4), "\r\033[K") << tty;  // the line is cleared
+  // A run shorter than the delay (an hour) prints nothing, terminal or not.
+  EXPECT_EQ(RunOnPty(kSmallRun, "3600000", &rc), "");
+  EXPECT_EQ(rc, 0);
 }
 
 TEST(Cli, VersionPrintsTheBuildsVersion) {

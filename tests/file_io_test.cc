@@ -43,17 +43,45 @@ TEST(FileIo, WritesAllFiles) {
 TEST(FileIo, NothingPartialOnFailure) {
   testing::TempDir dir;
   std::string good = dir.path() + "/good.md";
-  std::string bad = dir.path() + "/no-such-dir/bad.json";
+  // A folder is created where missing, but not under a regular file.
+  std::string plain = dir.Write("plain", "x");
+  std::string bad = plain + "/bad.json";
   Status st = WriteFilesAtomically({{good, "alpha"}, {bad, "{}"}});
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.field(), "out");
+  EXPECT_NE(st.message().find(bad), std::string::npos) << st.ToString();
+  EXPECT_EQ(st.message().find(".tmp"), std::string::npos) << st.ToString();
   EXPECT_FALSE(std::filesystem::exists(good));
   int entries = 0;
   for (auto& e : std::filesystem::directory_iterator(dir.path())) {
     (void)e;
     ++entries;
   }
-  EXPECT_EQ(entries, 0);
+  EXPECT_EQ(entries, 1);  // the plain file only
+}
+
+// --out receipts/v32 where receipts/ does not exist: the folders are made (issue 22 point 4).
+TEST(FileIo, MissingParentFoldersAreCreated) {
+  testing::TempDir dir;
+  const std::string a = dir.path() + "/receipts/deep/v32.md";
+  const std::string b = dir.path() + "/receipts/deep/v32.json";
+  ASSERT_TRUE(WriteFilesAtomically({{a, "md"}, {b, "{}"}}).ok());
+  EXPECT_TRUE(std::filesystem::is_regular_file(a));
+  EXPECT_TRUE(std::filesystem::is_regular_file(b));
+}
+
+// A file the writer cannot create is named as the user gave it, never by its temporary name
+// (here a folder squats on the temporary name, target.tmp.PID).
+TEST(FileIo, ErrorsNameTheTargetNotTheTemporaryFile) {
+  testing::TempDir dir;
+  const std::string target = dir.path() + "/out.json";
+  std::filesystem::create_directory(target + ".tmp." + std::to_string(::getpid()));
+  Status st = WriteFilesAtomically({{target, "{}"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.field(), "out");
+  EXPECT_NE(st.message().find("cannot write " + target + ":"), std::string::npos) << st.ToString();
+  EXPECT_EQ(st.message().find(".tmp"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(std::filesystem::exists(target));
 }
 
 int Entries(const std::string& dir) {

@@ -3,7 +3,9 @@
 #include "tessera/html.h"
 
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <algorithm>
 
 #include <cmath>
 #include <cstdlib>
@@ -88,6 +90,41 @@ TEST(HtmlAxis, MonotoneAndClamped) {
   EXPECT_LE(ticks.size(), 8u);
   html::LogAxis one = html::MakeLogAxis(64, 64, 0, 100);  // a single value still spans
   EXPECT_LT(one.lo_exp, one.hi_exp);
+}
+
+// Bar-chart ticks fall on 1-2-5 steps of a binary unit, never on quarters of the largest bar
+// (361 MiB, 722 MiB, 1.06 GiB before; issue 22 point 4).
+TEST(HtmlAxis, ByteTicksAreRound) {
+  const uint64_t MiB = uint64_t{1} << 20, GiB = uint64_t{1} << 30;
+  html::ByteTicks t = html::MakeByteTicks(1444 * MiB);  // 4 x 361 MiB
+  EXPECT_EQ(t.unit, "MiB");
+  EXPECT_EQ(t.multiple, 500u);
+  EXPECT_EQ(t.ticks, (std::vector<uint64_t>{0, 500 * MiB, 1000 * MiB, 1500 * MiB}));
+  EXPECT_EQ(t.Label(0), "0 B");
+  EXPECT_EQ(t.Label(1), "500 MiB");
+  EXPECT_EQ(t.Label(2), "1,000 MiB");
+  html::ByteTicks g = html::MakeByteTicks(9 * GiB);
+  EXPECT_EQ(g.unit, "GiB");
+  EXPECT_EQ(g.multiple, 5u);
+  EXPECT_EQ(g.ticks.back(), 10 * GiB);
+  for (uint64_t max : {uint64_t{1}, uint64_t{1000}, 3 * MiB + 7, 700 * GiB, uint64_t{1} << 62}) {
+    html::ByteTicks k = html::MakeByteTicks(max);
+    ASSERT_GE(k.ticks.size(), 2u) << max;
+    EXPECT_GE(k.ticks.back(), max);
+    EXPECT_LE(k.ticks.size(), 11u) << max;
+    const std::vector<uint64_t> ok = {1, 2, 5, 10, 20, 50, 100, 200, 500};
+    EXPECT_NE(std::find(ok.begin(), ok.end(), k.multiple), ok.end()) << max;
+    EXPECT_EQ(k.step, k.multiple * k.unit_bytes);
+  }
+}
+
+// The legend column is as wide as its longest entry: the SVG widens rather than clip it.
+TEST(HtmlStackedBars, LongLegendWidensTheSvg) {
+  std::vector<html::Bar> bars = {{"vllm", {{"uniform_block_padding_and_then_some_more", "#123456", 10}}}};
+  std::string svg = html::StackedBarsSvg("t", bars);
+  EXPECT_EQ(svg.find("width=\"760.0\""), std::string::npos) << svg.substr(0, 200);
+  std::vector<html::Bar> short_bars = {{"vllm", {{"records", "#123456", 10}}}};
+  EXPECT_NE(html::StackedBarsSvg("t", short_bars).find("width=\"760.0\""), std::string::npos);
 }
 
 TEST(HtmlLineChart, ElementsAndCoordinates) {

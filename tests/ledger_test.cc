@@ -330,6 +330,76 @@ TEST(LedgerTerms, SpeculativeSlots) {
 
 // --- Bad options --------------------------------------------------------------------------
 
+// --- Limits stated (issue 22 point 2; ADR 0034) ---------------------------------------------
+
+int CountNotesWith(const Ledger& l, const std::string& text) {
+  int n = 0;
+  for (const std::string& note : l.notes) n += note.find(text) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+TEST(LedgerLimits, NoteWhenTheContextExceedsMaxPositionEmbeddings) {
+  Geometry g = Preset("deepseek-v3");
+  ASSERT_EQ(g.max_position_embeddings, 163840u);
+  for (Engine e : {Engine::kTessera, Engine::kVllm, Engine::kSglang}) {
+    Ledger at_max = MustLedger(g, Context(163840, "", e));
+    EXPECT_EQ(CountNotesWith(at_max, "max_position_embeddings"), 0) << EngineName(e);
+    Ledger past = MustLedger(g, Context(1 << 20, "", e));
+    EXPECT_EQ(CountNotesWith(past, "context 1,048,576 tokens exceeds the model's max_position_embeddings 163,840"), 1)
+        << EngineName(e);
+  }
+  EXPECT_EQ(CountNotesWith(MustLedger(g, Context(1 << 20, "", Engine::kVllm)), "--max-model-len"), 1);
+  EXPECT_EQ(CountNotesWith(MustLedger(g, Context(1 << 20, "", Engine::kSglang)), "--context-length"), 1);
+}
+
+TEST(LedgerLimits, TheNoteFollowsEachContextOfASweep) {
+  Geometry g = Preset("deepseek-v3");
+  LedgerSweep sweep(g, Context(1, "", Engine::kVllm));
+  Result<Ledger> past = sweep.LedgerAt(1 << 20);
+  ASSERT_TRUE(past.ok()) << past.status().ToString();
+  EXPECT_EQ(CountNotesWith(*past, "max_position_embeddings"), 1);
+  Result<Ledger> within = sweep.LedgerAt(8192);
+  ASSERT_TRUE(within.ok()) << within.status().ToString();
+  EXPECT_EQ(CountNotesWith(*within, "max_position_embeddings"), 0);
+  EXPECT_EQ(within->notes, MustLedger(g, Context(8192, "", Engine::kVllm)).notes);
+}
+
+TEST(LedgerLimits, MaxModelLenRefusesLongerContextsNamingTheField) {
+  Geometry g = Preset("deepseek-v3");
+  for (Engine e : {Engine::kVllm, Engine::kSglang}) {
+    LedgerOptions o = Context(131073, "", e);
+    o.max_model_len = 131072;
+    Result<Ledger> l = ComputeLedger(g, o);
+    ASSERT_FALSE(l.ok()) << EngineName(e);
+    EXPECT_EQ(l.status().field(), "max-model-len") << l.status().ToString();
+    o.context_tokens = 131072;
+    EXPECT_TRUE(ComputeLedger(g, o).ok()) << EngineName(e);
+    o.max_model_len = 0;
+    EXPECT_EQ(ComputeLedger(g, o).status().field(), "max-model-len");
+  }
+  // Tessera's pools have no such cap: the option is refused, not ignored.
+  LedgerOptions o = Context(8192);
+  o.max_model_len = 131072;
+  EXPECT_EQ(ComputeLedger(g, o).status().field(), "max-model-len");
+}
+
+// vLLM caps a request's slots at max_model_len: at a context of exactly max_position_embeddings
+// (2,560 pages of 64 tokens) the decode step's sampled token and draft tokens fall past the cap by
+// default, and take one more page once --max-model-len leaves room for them.
+TEST(LedgerLimits, MaxModelLenIsVllmsSlotCap) {
+  Geometry g = Preset("deepseek-v3");
+  LedgerOptions o = Context(163840, "", Engine::kVllm);
+  o.spec_tokens = 2;
+  const Ledger capped = MustLedger(g, o);
+  o.max_model_len = 163840;
+  EXPECT_EQ(MustLedger(g, o).committed_bytes, capped.committed_bytes);
+  o.max_model_len = 200000;
+  const Ledger roomy = MustLedger(g, o);
+  const CacheLine* line = capped.FindLine(capped.lines[0].name);
+  ASSERT_NE(line, nullptr);
+  EXPECT_EQ(roomy.committed_bytes - capped.committed_bytes, uint64_t{line->page.page_bytes} * line->layers);
+}
+
 TEST(LedgerErrors, OptionsNameTheField) {
   Geometry g = Preset("deepseek-v3");
   struct Case {

@@ -71,6 +71,31 @@ TEST(PlanCli, GatesExitOneAndListTheRejected) {
   EXPECT_EQ(ok.exit_code, 0) << ok.out;
 }
 
+// Rejections read in units, the exact count beside them (issue 22 point 4).
+TEST(PlanCli, RejectionsInHumanUnits) {
+  CommandResult r = RunTessera(kPlan + " --max-committed-bytes 1GiB --concurrency 2");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.out.find("per rank > --max-committed-bytes 1 GiB (1,073,741,824 B)"), std::string::npos) << r.out;
+  CommandResult w = RunTessera("plan --model deepseek-v3 --gpu H100-80G --tp 1 --context 8k");
+  EXPECT_EQ(w.exit_code, 1) << w.err;
+  EXPECT_NE(w.out.find(" GiB ("), std::string::npos) << w.out;
+  EXPECT_EQ(w.out.find("B per rank) plus reserve ("), std::string::npos) << w.out;
+}
+
+// --max-model-len caps vLLM's and SGLang's contexts (the longest-context search included);
+// Tessera's pools have none (issue 22 point 2).
+TEST(PlanCli, MaxModelLenCapsVllmAndSglang) {
+  ExpectInputError(kPlan + " --max-model-len 64k", "max-model-len");  // the context 128k is past it
+  CommandResult r = RunTessera(kPlan + " --concurrency 1 --max-model-len 128k --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const auto& e : j["engines"]) {
+    if (e["engine"] != "tessera") {
+      EXPECT_LE(e["max_context"].get<uint64_t>(), 131072u) << e.dump();
+    }
+  }
+}
+
 TEST(PlanCli, BadInputExitsTwoNamingTheField) {
   const std::string base = "plan --model deepseek-v3.2 --context 128k";
   ExpectInputError(base + " --gpu A100 --tp 8", "gpu");
@@ -98,6 +123,23 @@ TEST(PlanCli, GpuSpecFile) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["engines"], nlohmann::json::parse(b.out)["engines"]);
   std::string bad = dir.Write("bad.json", R"({"name": "x", "memory_bytes": "lots"})");
   ExpectInputError("plan --model deepseek-v3.2 --gpu-spec " + bad + " --tp 8 --context 128k", "memory_bytes");
+}
+
+// price says what it prices (attention only), in units, and what its crossovers mean (issue 22
+// point 4).
+TEST(PriceCli, AttentionOnlyHumanUnitsAndCrossoversInWords) {
+  CommandResult r = RunTessera("price --model deepseek-v3 --gpu H200-141G --tp 8 --batch 64 --context 128k");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("MLA attention for one decoded token per sequence"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention only:"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" decode step, batch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s at the roofline"), std::string::npos) << r.out;  // 2.17 s, not 2174316.88 µs
+  EXPECT_NE(r.out.find(" ms at the roofline"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(".88 µs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compute-bound from context 23 tokens on at this batch (memory-bound below)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("compute-bound from batch 1 on at this context"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("crossover context 23"), std::string::npos) << r.out;
 }
 
 TEST(PriceCli, JsonAndErrors) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "needle.h"
@@ -70,7 +71,8 @@ KvWriters NeedleWriters(uint64_t needle_group) {
     ASSERT_EQ(entry.plane_count, 2u);
     ASSERT_TRUE(QuantizeV4Fp8(nope, rope, entry.planes[0], entry.planes[1]).ok());
   };
-  return KvWriters(window, state, compress);
+  // Moved, not copied: GCC 12 at -O3 warns (maybe-uninitialized) inside std::function's copy.
+  return KvWriters(std::move(window), std::move(state), std::move(compress));
 }
 
 std::vector<uint32_t> Prompt(uint64_t n) {

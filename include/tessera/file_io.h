@@ -29,7 +29,9 @@ Result<std::string> ReadRegularFile(const std::string& path, std::string_view fi
 // replaced (kInvalidArgument on "out"). When several files are written and a later rename fails,
 // the targets already renamed get their previous contents back (kept under a hard link until
 // every rename succeeded) or are removed if they did not exist, so the set on disk is the old
-// one or the new one, never a mix. Other failures are kIoError on "out" naming the path.
+// one or the new one, never a mix. Missing folders above a target are created first (and stay
+// if a later step fails). Other failures are kIoError on "out" naming the target, never a
+// temporary name.
 Status WriteFilesAtomically(const std::vector<std::pair<std::string, std::string>>& files);
 
 }  // namespace tessera

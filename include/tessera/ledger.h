@@ -47,6 +47,11 @@ struct LedgerOptions : CacheLayoutOptions {
   Engine engine = Engine::kTessera;
   SwaStrategy swa_strategy = SwaStrategy::kRecompute;
   uint64_t prefill_chunk_tokens = 8192;  // tokens per prefill step (vLLM's max_num_batched_tokens)
+  // vLLM's --max-model-len (SGLang's --context-length): the longest context the engine admits, and
+  // vLLM's cap on a request's slots. Unset: max(max_position_embeddings, context), as before. The
+  // vllm and sglang engines refuse a context past it naming "max-model-len"; engine tessera has no
+  // such cap and refuses the option.
+  std::optional<uint64_t> max_model_len;
 };
 
 // The named terms committed bytes decompose into (ADR 0004), in the order outputs list them.

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "file_io_testing.h"
 
@@ -83,13 +84,14 @@ Result<std::string> ReadRegularFile(const std::string& path, std::string_view fi
 
 namespace {
 
-Status WriteAll(const std::string& path, const std::string& contents) {
+// Writes `path`, a temporary name; errors name `target`, the file the user asked for.
+Status WriteAll(const std::string& path, const std::string& contents, const std::string& target) {
   // O_EXCL: never opens an existing file, and never follows a link planted at the name.
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!fd.valid()) return IoError("out", "cannot create " + path + ": " + std::strerror(errno));
+  if (!fd.valid()) return IoError("out", "cannot write " + target + ": " + std::strerror(errno));
   // From here the file is ours: a failure removes it (nothing partial is left behind).
-  auto fail = [&path](const char* what) {
-    Status st = IoError("out", std::string("cannot ") + what + " " + path + ": " + std::strerror(errno));
+  auto fail = [&path, &target](const char* what) {
+    Status st = IoError("out", std::string("cannot ") + what + " " + target + ": " + std::strerror(errno));
     ::unlink(path.c_str());
     return st;
   };
@@ -123,6 +125,17 @@ Result<bool> TargetExists(const std::string& path) {
   return true;
 }
 
+// Creates the missing folders above `path` ("receipts/v32" creates receipts/); an error names
+// the folder and the target.
+Status CreateParentFolders(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) return Status::Ok();
+  std::error_code ec;
+  std::filesystem::create_directories(parent, ec);
+  if (ec) return IoError("out", "cannot create the folder " + parent.string() + " for " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
 }  // namespace
 
 // Long (~85 lines) on purpose: the renames and the rollback that puts the old set back share the
@@ -140,7 +153,8 @@ Status WriteFilesAtomically(const std::vector<std::pair<std::string, std::string
   };
   for (const auto& [path, contents] : files) {
     std::string tmp = path + ".tmp" + suffix;
-    Status st = WriteAll(tmp, contents);
+    Status st = CreateParentFolders(path);
+    if (st.ok()) st = WriteAll(tmp, contents, path);
     if (!st.ok()) {
       cleanup();
       return st;

@@ -88,6 +88,15 @@ namespace {
 using detail::Entries;
 using detail::LayoutOptionsOf;
 
+std::string Grouped(uint64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
 Status ValidateOptions(const LedgerOptions& o) {
   if (o.context_tokens == 0) return InvalidArgument("context", "must be a positive token count");
   if (o.batch == 0) return InvalidArgument("batch", "must be positive");
@@ -102,17 +111,36 @@ Status ValidateOptions(const LedgerOptions& o) {
   if (o.context_tokens > (uint64_t{1} << 62)) {
     return OutOfRange("context", std::to_string(o.context_tokens) + " tokens is beyond 2^62");
   }
+  if (o.max_model_len) {
+    if (o.engine == Engine::kTessera) {
+      return InvalidArgument("max-model-len", "engine tessera has no maximum model length (vllm and sglang do)");
+    }
+    if (*o.max_model_len == 0) return InvalidArgument("max-model-len", "must be a positive token count");
+    if (o.context_tokens > *o.max_model_len) {
+      return OutOfRange("max-model-len", "context " + Grouped(o.context_tokens) + " tokens exceeds --max-model-len " +
+                                             Grouped(*o.max_model_len) + "; " + std::string(EngineName(o.engine)) +
+                                             " refuses such a request");
+    }
+  }
   // The KV heads a rank holds: MapCaches checks them next (CheckTensorParallel).
   return Status::Ok();
 }
 
-std::string Grouped(uint64_t v) {
-  std::string digits = std::to_string(v), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
+// The note a context past the model's trained positions carries (ADR 0034); empty within them.
+std::string LimitNote(const Geometry& g, const LedgerOptions& o) {
+  const uint64_t max_pos = g.max_position_embeddings;
+  if (max_pos == 0 || o.context_tokens <= max_pos) return {};
+  std::string note = "context " + Grouped(o.context_tokens) + " tokens exceeds the model's max_position_embeddings " +
+                     Grouped(max_pos) + ": priced as asked, but positions past it were not trained";
+  if (o.engine == Engine::kVllm) {
+    note += o.max_model_len ? "; vLLM starts with --max-model-len " + Grouped(*o.max_model_len) +
+                                  " past the config only with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+                            : "; vLLM refuses it unless --max-model-len is raised (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1), "
+                              "priced here as max-model-len = context";
+  } else if (o.engine == Engine::kSglang) {
+    note += "; SGLang refuses it unless --context-length is raised (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1)";
   }
-  return out;
+  return note;
 }
 
 // The formula of a line's requested bytes per request (ADR 0033).
@@ -356,8 +384,9 @@ struct LedgerSweep::State {
   CacheMap caches;
   Ledger ledger;  // planned; Price overwrites every figure that depends on the context
   std::unique_ptr<detail::EngineProfile> profile;
-  Status planned;  // validating the options (but the context), mapping the caches, planning
-  Status kinds;    // SummarizeKinds (context-independent, but ComputeLedger reports it last)
+  Status planned;            // validating the options (but the context), mapping the caches, planning
+  Status kinds;              // SummarizeKinds (context-independent, but ComputeLedger reports it last)
+  size_t planned_notes = 0;  // the notes that do not depend on the context
 };
 
 LedgerSweep::LedgerSweep(const Geometry& g, const LedgerOptions& options) : s_(std::make_unique<State>(g, options)) {
@@ -391,6 +420,7 @@ LedgerSweep::LedgerSweep(const Geometry& g, const LedgerOptions& options) : s_(s
   s.planned = s.profile->Plan(ledger);
   if (s.planned.ok()) s.planned = ReportWindowStrategies(ledger);
   if (s.planned.ok()) s.kinds = SummarizeKinds(g, s.options, ledger);
+  s.planned_notes = ledger.notes.size();
 }
 
 LedgerSweep::~LedgerSweep() = default;
@@ -423,6 +453,8 @@ Status LedgerSweep::Price(uint64_t context) {
   ledger.mha_equivalent_bytes = 0;
   ledger.mha_bytes_per_token_per_layer = 0;
   ledger.mha_ratio = Fraction();
+  ledger.notes.resize(s.planned_notes);
+  if (std::string note = LimitNote(s.g, s.options); !note.empty()) ledger.notes.push_back(std::move(note));
   for (CacheLine& line : ledger.lines) {
     line.shape.clear();
     line.shape_unit.clear();

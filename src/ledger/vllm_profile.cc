@@ -144,7 +144,7 @@ std::vector<Policy> V4Policies(const std::vector<CacheLine>& lines, uint32_t ful
 // - prefill peak: the most held after any chunk's allocation, later chunks with lookahead slots;
 // - decode (committed): held after the first decode step, the sampled token, its draft tokens
 //   and as many lookahead slots (N + 1 + 2k slots), blocks behind each window freed.
-// Slots are capped at max_model_len, taken as max(max_position_embeddings, context).
+// Slots are capped at max_model_len: --max-model-len, else max(max_position_embeddings, context).
 class VllmProfile final : public EngineProfile {
  public:
   using EngineProfile::EngineProfile;
@@ -265,7 +265,11 @@ class VllmProfile final : public EngineProfile {
   }
   // max_model_len. Read at each call, not planned: the context is not the profile's (a ledger
   // sweep prices many contexts over one planned profile).
-  uint64_t MaxLen() const { return std::max<uint64_t>(in_.g.max_position_embeddings, in_.options.context_tokens); }
+  // --max-model-len when given (the options check refuses a context past it).
+  uint64_t MaxLen() const {
+    if (in_.options.max_model_len) return *in_.options.max_model_len;
+    return std::max<uint64_t>(in_.g.max_position_embeddings, in_.options.context_tokens);
+  }
   uint64_t Chunk() const { return std::max<uint64_t>(1, in_.options.prefill_chunk_tokens); }
   // vLLM counts the whole sequence (DCP multiplies the block size instead); the ledger passes the
   // busiest rank's tokens, cdiv(context, dcp).

@@ -6,6 +6,7 @@
 
 #include "context_search.h"
 #include "tessera/checked.h"
+#include "tessera/units.h"
 
 namespace tessera {
 
@@ -70,6 +71,12 @@ class PhaseBytesAt {
   std::map<uint64_t, PhaseTotals> memo_;
 };
 
+// "~626.920361 GiB (673,150,611,808 B)": people read the unit, the exact count stays beside it.
+std::string Human(uint64_t bytes) {
+  if (bytes < 1024) return WithThousands(bytes) + " B";
+  return FormatBinary(bytes) + " (" + WithThousands(bytes) + " B)";
+}
+
 }  // namespace
 
 // Long (~90 lines): the plan's option checks, then one pass per engine that fills its row; the
@@ -116,6 +123,9 @@ Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const Pl
   for (Engine engine : o.engines) {
     LedgerOptions lo = o.ledger;
     lo.engine = engine;
+    // --max-model-len caps vLLM's and SGLang's contexts; Tessera's pools have no such cap.
+    if (engine == Engine::kTessera) lo.max_model_len.reset();
+    const uint64_t engine_hi = lo.max_model_len ? std::min(hi, *lo.max_model_len) : hi;
     lo.tp = o.tp;
     lo.batch = 1;
     PhaseBytesAt at(g, lo);
@@ -133,7 +143,7 @@ Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const Pl
       pp.max_concurrency = bytes[i] == 0 ? UINT64_MAX : p.kv_budget_bytes / bytes[i];
       if (o.concurrency) {
         TESSERA_ASSIGN_OR_RETURN(uint64_t c, detail::LongestContext([&at](uint64_t context) { return at.At(context); },
-                                                                    i, *o.concurrency, p.kv_budget_bytes, hi));
+                                                                    i, *o.concurrency, p.kv_budget_bytes, engine_hi));
         pp.max_context = c;
         e.max_context = std::min(e.max_context.value_or(UINT64_MAX), c);
       }
@@ -145,13 +155,12 @@ Result<Plan> ComputePlan(const Geometry& g, const WeightShapes& shapes, const Pl
     if (committed.overflowed()) return OutOfRange("concurrency", "committed bytes overflow 64 bits");
     e.committed_bytes = committed.value();
     if (!p.weights_fit) {
-      e.reasons.push_back("weights (" + std::to_string(p.weights.bytes_per_rank) + " B per rank) plus reserve (" +
-                          std::to_string(p.reserve_bytes) + " B) exceed the usable " + std::to_string(p.usable_bytes) +
-                          " B");
+      e.reasons.push_back("weights " + Human(p.weights.bytes_per_rank) + " per rank plus reserve " +
+                          Human(p.reserve_bytes) + " exceed the usable " + Human(p.usable_bytes));
     }
     if (o.max_committed_bytes && e.committed_bytes > *o.max_committed_bytes) {
-      e.reasons.push_back("committed " + std::to_string(e.committed_bytes) + " B per rank > --max-committed-bytes " +
-                          std::to_string(*o.max_committed_bytes));
+      e.reasons.push_back("committed " + Human(e.committed_bytes) + " per rank > --max-committed-bytes " +
+                          Human(*o.max_committed_bytes));
     }
     if (o.min_concurrency && e.sustained_concurrency < *o.min_concurrency) {
       e.reasons.push_back("sustained concurrency " + std::to_string(e.sustained_concurrency) + " < --min-concurrency " +

@@ -65,6 +65,19 @@ std::string ShortBytes(double bytes) {
 constexpr double kWidth = 760;
 constexpr double kLeft = 90, kRight = 150, kTop = 34, kBottom = 50;
 
+// A generous estimate of a label's width in the page's sans-serif (DejaVu Sans, Chromium's
+// default on Debian, is wide: 0.65 em covers its lowercase, digits and '_'), so that the legend
+// column is made wide enough for its longest entry and nothing is clipped at the SVG's edge.
+double TextWidth(std::string_view text, int size) { return 0.65 * size * static_cast<double>(text.size()); }
+
+// The SVG's width: the plot, then a legend column from kWidth - kRight + 32 as wide as its
+// longest name (tests/browser_test.cc checks every text box lies inside).
+double ChartWidth(const std::vector<std::string>& legend, int size) {
+  double widest = 0;
+  for (const std::string& n : legend) widest = std::max(widest, TextWidth(n, size));
+  return std::max(kWidth, kWidth - kRight + 32 + widest + 10);
+}
+
 std::string SvgOpen(double width, double height, const std::string& title) {
   return "<svg class=\"chart\" width=\"" + Px(width) + "\" height=\"" + Px(height) + "\" viewBox=\"0 0 " + Px(width) +
          " " + Px(height) + "\" role=\"img\" aria-label=\"" + Escape(title) + "\"><title>" + Escape(title) +
@@ -158,6 +171,46 @@ LogAxis MakeLogAxis(double lo, double hi, double px0, double px1) {
   return a;
 }
 
+std::string ByteTicks::Label(size_t i) const {
+  if (i >= ticks.size()) return "";
+  return ticks[i] == 0 ? "0 B" : WithThousands(ticks[i] / unit_bytes) + " " + unit;
+}
+
+ByteTicks MakeByteTicks(uint64_t max_bytes, int target) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  static constexpr uint64_t kMultiples[] = {1, 2, 5, 10, 20, 50, 100, 200, 500};
+  ByteTicks t;
+  const uint64_t raw = std::max<uint64_t>(1, max_bytes / static_cast<uint64_t>(std::max(1, target)));
+  size_t u = 0;
+  while (u + 1 < std::size(kUnits) && raw / t.unit_bytes >= 1024) {
+    t.unit_bytes *= 1024;
+    ++u;
+  }
+  // The smallest 1-2-5 multiple of the unit at least the raw step; past 500 units, 1 of the next.
+  const double m = static_cast<double>(raw) / static_cast<double>(t.unit_bytes);
+  t.multiple = 0;
+  for (uint64_t c : kMultiples) {
+    if (static_cast<double>(c) >= m) {
+      t.multiple = c;
+      break;
+    }
+  }
+  if (t.multiple == 0) {
+    t.multiple = 1;
+    if (u + 1 < std::size(kUnits)) {
+      t.unit_bytes *= 1024;
+      ++u;
+    }
+  }
+  t.unit = kUnits[u];
+  t.step = t.multiple * t.unit_bytes;
+  for (uint64_t v = 0;; v += t.step) {
+    t.ticks.push_back(v);
+    if (v >= max_bytes || v > UINT64_MAX - t.step) break;
+  }
+  return t;
+}
+
 std::string LineChartSvg(const LineChart& chart) {
   const double height = 340;
   double xmin = 0, xmax = 0, ymin = 0, ymax = 0;
@@ -175,7 +228,10 @@ std::string LineChartSvg(const LineChart& chart) {
   if (!any) xmin = xmax = ymin = ymax = 1;
   LogAxis xa = MakeLogAxis(xmin, xmax, kLeft, kWidth - kRight);
   LogAxis ya = MakeLogAxis(ymin, ymax, height - kBottom, kTop);
-  std::string s = SvgOpen(kWidth, height, chart.title);
+  std::vector<std::string> names;
+  names.reserve(chart.series.size());
+  for (const Series& ser : chart.series) names.push_back(ser.name);
+  std::string s = SvgOpen(ChartWidth(names, 12), height, chart.title);
   // Grid, ticks and labels.
   for (int e : xa.TickExponents(11)) {
     double x = xa.Map(std::ldexp(1.0, e));
@@ -238,15 +294,20 @@ std::string StackedBarsSvg(const std::string& title, const std::vector<Bar>& bar
   }
   double plot_h = static_cast<double>(bars.size()) * (bar_h + gap);
   double height = kTop + 10 + std::max(plot_h, 20.0 * static_cast<double>(legend.size())) + kBottom;
-  std::string s = SvgOpen(kWidth, height, title);
+  std::vector<std::string> names;
+  names.reserve(legend.size());
+  for (const BarSegment* l : legend) names.push_back(l->name);
+  std::string s = SvgOpen(ChartWidth(names, 11), height, title);
   double x0 = kLeft, x1 = kWidth - kRight;
-  double scale = max_total == 0 ? 0 : (x1 - x0) / static_cast<double>(max_total);
   double axis_y = kTop + 10 + plot_h;
-  // Linear ticks at quarters of the largest bar.
-  for (int q = 0; q <= 4; ++q) {
-    double x = x0 + (x1 - x0) * q / 4;
+  // Linear ticks on round values (1-2-5 steps in a binary unit), the axis ending on the last.
+  const ByteTicks ticks = MakeByteTicks(max_total);
+  const double axis_max = static_cast<double>(ticks.ticks.back());
+  double scale = axis_max == 0 ? 0 : (x1 - x0) / axis_max;
+  for (size_t i = 0; i < ticks.ticks.size(); ++i) {
+    double x = x0 + static_cast<double>(ticks.ticks[i]) * scale;
     s += Line(x, kTop + 6, x, axis_y, "#e4e4e4");
-    s += Text(x, axis_y + 16, ShortBytes(static_cast<double>(max_total) * q / 4), "middle", 10);
+    s += Text(x, axis_y + 16, ticks.Label(i), "middle", 10);
   }
   s += Line(x0, axis_y, x1, axis_y, "#333333");
   s += Text((x0 + x1) / 2, height - 12, "committed bytes per rank", "middle", 12);
@@ -367,7 +428,10 @@ Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest
 
   // One ledger per engine at the receipt's context (terms), and per engine per charted context
   // (curves); batch 1, the receipt's other options.
-  html::LineChart requested{"Requested bytes per request", "bytes (all ranks)", "context (tokens)", {}};
+  // Requested bytes are the request's logical cache, one copy (the latent is replicated on every
+  // tensor-parallel rank; all ranks together hold tp copies, which this chart does not plot).
+  html::LineChart requested{
+      "Requested bytes per request (one copy of its cache)", "bytes (one copy)", "context (tokens)", {}};
   html::LineChart committed{"Committed bytes per request (one rank)", "bytes per rank", "context (tokens)", {}};
   html::LineChart read{"Cache bytes read per generated token (one rank)", "bytes per token", "context (tokens)", {}};
   std::vector<html::Bar> bars;

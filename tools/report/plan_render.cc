@@ -225,13 +225,41 @@ ordered_json PriceJson(const Price& p) {
 
 std::string Opt(const std::optional<uint64_t>& v) { return v ? WithThousands(*v) : "none"; }
 
+// A time for people, three significant digits in s, ms or µs ("2.17 s", "123 ms", "8.4 µs").
+std::string Duration(double seconds) {
+  if (seconds >= 1) return Fixed(seconds, "%.3g") + " s";
+  if (seconds >= 1e-3) return Fixed(seconds * 1e3, "%.3g") + " ms";
+  return Fixed(seconds * 1e6, "%.3g") + " µs";
+}
+
+// Where the roofline bound changes, in words: the batch from which the path is compute-bound (at
+// this context; W_UK and W_UV are read once per step, so batching raises the intensity), and
+// the context at which the bound flips (at this batch; the bound at context 1 holds below it).
+std::string BatchCrossover(const PathPrice& pp) {
+  if (!pp.crossover_batch) return "no batch makes it compute-bound at this context";
+  return "compute-bound from batch " + WithThousands(*pp.crossover_batch) + " on at this context";
+}
+std::string ContextCrossover(const PathPrice& pp, const Price& p) {
+  if (!pp.crossover_context) return "the same bound at every context up to max_position_embeddings";
+  const std::string here = pp.compute_bound ? "compute" : "memory";
+  const std::string other = pp.compute_bound ? "memory" : "compute";
+  const uint64_t c = *pp.crossover_context;
+  return p.context_tokens >= c
+             ? here + "-bound from context " + WithThousands(c) + " tokens on at this batch (" + other + "-bound below)"
+             : "turns " + other + "-bound from context " + WithThousands(c) + " tokens on at this batch";
+}
+
 std::string PriceText(const Price& p, bool markdown) {
   std::string s;
   auto line = [&](const std::string& t) { s += t + "\n"; };
   const std::string b = markdown ? "- " : "  ";
-  line(std::string(markdown ? "## " : "") + "price: " + p.model + " decode step, batch " + WithThousands(p.batch) +
-       ", context " + WithThousands(p.context_tokens) + ", tp " + std::to_string(p.tp) + " on " + p.gpu.name);
+  line(std::string(markdown ? "## " : "") + "price: " + p.model + " MLA attention for one decoded token per sequence" +
+       ", batch " + WithThousands(p.batch) + ", context " + WithThousands(p.context_tokens) + ", tp " +
+       std::to_string(p.tp) + " on " + p.gpu.name);
   if (markdown) line("");
+  line(b +
+       "attention only: the cache reads, W_UK and W_UV and the attention math; not the MLP or experts, not the "
+       "other projections, not a whole decode step");
   line(b + "heads per rank " + std::to_string(p.heads_per_rank) + "; d_c " + std::to_string(p.dims.latent) + ", d_r " +
        std::to_string(p.dims.rope) + ", d_n " + std::to_string(p.dims.nope) + ", d_v " + std::to_string(p.dims.v) +
        "; kv-format " + p.kv_format + " (" + WithThousands(p.read_bytes_per_token) + " B read per token per rank)");
@@ -245,11 +273,11 @@ std::string PriceText(const Price& p, bool markdown) {
   }
   line("");
   if (markdown) {
-    line("| path | FLOPs | HBM bytes | FLOP/B | time (µs) | bound | crossover batch | crossover context |");
+    line("| path | FLOPs | HBM bytes | FLOP/B | time | bound | crossover batch | crossover context |");
     line("|---|---:|---:|---:|---:|---|---:|---:|");
   }
   for (const PathPrice* pp : {&p.absorbed, &p.naive}) {
-    const std::string us = Fixed(pp->time_s * 1e6, "%.2f");
+    const std::string us = Duration(pp->time_s);
     const std::string bound = pp->compute_bound ? "compute" : "memory";
     if (markdown) {
       line("| " + pp->path + " | " + WithThousands(pp->flops) + " | " + WithThousands(pp->bytes) + " | " +
@@ -258,9 +286,14 @@ std::string PriceText(const Price& p, bool markdown) {
     } else {
       line("  " + pp->path + ": " + WithThousands(pp->flops) + " FLOPs, " + WithThousands(pp->bytes) + " B (cache " +
            WithThousands(pp->cache_bytes) + ", weights " + WithThousands(pp->weight_bytes) + ", materialized " +
-           WithThousands(pp->materialized_bytes) + "), " + Fixed(pp->intensity, "%.2f") + " FLOP/B, " + us + " µs, " +
-           bound + "-bound; crossover batch " + Opt(pp->crossover_batch) + ", crossover context " +
-           Opt(pp->crossover_context));
+           WithThousands(pp->materialized_bytes) + "), " + Fixed(pp->intensity, "%.2f") + " FLOP/B, " + us +
+           " at the " + "roofline, " + bound + "-bound; " + BatchCrossover(*pp) + "; " + ContextCrossover(*pp, p));
+    }
+  }
+  if (markdown) {
+    line("");
+    for (const PathPrice* pp : {&p.absorbed, &p.naive}) {
+      line(b + pp->path + ": " + BatchCrossover(*pp) + "; " + ContextCrossover(*pp, p));
     }
   }
   for (const std::string& n : p.notes) line(b + "note: " + n);

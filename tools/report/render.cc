@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "render_json.h"
+#include "tessera/codec.h"
 #include "tessera/units.h"
 
 namespace tessera {
@@ -91,6 +92,7 @@ std::string InputsLine(const Ledger& l) {
   s += ", block " + std::to_string(l.block_tokens) + " tokens, tp " + std::to_string(o.tp) + ", dcp " +
        std::to_string(o.dcp) + ", spec-tokens " + std::to_string(o.spec_tokens) + ", engine " +
        std::string(EngineName(o.engine));
+  if (o.max_model_len) s += ", max-model-len " + WithThousands(*o.max_model_len);
   return s;
 }
 
@@ -126,6 +128,11 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
   in["kernel"] = std::string(KernelName(l.options.kernel));
   in["swa_strategy"] = std::string(SwaStrategyName(l.options.swa_strategy));
   in["prefill_chunk_tokens"] = l.options.prefill_chunk_tokens;
+  if (l.options.max_model_len) in["max_model_len"] = *l.options.max_model_len;
+  if (l.options.kv_scale_format) in["kv_scale_format"] = std::string(ScaleFormatName(*l.options.kv_scale_format));
+  if (l.options.indexer_scale_format) {
+    in["indexer_scale_format"] = std::string(ScaleFormatName(*l.options.indexer_scale_format));
+  }
   j["inputs"] = in;
   j["layers_counted"] = l.layers_counted;
   j["tokens_per_rank"] = l.tokens_per_rank;
@@ -181,6 +188,7 @@ ordered_json LedgerToJson(const Ledger& l, const Reconciliation* rec) {
     cj["regions"] = c.format.RegionSummary();
     cj["packing"] = std::string(PackingName(c.format.packing));
     cj["record_bytes"] = c.record_bytes;
+    cj["formula"] = c.formula;
     if (c.grows) {
       cj["compress_ratio"] = c.compress_ratio;
       cj["bytes_per_token_per_layer"] = ExactJson(c.bytes_per_token_per_layer);
@@ -276,15 +284,21 @@ std::string RenderLedger(const Ledger& l, OutputFormat format, const Reconciliat
     std::string per = c.grows ? c.bytes_per_token_per_layer.ToExactAndDecimal() + " B"
                               : std::to_string(c.record_bytes) + " B/slot x " + std::to_string(c.slots) + " (constant)";
     std::string storage =
-        c.in_pages ? std::to_string(c.page.entries_per_block) + " x " + std::to_string(c.page.block_tokens) +
-                         "-token pages of " + std::to_string(c.page.page_bytes) + " B" +
-                         (c.page.packed() ? " (" + std::to_string(c.page.layers_per_page) + " layers per page)" : "")
-                   : "arena";
+        c.in_pages
+            ? "pages of " + std::to_string(c.page.block_tokens) + " tokens (" +
+                  std::to_string(c.page.entries_per_block) + " entries, " + WithThousands(c.page.page_bytes) + " B)" +
+                  (c.page.packed() ? " (" + std::to_string(c.page.layers_per_page) + " layers per page)" : "")
+            : "arena";
     caches.Add({c.name, std::to_string(c.layers), c.format.name, std::to_string(c.record_bytes) + " B", per,
                 ShapeString(c), storage, WithThousands(c.requested_bytes), WithThousands(c.committed_bytes),
                 WithThousands(c.read_bytes_per_token)});
   }
   out << (md ? "### Caches (bytes)\n\n" + caches.Markdown() : "caches (bytes):\n" + caches.Text()) << "\n";
+  Table formulas({"cache", "requested bytes per request"});
+  for (const CacheLine& c : l.lines) formulas.Add({c.name, c.formula});
+  out << (md ? "### How each cache is priced\n\n" + formulas.Markdown()
+             : "how each cache is priced (requested bytes per request):\n" + formulas.Text())
+      << "\n";
 
   Table terms({"term", "bytes"});
   for (const Term& t : l.terms) terms.Add({std::string(LedgerTermName(t.term)), FormatBytes(t.bytes)});

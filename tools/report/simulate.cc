@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -506,6 +507,9 @@ std::vector<uint32_t> Concat(std::initializer_list<const std::vector<uint32_t>*>
   return all;
 }
 
+// A progress note from one run ("3/8 independent agents"), for AgentScenario::progress.
+using StepNote = std::function<void(std::string_view)>;
+
 // The agents of one run, as the first wave leaves them, and the prompts the later waves repeat.
 struct Wave {
   std::vector<Agent> agents;
@@ -567,7 +571,8 @@ void RunLockstepPairs(Simulation& sim, RequestManager& m, const std::vector<uint
 // Steps 1-4, the first wave: the orchestrator's shared context, the forked agents, the
 // independent agents (their own preamble, one of two, then the same documents and tools), and
 // the lockstep pairs. The tokens are drawn in this order.
-Wave RunFirstWave(Simulation& sim, RequestManager& m, const AgentScenario& s, uint64_t bt, SimulationResult& out) {
+Wave RunFirstWave(Simulation& sim, RequestManager& m, const AgentScenario& s, uint64_t bt, const StepNote& step,
+                  SimulationResult& out) {
   const uint64_t system = std::max<uint64_t>(1, s.shared_tokens / 8);
   const uint64_t tools = std::max<uint64_t>(1, s.shared_tokens / 8);
   const uint64_t docs = s.shared_tokens - system - tools;
@@ -578,13 +583,14 @@ Wave RunFirstWave(Simulation& sim, RequestManager& m, const AgentScenario& s, ui
                                                   sim.Tokens(s.preamble_tokens)};
   Wave w;
   w.agents.reserve(1 + s.agents + s.independent + 2 * pairs);
+  step("1/8 orchestrator context");
   // 1. The orchestrator builds the shared context.
   std::vector<uint32_t> shared = Concat({&system_tokens, &doc_tokens, &tool_tokens});
   w.agents.emplace_back();
   if (!sim.AdmitAndWrite(w.agents[0], shared, &w.hit_tokens)) ++out.out_of_blocks;
-  // 2.
+  step("2/8 forked agents");
   ForkAgents(sim, m, s, w, out);
-  // 3. Independent agents.
+  step("3/8 independent agents");
   for (uint32_t i = 0; i < s.independent; ++i) {
     std::vector<uint32_t> task = sim.Tokens(s.unique_tokens);
     std::vector<uint32_t> prompt = Concat({&preambles[i % 2], &doc_tokens, &tool_tokens, &task});
@@ -595,7 +601,7 @@ Wave RunFirstWave(Simulation& sim, RequestManager& m, const AgentScenario& s, ui
     w.independent_prompts.push_back(std::move(prompt));
     w.independent_tenants.push_back(a.tenant);
   }
-  // 4.
+  step("4/8 identical prompts");
   std::vector<uint32_t> pair_task = sim.Tokens(s.unique_tokens);
   RunLockstepPairs(sim, m, Concat({&preambles[2], &doc_tokens, &pair_task}), pairs, bt, w, out);
   return w;
@@ -603,7 +609,8 @@ Wave RunFirstWave(Simulation& sim, RequestManager& m, const AgentScenario& s, ui
 
 // Steps 7 and 8: the independent prompts again, from the cache; then cold agents, new prompts
 // of the same length (with a tight pool they evict cached blocks).
-void RunLaterWaves(Simulation& sim, const Wave& w, SimulationResult& out) {
+void RunLaterWaves(Simulation& sim, const Wave& w, const StepNote& step, SimulationResult& out) {
+  step("7/8 second wave");
   for (size_t i = 0; i < w.independent_prompts.size(); ++i) {
     Agent a;
     a.tenant = w.independent_tenants[i];
@@ -612,6 +619,7 @@ void RunLaterWaves(Simulation& sim, const Wave& w, SimulationResult& out) {
     out.second_wave_hit_tokens += hits;
     sim.Release(a, out);
   }
+  step("8/8 cold agents");
   for (size_t i = 0; i < w.independent_prompts.size(); ++i) {
     Agent a;
     a.tenant = w.independent_tenants[i];
@@ -654,12 +662,19 @@ Result<StrategyRun> RunOnce(const Geometry& g, const AgentScenario& s, std::opti
   TESSERA_ASSIGN_OR_RETURN(RunSetup r, OpenRun(g, s, strategy, out));
   const uint64_t bt = r.block_tokens;
   Simulation sim(g, s, r.m.get(), &run);
-  Wave w = RunFirstWave(sim, *r.m, s, bt, out);
+  // Progress for a person at a terminal (AgentScenario::progress; the CLI prints it on a TTY).
+  const std::string run_name = strategy ? std::string(SwaStrategyName(*strategy)) + ": " : "";
+  const StepNote step = [&](std::string_view what) {
+    if (s.progress) s.progress(run_name + std::string(what));
+  };
+  Wave w = RunFirstWave(sim, *r.m, s, bt, step, out);
+  step("5/8 peak");
   // 5. The peak: sharing, copies of the shared context, tenant isolation, bytes held.
   MeasurePeak(*r.m, w.agents, w.forked, s.shared_tokens / bt, run, out);
+  step("6/8 verifying every byte");
   // 6. Verify every byte of every request, then free it (sealed blocks stay cached).
   for (Agent& a : w.agents) sim.Release(a, out);
-  RunLaterWaves(sim, w, out);
+  RunLaterWaves(sim, w, step, out);
   TESSERA_RETURN_IF_ERROR(Tally(r, s, run, out));
   return run;
 }

@@ -18,12 +18,16 @@
 //
 // Exit codes: 0 success; 2 usage or input error (one line on stderr naming the field, nothing
 // written); 1 any other failure.
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -31,6 +35,7 @@
 extern char** environ;
 
 #include "tessera/claims.h"
+#include "tessera/codec.h"
 #include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
@@ -93,6 +98,9 @@ struct ModelArgs {
   std::string observed_scope = "rank";
   std::string swa_strategy = "recompute";
   std::string prefill_chunk = "8192";
+  std::string max_model_len;
+  std::string kv_scale_format;
+  std::string indexer_scale_format;
 
   void Register(CLI::App* app) {
     app->add_option("--model", model, "preset name (see `tessera models`)");
@@ -114,6 +122,13 @@ struct ModelArgs {
     app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
     app->add_option("--swa-strategy", swa_strategy, "recompute | snapshot | retain (models with windows)");
     app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
+    app->add_option("--max-model-len", max_model_len,
+                    "vllm and sglang engines: the longest context the engine admits, vLLM's --max-model-len "
+                    "(default: max(max_position_embeddings, context))");
+    app->add_option("--kv-scale-format", kv_scale_format,
+                    "scales of the fp32-scaled main record: amax | ue8m0 (default: what the engine writes)");
+    app->add_option("--indexer-scale-format", indexer_scale_format,
+                    "scales of the indexer record: amax | ue8m0 (default: what the engine writes)");
   }
 
   Result<Geometry> LoadGeometry() const { return LoadModelOrConfig(model, config); }
@@ -143,6 +158,18 @@ struct ModelArgs {
     TESSERA_ASSIGN_OR_RETURN(o.swa_strategy, ParseSwaStrategy(swa_strategy));
     TESSERA_ASSIGN_OR_RETURN(o.prefill_chunk_tokens, ParseTokenCount(prefill_chunk, "prefill-chunk"));
     if (o.prefill_chunk_tokens == 0) return InvalidArgument("prefill-chunk", "must be positive");
+    if (!max_model_len.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t m, ParseTokenCount(max_model_len, "max-model-len"));
+      o.max_model_len = m;
+    }
+    if (!kv_scale_format.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(ScaleFormat f, ParseScaleFormat(kv_scale_format, "kv-scale-format"));
+      o.kv_scale_format = f;
+    }
+    if (!indexer_scale_format.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(ScaleFormat f, ParseScaleFormat(indexer_scale_format, "indexer-scale-format"));
+      o.indexer_scale_format = f;
+    }
     return o;
   }
 
@@ -360,12 +387,49 @@ struct SimulateArgs {
   }
 };
 
+// What a long run is doing, on standard error when it is a terminal and the run has taken more
+// than 2 s (TESSERA_PROGRESS_DELAY_MS overrides the delay, for tests); nothing otherwise, so
+// pipes, files and CI logs stay clean (ADR 0034). The line is rewritten in place and cleared at
+// the end.
+class TtyProgress {
+ public:
+  explicit TtyProgress(std::string command) : command_(std::move(command)), tty_(::isatty(STDERR_FILENO) == 1) {
+    if (const char* d = std::getenv("TESSERA_PROGRESS_DELAY_MS"); d != nullptr) {
+      delay_ = std::chrono::milliseconds(std::strtoll(d, nullptr, 10));
+    }
+  }
+  ~TtyProgress() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+  }
+  TtyProgress(const TtyProgress&) = delete;
+  TtyProgress& operator=(const TtyProgress&) = delete;
+  void operator()(const std::string& stage) {
+    if (!tty_) return;
+    const auto elapsed = std::chrono::steady_clock::now() - start_;
+    if (elapsed < delay_) return;
+    const long long secs = std::chrono::duration_cast<std::chrono::seconds>(elapsed).count();
+    std::fprintf(stderr, "\r\033[Ktessera %s: %s (%lld s)", command_.c_str(), stage.c_str(), secs);
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+ private:
+  std::string command_;
+  bool tty_;
+  bool shown_ = false;
+  std::chrono::steady_clock::duration delay_ = std::chrono::seconds(2);
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
 int RunSimulate(const SimulateArgs& args, const std::string& format_name, bool prometheus) {
   Result<OutputFormat> format = ParseOutputFormat(format_name);
   if (!format.ok()) return Fail(format.status());
   auto parsed = args.Parse();
   if (!parsed.ok()) return Fail(parsed.status());
+  auto progress = std::make_shared<TtyProgress>(prometheus ? "stats" : "simulate");
+  parsed->second.progress = [progress](const std::string& stage) { (*progress)(stage); };
   Result<SimulationResult> r = RunAgentScenario(parsed->first, parsed->second);
+  progress.reset();
   if (!r.ok()) return Fail(r.status());
   for (const std::string& w : r->warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   std::string text = prometheus ? PrometheusText(r->metrics) : RenderSimulation(*r, *format);
@@ -463,6 +527,7 @@ struct PlanArgs {
   std::string prefill_chunk = "8192";
   bool include_mtp = false;
   std::string format = "text";
+  std::string max_model_len;
 
   void RegisterCommon(CLI::App* app) {
     app->add_option("--model", model, "preset name (see `tessera models`)");
@@ -490,6 +555,8 @@ struct PlanArgs {
     app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
     app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
     app->add_flag("--include-mtp", include_mtp, "load the MTP layer(s) and count their cache");
+    app->add_option("--max-model-len", max_model_len,
+                    "vllm and sglang: the longest context the engine admits, vLLM's --max-model-len");
   }
   void RegisterPrice(CLI::App* app) {
     RegisterCommon(app);
@@ -574,6 +641,10 @@ struct PlanArgs {
     TESSERA_ASSIGN_OR_RETURN(o.ledger.prefill_chunk_tokens, ParseTokenCount(prefill_chunk, "prefill-chunk"));
     if (o.ledger.prefill_chunk_tokens == 0) return InvalidArgument("prefill-chunk", "must be positive");
     o.ledger.include_mtp = include_mtp;
+    if (!max_model_len.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(uint64_t m, ParseTokenCount(max_model_len, "max-model-len"));
+      o.ledger.max_model_len = m;
+    }
     return o;
   }
 
@@ -959,7 +1030,7 @@ struct ServeArgs {
   std::string redis;
   std::string redis_cluster;
   void Register(CLI::App* app) {
-    app->add_option("--config", config, "YAML configuration file (keys: docs/adr/0022-serve.md)")->required();
+    app->add_option("--config", config, "YAML configuration file (keys: docs/SERVE.md)")->required();
     app->add_option("--redis", redis, "a Redis tier: redis://host:port (overrides tiers.redis)");
     app->add_option("--redis-cluster", redis_cluster, "a Redis Cluster tier: host:port,... seeds");
   }
@@ -1041,7 +1112,8 @@ int Main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand("plan", "capacity: weights per rank, KV budget, requests and context per engine");
   plan_args.RegisterPlan(plan);
   PlanArgs price_args;
-  CLI::App* price = app.add_subcommand("price", "one decode step: FLOPs and HBM bytes of absorbed vs naive MLA");
+  CLI::App* price =
+      app.add_subcommand("price", "MLA attention for one decoded token: FLOPs and HBM bytes, absorbed vs naive");
   price_args.RegisterPrice(price);
   CLI::App* models = app.add_subcommand("models", "list the shipped model presets");
   CLI::App* formats = app.add_subcommand("formats", "list the record formats");

@@ -41,6 +41,18 @@ struct LogAxis {
 // Requires 0 < lo <= hi, both finite.
 LogAxis MakeLogAxis(double lo, double hi, double px0, double px1);
 
+// Linear byte ticks for people: a 1-2-5 step in a binary unit (100 MiB, 200 MiB, 500 MiB, 1 GiB,
+// 2 GiB, ...) giving about `target` steps up to `max_bytes`; the last tick is >= max_bytes.
+struct ByteTicks {
+  uint64_t step = 1;                  // bytes between ticks
+  uint64_t multiple = 1;              // step = multiple x unit_bytes (1, 2, 5, 10, 20, 50, 100, 200 or 500)
+  uint64_t unit_bytes = 1;            // 1, 1024, 1024^2, ...
+  std::string unit = "B";             // "B", "KiB", "MiB", ...
+  std::vector<uint64_t> ticks;        // 0, step, 2 step, ...
+  std::string Label(size_t i) const;  // "0 B", "500 MiB", "1,000 MiB"
+};
+ByteTicks MakeByteTicks(uint64_t max_bytes, int target = 4);
+
 struct Series {
   std::string name;
   std::string color;  // "#rrggbb"

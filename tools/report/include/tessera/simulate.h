@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +55,9 @@ struct AgentScenario {
   std::string redis;
   std::vector<std::string> redis_cluster;
   std::vector<std::byte> redis_secret;
+  // Called at each step of a run with what it is doing ("snapshot: 7/8 second wave"); may be
+  // empty. The CLI shows it on a terminal (ADR 0034).
+  std::function<void(const std::string&)> progress;
 };
 
 // What the tiers did in a run with a disk directory.
