@@ -1,8 +1,8 @@
 #include "tessera/simulate.h"
 
 #include <algorithm>
-#include <cstring>
 #include <functional>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
