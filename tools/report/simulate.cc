@@ -1,8 +1,8 @@
 #include "tessera/simulate.h"
 
 #include <algorithm>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
