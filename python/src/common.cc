@@ -161,9 +161,7 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
       ThrowType(arg, "must be an array of integers (got dtype " + DtypeName(dt) + ")");
     }
     // A non-native byte order is read by value: a native-order copy of the array.
-    const std::string order = dt.attr("byteorder").cast<std::string>();
-    const bool native_is_little = py::module_::import("sys").attr("byteorder").cast<std::string>() == "little";
-    if ((order == ">" && native_is_little) || (order == "<" && !native_is_little)) {
+    if (!dt.attr("isnative").cast<bool>()) {
       py::object native = a.attr("astype")(dt.attr("newbyteorder")("="));
       ToU32Array(native, arg, out);  // holds the copy when it views it
       return;
