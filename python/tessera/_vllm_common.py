@@ -145,6 +145,21 @@ class KVCacheBlocks:
         return len(self.blocks[0])
 
 
+def request_scope(request):
+    """What makes two equal token runs of two requests different KV, besides multimodal inputs
+    (which vLLM keys per block): the request's ``cache_salt``, its LoRA adapter's name and a
+    SHA-256 of its prompt embeddings, as text ("" for each it lacks). The one reading of these
+    fields for the manager (``identity_salt``) and the connector's keys."""
+    salt = getattr(request, "cache_salt", None)
+    lora = getattr(request, "lora_request", None)
+    embeds = getattr(request, "prompt_embeds", None)
+    digest = ""
+    if embeds is not None:
+        data = embeds.detach().cpu().contiguous().numpy().tobytes() if hasattr(embeds, "detach") else bytes(embeds)
+        digest = hashlib.sha256(data).hexdigest()
+    return (str(salt) if salt else "", "" if lora is None else str(getattr(lora, "lora_name", lora)), digest)
+
+
 def identity_salt(request):
     """The 64-bit cache salt that keeps apart what vLLM's block hashes keep apart (the extra keys of
     vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at 9aaf83ef): the request's
@@ -155,21 +170,18 @@ def identity_salt(request):
     keys only the blocks at and after a feature; here a request with an image never shares even
     the blocks before it with one without) — never a hit vLLM would not give, fewer in that case.
     """
+    salt, lora, embeds = request_scope(request)
     parts = []
-    salt = getattr(request, "cache_salt", None)
     if salt:
-        parts.append(b"salt\0" + str(salt).encode("utf-8", "surrogatepass"))
-    lora = getattr(request, "lora_request", None)
-    if lora is not None:
-        parts.append(b"lora\0" + str(getattr(lora, "lora_name", lora)).encode("utf-8", "surrogatepass"))
+        parts.append(b"salt\0" + salt.encode("utf-8", "surrogatepass"))
+    if lora:
+        parts.append(b"lora\0" + lora.encode("utf-8", "surrogatepass"))
     for f in getattr(request, "mm_features", None) or ():
         pos = getattr(f, "mm_position", None)
         parts.append(b"mm\0%s\0%d\0%d" % (str(f.identifier).encode("utf-8", "surrogatepass"),
                                            getattr(pos, "offset", -1), getattr(pos, "length", -1)))
-    embeds = getattr(request, "prompt_embeds", None)
-    if embeds is not None:
-        data = embeds.detach().cpu().contiguous().numpy().tobytes() if hasattr(embeds, "detach") else bytes(embeds)
-        parts.append(b"embeds\0" + hashlib.sha256(data).digest())
+    if embeds:
+        parts.append(b"embeds\0" + bytes.fromhex(embeds))
     if not parts:
         return 0
     h = hashlib.blake2b(b"\1".join(len(p).to_bytes(4, "little") + p for p in parts), digest_size=8).digest()

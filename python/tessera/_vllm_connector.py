@@ -25,6 +25,7 @@ import struct
 from dataclasses import dataclass, field
 
 from . import _engine_config, _records
+from ._vllm_common import request_scope
 
 try:  # vLLM's own base classes when vLLM is importable
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
@@ -137,17 +138,6 @@ def _block_ids_of(blocks):
     raise TypeError("blocks: must be KVCacheBlocks or a list of block ids (got %s)" % type(blocks).__name__)
 
 
-def _request_scope(request):
-    """The parts of a request that make two equal token runs different KV: vLLM's cache_salt and
-    the LoRA adapter (vLLM puts both into its block hashes' extra keys)."""
-    salt = getattr(request, "cache_salt", None) or ""
-    lora = getattr(request, "lora_request", None)
-    lora_name = ""
-    if lora is not None:
-        lora_name = "%s#%s" % (getattr(lora, "lora_name", ""), getattr(lora, "lora_int_id", ""))
-    return salt, lora_name
-
-
 def _mm_in_block(request, start, end):
     """The multimodal inputs (hash, offset, length) whose placeholder tokens overlap [start, end)."""
     out = []
@@ -248,9 +238,8 @@ class TesseraConnector(_Base, _HMA):
 
     # --- keys -------------------------------------------------------------------------------------
     def _root_for(self, request):
-        salt, lora = _request_scope(request)
-        return _records.tier_key(self._secret, self._domain, b"root" + _engine_config.scope("request", salt, lora) +
-                                 self._scope)
+        scope = _engine_config.scope("request", *request_scope(request))
+        return _records.tier_key(self._secret, self._domain, b"root" + scope + self._scope)
 
     def _keys_for(self, request):
         tokens = request.all_token_ids

@@ -45,12 +45,13 @@ def load_vllm_connector(config, role):
 class Request:
     """The fields of vLLM's v1 Request a connector reads."""
 
-    def __init__(self, rid, tokens, cache_salt=None, lora=None, mm=()):
+    def __init__(self, rid, tokens, cache_salt=None, lora=None, mm=(), prompt_embeds=None):
         self.request_id = rid
         self.all_token_ids = list(tokens)
         self.cache_salt = cache_salt
         self.lora_request = lora
         self.mm_features = list(mm)
+        self.prompt_embeds = prompt_embeds
         self.num_computed_tokens = 0
 
     @property
@@ -275,6 +276,16 @@ class VllmDoor(unittest.TestCase):
         self.assertEqual(conn().get_num_new_matched_tokens(Request("f", tokens, lora=lora, mm=[img]), 0)[0], 0)
         other = SimpleNamespace(mm_hash="img-b", identifier="img-b", mm_position=img.mm_position)
         self.assertEqual(conn().get_num_new_matched_tokens(Request("g", tokens, mm=[other]), 0)[0], 2 * BS)
+        # Prompt embeddings (vLLM keys them too): other embeddings behind the same ids, nothing.
+        import torch
+        embeds = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        emb_writer = Request("h", tokens, mm=[img], prompt_embeds=embeds)
+        emb_keys = writer._keys_for(emb_writer).keys
+        tiers.put(emb_keys, [b"x"] * len(emb_keys), 1)
+        self.assertEqual(conn().get_num_new_matched_tokens(Request("i", tokens, mm=[img], prompt_embeds=embeds.clone()),
+                                                           0)[0], 4 * BS)
+        self.assertEqual(conn().get_num_new_matched_tokens(Request("j", tokens, mm=[img], prompt_embeds=embeds + 1),
+                                                           0)[0], 0)
 
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "engine_doors")
