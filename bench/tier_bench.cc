@@ -237,7 +237,7 @@ void BM_DiskPutVsRaw(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kBatches * kBlocksPerBatch * static_cast<int64_t>(kBlock));
   state.SetLabel("fsync per batch vs pwrite + fdatasync per batch");
 }
-BENCHMARK(BM_DiskPutVsRaw)->Unit(benchmark::kMillisecond)->Iterations(9)->UseManualTime();
+BENCHMARK(BM_DiskPutVsRaw)->Unit(benchmark::kMillisecond)->Iterations(15)->UseManualTime();
 
 // Reads with the page cache dropped before each pass (cold), or warm (the pages just read).
 void BM_DiskGetVsPread(benchmark::State& state) {
@@ -292,7 +292,7 @@ void BM_DiskGetVsPread(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * static_cast<int64_t>(kBlock));
   state.SetLabel(cold ? "page cache dropped" : "page cache warm");
 }
-BENCHMARK(BM_DiskGetVsPread)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Iterations(9)->UseManualTime();
+BENCHMARK(BM_DiskGetVsPread)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Iterations(15)->UseManualTime();
 
 void BM_Memcpy(benchmark::State& state) {
   std::vector<std::byte> src = Block(3), dst(kBlock);
