@@ -518,7 +518,7 @@ Status DiskTier::PutBatch(std::span<const TierRecord> records) {
 
 Status DiskTier::PutBatch(std::span<const TierRecord* const> records) { return AppendRecords(records, /*flags=*/0); }
 
-// Long (~80 lines) on purpose: the write and its undo (the segment cut back on any failure) stay
+// Long (~90 lines) on purpose: the write and its undo (the segment cut back on any failure) stay
 // in one function so that every early return is seen to leave nothing of the batch.
 Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint32_t flags) {
   if (options_.read_only || mac_ == nullptr) return IoError("disk", "the tier is open read-only");

@@ -336,6 +336,23 @@ Status TieredStore::ReadIntoBlock(size_t t, BlockPool& pool, const ChainLink& li
   return DataLoss("record", check.message());
 }
 
+size_t TieredStore::FetchInPlace(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+                                 std::span<const std::shared_ptr<const TierRecord>> queued, std::vector<size_t>& from,
+                                 std::vector<bool>& direct, std::vector<std::vector<std::byte>>& states) {
+  size_t stop = links.size();
+  for (size_t i = 0; i < links.size() && stop == links.size(); ++i) {
+    if (queued[i]) continue;
+    for (size_t t = 0; t < tiers_.size() && tiers_[t]->in_memory && !direct[i] && stop == links.size(); ++t) {
+      Status st = ReadIntoBlock(t, pool, links[i], blocks[i], &states[i]);
+      direct[i] = st.ok();
+      if (st.ok()) from[i] = t;
+      if (st.code() == StatusCode::kDataLoss) stop = i;
+    }
+    if (!direct[i]) break;
+  }
+  return stop;
+}
+
 size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                           std::vector<std::vector<std::byte>>* states) {
   if (states != nullptr) states->clear();
@@ -354,20 +371,9 @@ size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std
       }
     }
   }
-  // The leading run the memory tiers at the top hold is copied straight into the blocks.
   std::vector<bool> direct(n, false);
   std::vector<std::vector<std::byte>> direct_states(n);
-  size_t stop = n;  // a record that failed the identity check ends the run there
-  for (size_t i = 0; i < n && stop == n; ++i) {
-    if (found[i]) continue;
-    for (size_t t = 0; t < tiers_.size() && tiers_[t]->in_memory && !direct[i] && stop == n; ++t) {
-      Status st = ReadIntoBlock(t, pool, links[i], blocks[i], &direct_states[i]);
-      direct[i] = st.ok();
-      if (st.ok()) from[i] = t;
-      if (st.code() == StatusCode::kDataLoss) stop = i;
-    }
-    if (!direct[i]) break;
-  }
+  const size_t stop = FetchInPlace(pool, links.first(n), blocks, found, from, direct, direct_states);
   SearchTopDown(
       links.first(n), [&](size_t i) { return found[i] != nullptr || direct[i] || i >= stop; },
       [&](Tier& tier, size_t t, std::span<const Hash128> keys, std::span<const size_t> where) {
