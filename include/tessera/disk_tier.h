@@ -164,7 +164,7 @@ class DiskTier {
   Status OpenDirectory();
   Status OpenSegment(uint32_t id, bool create);
   Status Scan(Segment& seg);
-  // What is at `off`; `expect_len` (a record the index knows) reads its header and payload at once.
+  // What is at `off`; `expect_len` (a record the index knows): the length its header must have.
   Probe ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload,
                 uint64_t expect_len = UINT64_MAX) const;
   Status Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why, bool mark_dead);

@@ -144,28 +144,22 @@ bool ReadAt(int fd, void* data, size_t len, uint64_t offset) {
   return true;
 }
 
-// Reads the buffers back to back from `offset`; false on an error or a short file.
-bool ReadVAt(int fd, std::span<iovec> iov, uint64_t offset) {
-  size_t first = 0;
-  while (first < iov.size()) {
-    if (iov[first].iov_len == 0) {
-      ++first;
-      continue;
-    }
-    const ssize_t n =
-        ::preadv(fd, iov.data() + first, static_cast<int>(iov.size() - first), static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    offset += static_cast<uint64_t>(n);
-    for (size_t left = static_cast<size_t>(n); left > 0 && first < iov.size();) {
-      const size_t take = std::min(left, iov[first].iov_len);
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
-      iov[first].iov_len -= take;
-      left -= take;
-      if (iov[first].iov_len == 0) ++first;
-    }
+// Reads a payload whose header verified and checks its tag chunk by chunk, each chunk right after
+// its read while it is still in the cache (and while the kernel's readahead fetches the next);
+// the caller uses the payload only when the whole tag matches (ADR 0041). Asking the kernel for
+// the whole payload first (POSIX_FADV_WILLNEED) measured slower, 0.29x pread with the cache dropped.
+constexpr size_t kReadChunk = size_t{256} * 1024;
+bool ReadAndVerifyPayload(const RecordMac& mac, int fd, const Header& h, uint64_t at, std::vector<std::byte>& payload) {
+  payload.resize(h.payload_len);
+  RecordMac::Verifier v = mac.Begin(h.payload_nonce);
+  v.Update(BytesOf(h, kIdentityBytes));
+  for (size_t done = 0; done < payload.size();) {
+    const size_t n = std::min(kReadChunk, payload.size() - done);
+    if (!ReadAt(fd, payload.data() + done, n, at + done)) return false;
+    v.Update({payload.data() + done, n});
+    done += n;
   }
-  return true;
+  return v.Matches(h.payload_tag);
 }
 
 std::string SegmentName(uint32_t id) {
@@ -338,19 +332,7 @@ DiskTier::Probe DiskTier::ProbeAt(const Segment& seg, uint64_t off, std::vector<
                                   uint64_t expect_len) const {
   Probe p;
   Header& h = p.header;
-  // A read of a record the index knows (Get): the header slot and the payload in one preadv.
-  bool have_payload = false;
-  if (expect_len <= kMaxPayloadBytes && off <= seg.size && seg.size - off >= kSlot &&
-      seg.size - off - kSlot >= expect_len) {
-    alignas(64) std::array<std::byte, kSlot> slot;
-    payload.resize(expect_len);
-    std::array<iovec, 2> iov{iovec{slot.data(), slot.size()}, iovec{payload.data(), payload.size()}};
-    if (!ReadVAt(seg.fd.get(), iov, off)) return p;
-    std::memcpy(&h, slot.data(), sizeof h);
-    have_payload = true;
-  } else if (off > seg.size || seg.size - off < sizeof(Header) || !ReadAt(seg.fd.get(), &h, sizeof h, off)) {
-    return p;
-  }
+  if (off > seg.size || seg.size - off < sizeof(Header) || !ReadAt(seg.fd.get(), &h, sizeof h, off)) return p;
   if (h.magic != kMagic || h.version != kVersion || h.header_checksum != HeaderChecksum(h)) {
     p.why = h.magic == kMagic ? "header checksum mismatch" : "no record header";
     return p;
@@ -376,13 +358,11 @@ DiskTier::Probe DiskTier::ProbeAt(const Segment& seg, uint64_t off, std::vector<
     p.kind = Probe::kDead;
     return p;
   }
-  if (have_payload && h.payload_len != expect_len) {
+  if (expect_len != UINT64_MAX && h.payload_len != expect_len) {
     p.why = "header length differs from the index";
     return p;
   }
-  if (!have_payload) payload.resize(h.payload_len);
-  if ((!have_payload && !ReadAt(seg.fd.get(), payload.data(), payload.size(), off + kSlot)) ||
-      !mac_->Verify(h.payload_nonce, {BytesOf(h, kIdentityBytes), payload}, h.payload_tag)) {
+  if (!ReadAndVerifyPayload(*mac_, seg.fd.get(), h, off + kSlot, payload)) {
     p.why = "payload fails authentication";
     return p;
   }
