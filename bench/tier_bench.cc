@@ -1,5 +1,7 @@
 // Tier benchmarks. Baselines measured in the same run on the same file system / memory:
 //   disk tier batch put  vs  pwrite of the same bytes + one fdatasync per batch
+//   BM_DiskPutVsRaw, BM_DiskGetVsPread: the same two comparisons interleaved (raw, tier, tier,
+//   raw, ...) in one benchmark, reporting the median and range of the ratios (x_raw, x_pread)
 //   disk tier get        vs  pread of the same bytes (page cache dropped with fadvise first)
 //   host tier put/get    vs  memcpy of the same bytes
 //   MACs over one 2.5-MB record (OpenSSL EVP_MAC, RecordMac) vs memcpy of the same bytes
@@ -30,6 +32,7 @@
 #include <ctime>
 #include <thread>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -163,6 +166,133 @@ void BM_DiskTierGet(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * n * static_cast<int64_t>(kBlock));
 }
 BENCHMARK(BM_DiskTierGet)->Unit(benchmark::kMillisecond)->Iterations(5)->UseRealTime();
+
+// ---- Interleaved ratios (ADR 0041): A, B, A, B in one benchmark ------------------------------
+//
+// Each iteration times the raw baseline and the tier on the same bytes back to back (the order
+// alternating), so that both see the same machine; the counters are the median, min and max of
+// the per-iteration ratios (tier throughput over raw throughput).
+
+double Seconds(const std::chrono::steady_clock::time_point& t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ReportRatios(benchmark::State& state, std::vector<double> r, const char* name) {
+  if (r.empty()) return;
+  std::sort(r.begin(), r.end());
+  state.counters[std::string(name)] = r[r.size() / 2];
+  state.counters[std::string(name) + "_min"] = r.front();
+  state.counters[std::string(name) + "_max"] = r.back();
+}
+
+// The raw writer with the tier's guarantee under `batch`: pwrite of the same payloads into a fresh
+// file, one fdatasync per batch (the tier also writes a 4 KiB header slot and padding per record).
+double RawWritePass(const std::vector<TierRecord>& batch) {
+  const std::string dir = BenchDir("raw-ab");
+  const auto t0 = std::chrono::steady_clock::now();
+  int fd = ::open((dir + "/raw.bin").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  uint64_t off = 0;
+  for (int b = 0; b < kBatches; ++b) {
+    for (const TierRecord& r : batch) {
+      if (::pwrite(fd, r.payload.data(), r.payload.size(), static_cast<off_t>(off)) < 0) std::abort();
+      off += r.payload.size();
+    }
+    ::fdatasync(fd);
+  }
+  ::close(fd);
+  return Seconds(t0);
+}
+
+double TierWritePass(std::vector<TierRecord>& batch) {
+  DiskTierOptions o;
+  o.dir = BenchDir("tier-ab");
+  o.fsync = FsyncPolicy::kEveryBatch;
+  auto t = std::move(DiskTier::Open(o)).value();
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t key = 1;
+  for (int b = 0; b < kBatches; ++b) {
+    for (TierRecord& r : batch) r.key = Hash128{key++, 0};
+    tessera::bench::OrDie(t->PutBatch(batch), "put");
+  }
+  return Seconds(t0);
+}
+
+void BM_DiskPutVsRaw(benchmark::State& state) {
+  std::vector<TierRecord> batch;
+  for (int k = 0; k < kBlocksPerBatch; ++k) batch.push_back(TierRecord{Hash128{}, 1, Block(static_cast<uint64_t>(k))});
+  std::vector<double> ratios;
+  for (auto _ : state) {
+    double raw = 0, tier = 0;
+    if (ratios.size() % 2 == 0) {
+      raw = RawWritePass(batch);
+      tier = TierWritePass(batch);
+    } else {
+      tier = TierWritePass(batch);
+      raw = RawWritePass(batch);
+    }
+    ratios.push_back(raw / tier);
+    state.SetIterationTime(tier);
+  }
+  ReportRatios(state, ratios, "x_raw");
+  state.SetBytesProcessed(state.iterations() * kBatches * kBlocksPerBatch * static_cast<int64_t>(kBlock));
+  state.SetLabel("fsync per batch vs pwrite + fdatasync per batch");
+}
+BENCHMARK(BM_DiskPutVsRaw)->Unit(benchmark::kMillisecond)->Iterations(15)->UseManualTime();
+
+// Reads with the page cache dropped before each pass (cold), or warm (the pages just read).
+void BM_DiskGetVsPread(benchmark::State& state) {
+  const bool cold = state.range(0) == 0;
+  const int n = kBatches * kBlocksPerBatch;
+  std::string raw_dir = BenchDir("rawread-ab");
+  int fd = ::open((raw_dir + "/raw.bin").c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  DiskTierOptions o;
+  o.dir = BenchDir("tierread-ab");
+  auto t = std::move(DiskTier::Open(o)).value();
+  for (int k = 0; k < n; ++k) {
+    std::vector<std::byte> b = Block(static_cast<uint64_t>(k));
+    (void)::pwrite(fd, b.data(), b.size(), static_cast<off_t>(static_cast<uint64_t>(k) * kBlock));
+    std::vector<TierRecord> one{TierRecord{Hash128{static_cast<uint64_t>(k) + 1, 0}, 1, std::move(b)}};
+    tessera::bench::OrDie(t->PutBatch(one), "put");
+  }
+  std::vector<std::byte> buf(kBlock);
+  auto raw_pass = [&] {
+    if (cold) DropCache(raw_dir);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < n; ++k) {
+      if (::pread(fd, buf.data(), buf.size(), static_cast<off_t>(static_cast<uint64_t>(k) * kBlock)) < 0) std::abort();
+      benchmark::ClobberMemory();
+    }
+    return Seconds(t0);
+  };
+  auto tier_pass = [&] {
+    if (cold) DropCache(o.dir);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < n; ++k) {
+      Result<TierRecord> r = t->Get(Hash128{static_cast<uint64_t>(k) + 1, 0});
+      if (!r.ok()) std::abort();
+      benchmark::DoNotOptimize(r);
+    }
+    return Seconds(t0);
+  };
+  std::vector<double> ratios;
+  for (auto _ : state) {
+    double raw = 0, tier = 0;
+    if (ratios.size() % 2 == 0) {
+      raw = raw_pass();
+      tier = tier_pass();
+    } else {
+      tier = tier_pass();
+      raw = raw_pass();
+    }
+    ratios.push_back(raw / tier);
+    state.SetIterationTime(tier);
+  }
+  ::close(fd);
+  ReportRatios(state, ratios, "x_pread");
+  state.SetBytesProcessed(state.iterations() * n * static_cast<int64_t>(kBlock));
+  state.SetLabel(cold ? "page cache dropped" : "page cache warm");
+}
+BENCHMARK(BM_DiskGetVsPread)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Iterations(15)->UseManualTime();
 
 void BM_Memcpy(benchmark::State& state) {
   std::vector<std::byte> src = Block(3), dst(kBlock);

@@ -3,6 +3,8 @@
 //   BM_BlockMemcpy        memcpy of one pool block (the floor: a promotion copies at least this)
 //   BM_HostDemotePromote  the pool evicts a block into a host tier (encode + checksum + copy) and
 //                         a prefix hit promotes it back (checksum + identity check + copy)
+//   BM_HostPromoteVsMemcpy  a promotion from a host tier (checksum + identity check + one copy into
+//                         the pool's pages) against memcpy of the same bytes, interleaved; x_memcpy
 //   BM_DiskPromote        a prefix hit promotes a block from a disk tier (page cache warm, as for
 //                         a block written moments ago; pread + checksum + identity + copy)
 //
@@ -14,6 +16,8 @@
 
 #include "bench_support.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -103,6 +107,60 @@ void BM_HostDemotePromote(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(pool.block_bytes()));
 }
 BENCHMARK(BM_HostDemotePromote);
+
+// A prefix hit promotes a block held in a host tier (demoted once, before the timing), against a
+// memcpy of the same pool bytes, interleaved: each iteration times a batch of memcpys and a batch
+// of promotions (the order alternating); x_memcpy is the median (and range) of their ratios.
+void BM_HostPromoteVsMemcpy(benchmark::State& state) {
+  Fixture f = Make();
+  BlockPool& pool = WritablePool(f);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(MakeHostTier(8 * pool.block_bytes()));
+  auto store = std::move(*TieredStore::Create(pool, {}, std::move(tiers)));
+  store->OnEvicted(pool, f.block, f.id);
+  std::vector<BlockId> target = {f.target};
+  std::vector<std::span<const std::byte>> from;
+  std::vector<std::span<std::byte>> to;
+  for (uint32_t g = 0; g < pool.groups().size(); ++g) {
+    from.push_back(pool.Bytes(pool.BlockHandleOf(f.block, g)));
+    to.push_back(pool.MutableBytes(pool.BlockHandleOf(f.target, g)));
+  }
+  constexpr int kReps = 32;
+  auto copy_pass = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) {
+      for (size_t g = 0; g < from.size(); ++g) std::memcpy(to[g].data(), from[g].data(), from[g].size());
+      benchmark::ClobberMemory();
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  auto promote_pass = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r) {
+      if (store->Probe({&f.link, 1}) != 1 || store->Fetch(pool, {&f.link, 1}, target) != 1) std::abort();
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<double> ratios;
+  for (auto _ : state) {
+    double copy = 0, promote = 0;
+    if (ratios.size() % 2 == 0) {
+      copy = copy_pass();
+      promote = promote_pass();
+    } else {
+      promote = promote_pass();
+      copy = copy_pass();
+    }
+    ratios.push_back(copy / promote);
+    state.SetIterationTime(promote / kReps);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  state.counters["x_memcpy"] = ratios[ratios.size() / 2];
+  state.counters["x_memcpy_min"] = ratios.front();
+  state.counters["x_memcpy_max"] = ratios.back();
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(pool.block_bytes()));
+}
+BENCHMARK(BM_HostPromoteVsMemcpy)->Iterations(201)->UseManualTime();
 
 void BM_DiskPromote(benchmark::State& state) {
   Fixture f = Make();

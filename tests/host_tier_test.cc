@@ -290,6 +290,38 @@ TEST(HostTierArena, GetIntoCopiesIntoCallerMemory) {
   EXPECT_EQ(t.stats().misses, 1u);
 }
 
+// GetScattered fills buffers in order (a promotion into a block's group pages): the bytes of a
+// large record across uneven buffers, a size mismatch refused with the record kept, and damage in
+// the last chunk zeroing every buffer and dropping the record.
+TEST(HostTierArena, GetScatteredFillsBuffersInOrder) {
+  constexpr size_t kRecord = 1430208;
+  HostTier t(4 * kRecord);
+  ASSERT_TRUE(t.Put(K(1), 3, Pattern(kRecord, 1, 0)).ok());
+  std::vector<std::byte> a(360), b(1123456), c(kRecord - 360 - 1123456);
+  std::vector<std::span<std::byte>> out{a, b, c};
+  uint16_t fmt = 0;
+  ASSERT_TRUE(t.GetScattered(K(1), out, &fmt).ok());
+  EXPECT_EQ(fmt, 3);
+  std::vector<std::byte> joined(a);
+  joined.insert(joined.end(), b.begin(), b.end());
+  joined.insert(joined.end(), c.begin(), c.end());
+  EXPECT_EQ(joined, Pattern(kRecord, 1, 0));
+  std::vector<std::byte> short_c(c.size() - 1);
+  std::vector<std::span<std::byte>> wrong{a, b, short_c};
+  Status st = t.GetScattered(K(1), wrong);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.field(), "out");
+  EXPECT_TRUE(t.Contains(K(1)));
+  EXPECT_EQ(t.GetScattered(K(2), out).code(), StatusCode::kNotFound);
+  t.MutableBytesForTest(K(1))[kRecord - 1] ^= std::byte{1};
+  EXPECT_EQ(t.GetScattered(K(1), out).code(), StatusCode::kDataLoss);
+  for (const std::vector<std::byte>* v : {&a, &b, &c}) {
+    EXPECT_TRUE(std::all_of(v->begin(), v->end(), [](std::byte x) { return x == std::byte{0}; }));
+  }
+  EXPECT_FALSE(t.Contains(K(1)));
+  EXPECT_EQ(t.stats().quarantined, 1u);
+}
+
 TEST(HostTierArena, GetIntoRefreshesRecency) {
   HostTier t(2000);
   ASSERT_TRUE(t.Put(K(1), 0, Bytes(1000, 1)).ok());

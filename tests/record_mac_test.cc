@@ -119,6 +119,30 @@ TEST(RecordMac, PartsAreConcatenated) {
   EXPECT_TRUE(mac.Verify(nonce, {a, b}, mac.Compute(nonce, {ab})));
 }
 
+// A Verifier fed the bytes in pieces (a disk payload read chunk by chunk) matches the tag of the
+// whole, and fails for one changed byte, another nonce or a piece left out.
+TEST(RecordMac, VerifierOverPiecesMatchesTheWholeTag) {
+  RecordMac mac = Make("0123456789abcdef");
+  const RecordMac::Nonce nonce = RecordMac::RandomNonce();
+  std::vector<std::byte> data(1000003);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i * 131 % 251);
+  const RecordMac::Tag tag = mac.Compute(nonce, {data});
+  auto check = [&](const std::vector<std::byte>& bytes, const RecordMac::Nonce& n, size_t skip_piece) {
+    RecordMac::Verifier v = mac.Begin(n);
+    size_t piece = 0;
+    for (size_t off = 0; off < bytes.size(); off += 262144, ++piece) {
+      if (piece != skip_piece) v.Update(std::span(bytes).subspan(off, std::min<size_t>(262144, bytes.size() - off)));
+    }
+    return v.Matches(tag);
+  };
+  EXPECT_TRUE(check(data, nonce, SIZE_MAX));
+  std::vector<std::byte> flipped = data;
+  flipped[999999] ^= std::byte{4};
+  EXPECT_FALSE(check(flipped, nonce, SIZE_MAX));
+  EXPECT_FALSE(check(data, RecordMac::RandomNonce(), SIZE_MAX));
+  EXPECT_FALSE(check(data, nonce, 2));
+}
+
 TEST(RecordMac, NoncesDiffer) { EXPECT_NE(RecordMac::RandomNonce(), RecordMac::RandomNonce()); }
 
 TEST(RecordMac, ShortSecretIsRefused) {

@@ -444,6 +444,45 @@ TEST(TieredStore, RecordWhoseTokensDifferIsQuarantinedNotServed) {
   EXPECT_EQ(store->tier_counters(0).records, 1u);  // the forged record is out of service
 }
 
+// The same from a host tier, where a promotion copies the record straight into the pool's pages
+// (Tier::ReadInto): a record that passes the host tier's checksum but is another prefix's block
+// ends the run there, is counted, and is taken out of the host tier; the block is recomputed.
+TEST(TieredStore, HostRecordWhoseTokensDifferIsQuarantinedNotServed) {
+  TempDir dir;
+  Stream a(101, 2 * kBlock + 1);
+  const std::vector<std::byte> key = WriteThroughInAnotherProcess(dir.path(), a);
+  ASSERT_FALSE(key.empty());
+  auto m = Manager(8, key);
+  const Hash128 k1 = m->index().PrefixKey(m->index().root_key(), std::span(a.tokens()).first(kBlock), 0, 0);
+  DiskTierOptions o;
+  o.dir = dir.path();
+  TierRecord forged;
+  {
+    auto disk = DiskTier::Open(o);
+    ASSERT_TRUE(disk.ok());
+    Result<TierRecord> rec = (*disk)->Get(k1);
+    ASSERT_TRUE(rec.ok());
+    forged = *rec;
+  }
+  uint32_t t;
+  std::memcpy(&t, forged.payload.data() + 104 + 3 * 4, 4);
+  ++t;
+  std::memcpy(forged.payload.data() + 104 + 3 * 4, &t, 4);
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(MakeHostTier(64ULL << 20));
+  const TierRecord* one = &forged;
+  ASSERT_TRUE(tiers[0]->PutBatch(std::span<const TierRecord* const>(&one, 1)).ok());
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*m, std::move(tiers));
+  m->SetBlockSource(store.get());
+  Admission r = Serve(*m, a, /*free_after=*/false);  // nothing evicted into the host tier
+  EXPECT_EQ(r.cached_blocks, 0u);                    // the run ends at the forged first block
+  EXPECT_EQ(store->stats().verify_failures, 1u);
+  EXPECT_NE(store->stats().last_error.find("tokens"), std::string::npos) << store->stats().last_error;
+  EXPECT_EQ(store->tier_counters(0).records, 0u);  // out of the host tier
+  m->SetBlockSource(nullptr);
+}
+
 // A tier that cannot take a record out of service says so: the store counts it and names the
 // tier's error, and still serves nothing of the record.
 TEST(TieredStore, AFailedQuarantineIsCountedAndNamed) {

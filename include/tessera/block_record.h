@@ -56,5 +56,11 @@ struct BlockRecordView {
 // `link`; otherwise the reason it is not (kDataLoss on "record").
 Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<const std::byte> payload,
                                          const ChainLink& link);
+// Where a record's page bytes start: the header (`head`, below) is the payload's bytes before it.
+size_t BlockRecordDataOffset(const BlockRecordInfo& info);
+// CheckBlockRecord's checks on a record read piecewise (a promotion that copies the pages straight
+// into the pool): `head` is its first BlockRecordDataOffset(info) bytes, `payload_len` its length.
+Status CheckBlockRecordHead(const BlockRecordInfo& info, std::span<const std::byte> head, uint64_t payload_len,
+                            const ChainLink& link);
 
 }  // namespace tessera

@@ -18,14 +18,17 @@
 // Lengths come from authenticated headers and are bounded by the file and by kMaxPayloadBytes
 // before any use, so a hostile length cannot wrap, allocate or skip valid records.
 //
-// Crash consistency: a batch's payloads are written, the file extended to the batch's padded
-// end (and, under kEveryBatch, fdatasync'ed) before its headers; a record is visible only when
-// its header and payload verify. On open every segment is scanned: a region that does not verify
-// is copied to `quarantine/`, marked dead in place (an authenticated dead marker) and counted; the
-// scan resumes at the next record that verifies. A damaged or partial region at a segment's end
-// (a writer killed mid-batch, bytes appended or cut off) is a torn tail: it is quarantined and
-// the segment truncated (or padded) to the end of its last complete record, so the next writer
-// appends at an aligned end and every complete record before it survives.
+// Crash consistency: each record (header slot, payload, padding) is written with one pwritev (its
+// writeback started at once, its successor's tags computed meanwhile on a second thread) and,
+// under kEveryBatch, the batch is fdatasync'ed once; a record is visible only when its header and
+// payload verify, so a batch torn by a crash or a power failure (any of its pages missing, in any
+// order) keeps exactly its complete records (docs/adr/0041-one-sync-per-batch.md). On open every
+// segment is scanned: a region that does not verify is copied to `quarantine/`, marked dead in
+// place (an authenticated dead marker) and counted; the scan resumes at the next record that
+// verifies. A damaged or partial region at a segment's end (a writer killed mid-batch, bytes
+// appended or cut off) is a torn tail: it is quarantined and the segment truncated (or padded) to
+// the end of its last complete record, so the next writer appends at an aligned end and every
+// complete record before it survives.
 //
 // The directory: created mode 0700 (segments and quarantine files 0600) because records hold
 // tenants' prompt tokens. Every file is opened relative to the directory's descriptor with
@@ -57,17 +60,14 @@ namespace tessera {
 enum class FsyncPolicy {
   kNone,       // never fsync: a power failure may lose any record not yet written back by the OS
   kPeriodic,   // fdatasync once `fsync_every_bytes` have been appended
-  kEveryBatch  // payloads fdatasync'ed, then headers written and fdatasync'ed, per batch
+  kEveryBatch  // one fdatasync per batch, after all its records are written
 };
 Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name);
 
 // The steps of a write, in order, for fault-injection tests (DiskTierOptions::fault_hook).
 enum class DiskWriteStep {
-  kPayloadWritten,  // one record's payload is written (once per record of the batch)
-  kExtended,        // the segment is extended to the batch's padded end
-  kPayloadsSynced,  // payloads fdatasync'ed (kEveryBatch only)
-  kHeaderWritten,   // one record's header is written (once per record of the batch)
-  kHeadersSynced,   // headers fdatasync'ed (kEveryBatch only); the batch is durable
+  kRecordWritten,  // one record (header slot, payload, padding) is written, once per record
+  kBatchSynced,    // the batch fdatasync'ed (kEveryBatch only); the batch is durable
 };
 
 // The largest payload one record may have; a header claiming more is damage.
@@ -164,7 +164,9 @@ class DiskTier {
   Status OpenDirectory();
   Status OpenSegment(uint32_t id, bool create);
   Status Scan(Segment& seg);
-  Probe ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload) const;
+  // What is at `off`; `expect_len` (a record the index knows): the length its header must have.
+  Probe ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload,
+                uint64_t expect_len = UINT64_MAX) const;
   Status Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why, bool mark_dead);
   Status RollIfNeeded(uint64_t incoming);
   Status AppendRecords(std::span<const TierRecord* const> records, uint32_t flags);

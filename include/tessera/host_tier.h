@@ -71,6 +71,11 @@ class HostTier {
   // kNotFound on a miss; kDataLoss when verification fails: the record is dropped and the bytes
   // of `out` it would have filled are zeroed (never left holding unverified bytes).
   Status GetInto(const Hash128& key, std::span<std::byte> out, uint16_t* format_id = nullptr);
+  // As GetInto, into buffers filled in order (a promotion copies a record's pages straight into
+  // the pool's pages): their sizes must add up to PayloadSize(key) exactly, else kInvalidArgument
+  // on "out" with the record kept. One pass over the record: each chunk is checksummed, then
+  // copied. On kDataLoss every buffer is zeroed and the record dropped.
+  Status GetScattered(const Hash128& key, std::span<const std::span<std::byte>> out, uint16_t* format_id = nullptr);
   // The payload size of the record under `key`, or nullopt when there is none.
   std::optional<uint64_t> PayloadSize(const Hash128& key) const;
   bool Contains(const Hash128& key) const { return map_.count(key) > 0; }

@@ -18,8 +18,11 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "tessera/status.h"
+
+struct evp_mac_ctx_st;  // OpenSSL's EVP_MAC_CTX
 
 namespace tessera {
 
@@ -42,6 +45,25 @@ class RecordMac {
   Tag Compute(const Nonce& nonce, std::initializer_list<std::span<const std::byte>> parts) const;
   // True when `tag` is the tag of `parts` (constant-time comparison).
   bool Verify(const Nonce& nonce, std::initializer_list<std::span<const std::byte>> parts, const Tag& tag) const;
+
+  // A tag checked over bytes handed in pieces as they arrive (a payload read chunk by chunk).
+  class Verifier {
+   public:
+    Verifier(Verifier&& other) noexcept : ctx_(std::exchange(other.ctx_, nullptr)) {}
+    Verifier& operator=(Verifier&&) = delete;
+    Verifier(const Verifier&) = delete;
+    Verifier& operator=(const Verifier&) = delete;
+    ~Verifier();
+    void Update(std::span<const std::byte> bytes);
+    // True when the bytes so far have `tag` (constant-time comparison); call once.
+    bool Matches(const Tag& tag);
+
+   private:
+    friend class RecordMac;
+    explicit Verifier(::evp_mac_ctx_st* ctx) : ctx_(ctx) {}
+    ::evp_mac_ctx_st* ctx_;  // null: the crypto library failed; then nothing matches
+  };
+  Verifier Begin(const Nonce& nonce) const;
 
   RecordMac(const RecordMac&) = default;
   RecordMac& operator=(const RecordMac&) = default;

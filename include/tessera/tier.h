@@ -76,6 +76,17 @@ class Tier {
   // record may then still be held, and the caller must not count on its absence.
   virtual Status Quarantine(const Hash128& key, const std::string& why) = 0;
   virtual TierCounters counters() const = 0;
+  // A tier that can hand a record straight into caller memory (host memory) says its payload
+  // size here; nullopt: absent, or a tier that cannot (then only GetBatch reads it).
+  virtual std::optional<uint64_t> PayloadSize(const Hash128& /*key*/) const { return std::nullopt; }
+  // Copies the verified payload into `out`, buffers filled in order whose sizes add up to
+  // PayloadSize(key). Errors: kNotFound (a miss), kDataLoss (failed the tier's check: the buffers
+  // are zeroed, the record is dropped and counted), kInvalidArgument on "out" (the sizes), or
+  // kFailedPrecondition for a tier without PayloadSize.
+  virtual Status ReadInto(const Hash128& /*key*/, std::span<const std::span<std::byte>> /*out*/,
+                          uint16_t* /*format_id*/) {
+    return FailedPrecondition("tier", "this tier cannot read into caller memory");
+  }
   // REQUIRES: before the tier is shared (the store sets it once, at creation).
   void SetEvictionListener(EvictionListener f) { on_evict_ = std::move(f); }
 

@@ -202,6 +202,19 @@ class TieredStore final : public BlockSource {
   // Whether this rank writes `key` to tier t (always, unless t is shared and tp_world > 1).
   bool WritesTo(size_t t, const Hash128& key) const;
   std::shared_ptr<const TierRecord> RecordOf(const BlockPool& pool, BlockId b, const SealedIdentity& id) const;
+  // Reads the record of `link` from the memory tier t straight into block b's pages, with no copy
+  // in between (docs/adr/0041-one-sync-per-batch.md). kNotFound: not there, or a tier that
+  // cannot; kDataLoss: it failed a check (counted, taken out of service; b's pages may hold
+  // zeros or the unverified bytes and are not promoted); OK: b holds it and `state` its state.
+  Status ReadIntoBlock(size_t t, BlockPool& pool, const ChainLink& link, BlockId b, std::vector<std::byte>* state)
+      EXCLUDES(queue_mu_, stats_mu_);
+  // Fetch's first step: the leading run of links that the memory tiers at the top hold (or that
+  // are `queued`) read in place (ReadIntoBlock); marks `direct`, sets `from` and `states`. Returns
+  // the index of a record that failed its identity check (the run ends there), else links.size().
+  size_t FetchInPlace(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+                      std::span<const std::shared_ptr<const TierRecord>> queued, std::vector<size_t>& from,
+                      std::vector<bool>& direct, std::vector<std::vector<std::byte>>& states)
+      EXCLUDES(queue_mu_, stats_mu_);
   // Asks tier after tier, top down and each under its mutex, about the links not resolved yet.
   void SearchTopDown(std::span<const ChainLink> links, const std::function<bool(size_t)>& resolved,
                      const std::function<void(Tier&, size_t, std::span<const Hash128>, std::span<const size_t>)>& ask)

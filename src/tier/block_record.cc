@@ -83,16 +83,18 @@ std::vector<std::byte> EncodeBlockRecord(const BlockRecordInfo& info, const Bloc
   return out;
 }
 
-Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<const std::byte> payload,
-                                         const ChainLink& link) {
+size_t BlockRecordDataOffset(const BlockRecordInfo& info) { return DataOffset(info.block_tokens); }
+
+Status CheckBlockRecordHead(const BlockRecordInfo& info, std::span<const std::byte> payload, uint64_t payload_len,
+                            const ChainLink& link) {
   const size_t data = DataOffset(info.block_tokens);
-  if (payload.size() < data + info.page_bytes) {
-    return DataLoss("record", "length " + std::to_string(payload.size()) + ", expected at least " +
+  if (payload_len < data + info.page_bytes || payload.size() < data) {
+    return DataLoss("record", "length " + std::to_string(payload_len) + ", expected at least " +
                                   std::to_string(data + info.page_bytes));
   }
   const uint64_t state_bytes = Read<uint64_t>(payload, 96);
-  if (state_bytes != payload.size() - data - info.page_bytes) {
-    return DataLoss("record", "length " + std::to_string(payload.size()) + " does not match its state length " +
+  if (state_bytes != payload_len - data - info.page_bytes) {
+    return DataLoss("record", "length " + std::to_string(payload_len) + " does not match its state length " +
                                   std::to_string(state_bytes));
   }
   if (Read<uint32_t>(payload, 0) != kRecordMagic || Read<uint16_t>(payload, 4) != kRecordVersion) {
@@ -116,6 +118,13 @@ Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<
       std::memcmp(payload.data() + kFixedHeader, link.tokens.data(), link.tokens.size_bytes()) != 0) {
     return DataLoss("record", "stored tokens differ from the prompt's");
   }
+  return Status::Ok();
+}
+
+Result<BlockRecordView> CheckBlockRecord(const BlockRecordInfo& info, std::span<const std::byte> payload,
+                                         const ChainLink& link) {
+  TESSERA_RETURN_IF_ERROR(CheckBlockRecordHead(info, payload, payload.size(), link));
+  const size_t data = DataOffset(info.block_tokens);
   return BlockRecordView{payload.subspan(data, info.page_bytes), payload.subspan(data + info.page_bytes)};
 }
 

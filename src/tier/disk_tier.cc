@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <optional>
 
 #define XXH_STATIC_LINKING_ONLY
@@ -67,6 +69,25 @@ uint64_t HeaderChecksum(const Header& h) { return XXH3_64bits(&h, kChecksummedBy
 uint64_t Padded(uint64_t len) { return CeilDiv(len, kSlot) * kSlot; }
 uint64_t RecordBytes(uint64_t len) { return kSlot + Padded(len); }
 
+// A record's header with both tags (payload, then header) and the framing checksum.
+Header SealedHeader(const RecordMac& mac, const TierRecord& r, uint32_t flags, uint64_t seq) {
+  Header h{};
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.format_id = r.format_id;
+  h.flags = flags;
+  h.key_lo = r.key.lo;
+  h.key_hi = r.key.hi;
+  h.payload_len = r.payload.size();
+  h.seq = seq;
+  h.payload_nonce = RecordMac::RandomNonce();
+  h.payload_tag = mac.Compute(h.payload_nonce, {BytesOf(h, kIdentityBytes), r.payload});
+  h.header_nonce = RecordMac::RandomNonce();
+  h.header_tag = mac.Compute(h.header_nonce, {BytesOf(h, kTaggedBytes)});
+  h.header_checksum = HeaderChecksum(h);
+  return h;
+}
+
 Status Errno(const std::string& field, const std::string& what) {
   return IoError(field, what + ": " + std::strerror(errno));
 }
@@ -86,6 +107,30 @@ Status WriteAt(int fd, const void* data, size_t len, uint64_t offset) {
   return Status::Ok();
 }
 
+// Writes the buffers back to back at `offset`, resuming after short writes.
+Status WriteVAt(int fd, std::span<iovec> iov, uint64_t offset) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    const ssize_t n =
+        ::pwritev(fd, iov.data() + first, static_cast<int>(iov.size() - first), static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? Errno("disk", "write failed") : IoError("disk", "write made no progress");
+    offset += static_cast<uint64_t>(n);
+    for (size_t left = static_cast<size_t>(n); left > 0 && first < iov.size();) {
+      const size_t take = std::min(left, iov[first].iov_len);
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+      iov[first].iov_len -= take;
+      left -= take;
+      if (iov[first].iov_len == 0) ++first;
+    }
+  }
+  return Status::Ok();
+}
+
 bool ReadAt(int fd, void* data, size_t len, uint64_t offset) {
   char* p = static_cast<char*>(data);
   while (len > 0) {
@@ -97,6 +142,24 @@ bool ReadAt(int fd, void* data, size_t len, uint64_t offset) {
     offset += static_cast<uint64_t>(n);
   }
   return true;
+}
+
+// Reads a payload whose header verified and checks its tag chunk by chunk, each chunk right after
+// its read while it is still in the cache (and while the kernel's readahead fetches the next);
+// the caller uses the payload only when the whole tag matches (ADR 0041). Asking the kernel for
+// the whole payload first (POSIX_FADV_WILLNEED) measured slower, 0.29x pread with the cache dropped.
+constexpr size_t kReadChunk = size_t{256} * 1024;
+bool ReadAndVerifyPayload(const RecordMac& mac, int fd, const Header& h, uint64_t at, std::vector<std::byte>& payload) {
+  payload.resize(h.payload_len);
+  RecordMac::Verifier v = mac.Begin(h.payload_nonce);
+  v.Update(BytesOf(h, kIdentityBytes));
+  for (size_t done = 0; done < payload.size();) {
+    const size_t n = std::min(kReadChunk, payload.size() - done);
+    if (!ReadAt(fd, payload.data() + done, n, at + done)) return false;
+    v.Update({payload.data() + done, n});
+    done += n;
+  }
+  return v.Matches(h.payload_tag);
 }
 
 std::string SegmentName(uint32_t id) {
@@ -265,7 +328,8 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options)
   return t;
 }
 
-DiskTier::Probe DiskTier::ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload) const {
+DiskTier::Probe DiskTier::ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload,
+                                  uint64_t expect_len) const {
   Probe p;
   Header& h = p.header;
   if (off > seg.size || seg.size - off < sizeof(Header) || !ReadAt(seg.fd.get(), &h, sizeof h, off)) return p;
@@ -294,9 +358,11 @@ DiskTier::Probe DiskTier::ProbeAt(const Segment& seg, uint64_t off, std::vector<
     p.kind = Probe::kDead;
     return p;
   }
-  payload.resize(h.payload_len);
-  if (!ReadAt(seg.fd.get(), payload.data(), payload.size(), off + kSlot) ||
-      !mac_->Verify(h.payload_nonce, {BytesOf(h, kIdentityBytes), payload}, h.payload_tag)) {
+  if (expect_len != UINT64_MAX && h.payload_len != expect_len) {
+    p.why = "header length differs from the index";
+    return p;
+  }
+  if (!ReadAndVerifyPayload(*mac_, seg.fd.get(), h, off + kSlot, payload)) {
     p.why = "payload fails authentication";
     return p;
   }
@@ -432,7 +498,7 @@ Status DiskTier::PutBatch(std::span<const TierRecord> records) {
 
 Status DiskTier::PutBatch(std::span<const TierRecord* const> records) { return AppendRecords(records, /*flags=*/0); }
 
-// Long (~85 lines) on purpose: the write and its undo (the segment cut back on any failure) stay
+// Long (~90 lines) on purpose: the write and its undo (the segment cut back on any failure) stay
 // in one function so that every early return is seen to leave nothing of the batch.
 Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint32_t flags) {
   if (options_.read_only || mac_ == nullptr) return IoError("disk", "the tier is open read-only");
@@ -462,46 +528,51 @@ Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint3
     (void)::ftruncate(fd, static_cast<off_t>(start));
     return st;
   };
-  std::vector<Header> headers;
+  // One write per record, header slot, payload and padding together, and (kEveryBatch) one
+  // fdatasync per batch: each header authenticates its own payload, so a batch torn by a power
+  // failure (any of its pages lost, in any order) is recovered record by record (ADR 0041).
+  alignas(64) static constexpr std::array<std::byte, kSlot> kZeros{};
+  std::array<std::byte, kSlot> slot{};
   std::vector<Location> locations;
+  locations.reserve(records.size());
+  const uint64_t first_seq = next_seq_;
+  next_seq_ += records.size();
+  auto seal = [&, this](size_t i) { return SealedHeader(*mac_, *records[i], flags, first_seq + i); };
+  // The next record's tags are computed on a second thread while this one is written: the MAC
+  // costs about as much CPU as the kernel's copy into the page cache (ADR 0041). A pending
+  // future's destructor waits for it, so an early return leaves no thread behind.
+  std::future<Header> next;
   uint64_t off = start;
-  for (const TierRecord* r : records) {
+  for (size_t i = 0; i < records.size(); ++i) {
     Header h{};
-    h.magic = kMagic;
-    h.version = kVersion;
-    h.format_id = r->format_id;
-    h.flags = flags;
-    h.key_lo = r->key.lo;
-    h.key_hi = r->key.hi;
-    h.payload_len = r->payload.size();
-    h.seq = next_seq_++;
-    h.payload_nonce = RecordMac::RandomNonce();
-    h.payload_tag = mac_->Compute(h.payload_nonce, {BytesOf(h, kIdentityBytes), r->payload});
-    h.header_nonce = RecordMac::RandomNonce();
-    h.header_tag = mac_->Compute(h.header_nonce, {BytesOf(h, kTaggedBytes)});
-    h.header_checksum = HeaderChecksum(h);
-    Status st = WriteAt(fd, r->payload.data(), r->payload.size(), off + kSlot);
+    if (i == 0) {
+      if (records.size() > 1) next = std::async(std::launch::async, seal, 1);
+      h = seal(0);
+    } else {
+      h = next.get();
+      if (i + 1 < records.size()) next = std::async(std::launch::async, seal, i + 1);
+    }
+    const TierRecord* r = records[i];
+    std::memcpy(slot.data(), &h, sizeof h);
+    const size_t pad = static_cast<size_t>(Padded(h.payload_len) - h.payload_len);
+    std::array<iovec, 3> iov{iovec{slot.data(), slot.size()},
+                             iovec{const_cast<std::byte*>(r->payload.data()), r->payload.size()},  // NOLINT
+                             iovec{const_cast<std::byte*>(kZeros.data()), pad}};                   // NOLINT
+    Status st = WriteVAt(fd, iov, off);
     if (!st.ok()) return undo(st);
-    Hook(DiskWriteStep::kPayloadWritten);
-    headers.push_back(h);
+    // Start the record's writeback now (no wait, no durability: the fdatasync below gives that),
+    // so that the disk writes it while the next record's tag is computed.
+    if (options_.fsync == FsyncPolicy::kEveryBatch) {
+      (void)::sync_file_range(fd, static_cast<off_t>(off), static_cast<off_t>(RecordBytes(h.payload_len)),
+                              SYNC_FILE_RANGE_WRITE);
+    }
+    Hook(DiskWriteStep::kRecordWritten);
     locations.push_back(Location{seg.id, off, h.payload_len, h.seq, h.format_id});
     off += RecordBytes(r->payload.size());
   }
-  // Extend the file to the padded end so that the next record starts on a slot.
-  if (::ftruncate(fd, static_cast<off_t>(off)) != 0) return undo(Errno("disk", "cannot extend " + seg.name));
-  Hook(DiskWriteStep::kExtended);
   if (options_.fsync == FsyncPolicy::kEveryBatch) {
     if (::fdatasync(fd) != 0) return undo(Errno("disk", "fdatasync failed"));
-    Hook(DiskWriteStep::kPayloadsSynced);
-  }
-  for (size_t i = 0; i < headers.size(); ++i) {
-    Status st = WriteAt(fd, &headers[i], sizeof(Header), locations[i].offset);
-    if (!st.ok()) return undo(st);
-    Hook(DiskWriteStep::kHeaderWritten);
-  }
-  if (options_.fsync == FsyncPolicy::kEveryBatch) {
-    if (::fdatasync(fd) != 0) return undo(Errno("disk", "fdatasync failed"));
-    Hook(DiskWriteStep::kHeadersSynced);
+    Hook(DiskWriteStep::kBatchSynced);
   }
   seg.size = off;
   unsynced_ += off - start;
@@ -532,7 +603,7 @@ Result<TierRecord> DiskTier::Get(const Hash128& key) {
   r.key = key;
   r.format_id = loc.format_id;
   Probe p;
-  if (seg != nullptr) p = ProbeAt(*seg, loc.offset, r.payload);
+  if (seg != nullptr) p = ProbeAt(*seg, loc.offset, r.payload, loc.payload_len);
   const Header& h = p.header;
   if (p.kind != Probe::kLive || h.key_lo != key.lo || h.key_hi != key.hi || h.seq != loc.seq ||
       h.payload_len != loc.payload_len) {

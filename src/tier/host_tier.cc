@@ -196,6 +196,45 @@ Status HostTier::GetInto(const Hash128& key, std::span<std::byte> out, uint16_t*
   return Status::Ok();
 }
 
+Status HostTier::GetScattered(const Hash128& key, std::span<const std::span<std::byte>> out, uint16_t* format_id) {
+  auto it = map_.find(key);
+  if (it == map_.end()) {
+    ++misses_;
+    return NotFound("key", "not in the host tier");
+  }
+  Entry& e = *it->second;
+  uint64_t total = 0;
+  for (std::span<std::byte> o : out) total += o.size();
+  if (total != e.len) {
+    return InvalidArgument(
+        "out", std::to_string(total) + " bytes of buffers do not match the " + std::to_string(e.len) + "-byte record");
+  }
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  const std::byte* src = arena_.get() + e.offset;
+  for (std::span<std::byte> o : out) {
+    for (size_t off = 0; off < o.size(); off += kChunk) {
+      const size_t n = std::min(kChunk, o.size() - off);
+      XXH3_64bits_update(&state, src, n);
+      std::memcpy(o.data() + off, src, n);
+      src += n;
+    }
+  }
+  if (XXH3_64bits_digest(&state) != e.checksum) {
+    for (std::span<std::byte> o : out) {
+      if (!o.empty()) std::memset(o.data(), 0, o.size());
+    }
+    ++quarantined_;
+    Drop(it->second);
+    return DataLoss("key", "host record failed verification and was dropped");
+  }
+  lru_.splice(lru_.begin(), lru_, it->second);
+  ++hits_;
+  if (format_id != nullptr) *format_id = e.format_id;
+  return Status::Ok();
+}
+
 Result<std::vector<std::byte>> HostTier::Get(const Hash128& key, uint16_t* format_id) {
   std::optional<uint64_t> len = PayloadSize(key);
   if (!len.has_value()) {

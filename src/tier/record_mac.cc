@@ -89,6 +89,42 @@ bool RecordMac::ComputeInto(const Nonce& nonce, std::initializer_list<std::span<
   return ok;
 }
 
+RecordMac::Verifier RecordMac::Begin(const Nonce& nonce) const {
+  std::array<std::byte, 32> one_time{};
+  EVP_MAC_CTX* ctx = nullptr;
+  const bool ok =
+      HmacSha256(algorithms_->hmac, key_, nonce, &one_time) &&
+      (ctx = EVP_MAC_CTX_new(algorithms_->poly1305)) != nullptr &&
+      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(one_time.data()), one_time.size(), nullptr) == 1;
+  OPENSSL_cleanse(one_time.data(), one_time.size());
+  if (!ok) {
+    EVP_MAC_CTX_free(ctx);
+    ctx = nullptr;
+  }
+  return Verifier(ctx);
+}
+
+RecordMac::Verifier::~Verifier() { EVP_MAC_CTX_free(ctx_); }
+
+void RecordMac::Verifier::Update(std::span<const std::byte> bytes) {
+  if (ctx_ != nullptr &&
+      EVP_MAC_update(ctx_, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) != 1) {
+    EVP_MAC_CTX_free(ctx_);
+    ctx_ = nullptr;
+  }
+}
+
+bool RecordMac::Verifier::Matches(const Tag& tag) {
+  Tag got{};
+  size_t len = 0;
+  const bool ok = ctx_ != nullptr &&
+                  EVP_MAC_final(ctx_, reinterpret_cast<unsigned char*>(got.data()), &len, got.size()) == 1 &&
+                  len == got.size();
+  EVP_MAC_CTX_free(ctx_);
+  ctx_ = nullptr;
+  return ok && CRYPTO_memcmp(got.data(), tag.data(), tag.size()) == 0;
+}
+
 RecordMac::Tag RecordMac::Compute(const Nonce& nonce, std::initializer_list<std::span<const std::byte>> parts) const {
   Tag tag{};
   // A failure (which the crypto library does not report for these sizes) leaves a random tag

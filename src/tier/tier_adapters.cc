@@ -45,6 +45,10 @@ class HostTierAdapter final : public Tier {
     for (size_t i = 0; i < keys.size(); ++i) out[i] = host_.Contains(keys[i]);
     return out;
   }
+  std::optional<uint64_t> PayloadSize(const Hash128& key) const override { return host_.PayloadSize(key); }
+  Status ReadInto(const Hash128& key, std::span<const std::span<std::byte>> out, uint16_t* format_id) override {
+    return host_.GetScattered(key, out, format_id);
+  }
   Status EraseBatch(std::span<const Hash128> keys) override {
     for (const Hash128& k : keys) host_.Erase(k);
     return Status::Ok();

@@ -301,6 +301,58 @@ size_t TieredStore::Probe(std::span<const ChainLink> links) {
   return run;
 }
 
+Status TieredStore::ReadIntoBlock(size_t t, BlockPool& pool, const ChainLink& link, BlockId b,
+                                  std::vector<std::byte>* state) {
+  Slot& slot = *tiers_[t];
+  Status check = Status::Ok();
+  {
+    MutexLock lock(slot.mu);
+    const std::optional<uint64_t> len = slot.tier->PayloadSize(link.key);
+    const size_t head_bytes = BlockRecordDataOffset(info_);
+    if (!len || *len < head_bytes + info_.page_bytes) return NotFound("key", "not readable in place");
+    std::vector<std::byte> head(head_bytes);
+    state->resize(static_cast<size_t>(*len - head_bytes - info_.page_bytes));
+    std::vector<std::span<std::byte>> out{head};
+    for (uint32_t g = 0; g < pool.groups().size(); ++g) out.push_back(pool.MutableBytes(pool.BlockHandleOf(b, g)));
+    out.emplace_back(*state);
+    uint16_t format_id = 0;
+    // A record that fails the tier's own check is a miss there (the tier dropped and counted it),
+    // as through GetBatch: the tiers below are asked next.
+    Status read = slot.tier->ReadInto(link.key, out, &format_id);
+    if (!read.ok()) return NotFound("key", read.message());
+    check = format_id != format_id_ ? DataLoss("record", "record-format id differs")
+                                    : CheckBlockRecordHead(info_, head, *len, link);
+    if (check.ok()) return check;
+    Status q = slot.tier->Quarantine(link.key, check.message());
+    if (!q.ok()) {
+      MutexLock stats_lock(stats_mu_);  // stats_mu_ is acquired after Slot::mu
+      ++stats_.quarantine_failures;
+      stats_.last_error = "quarantine: " + q.ToString();
+    }
+  }
+  MutexLock lock(stats_mu_);
+  ++stats_.verify_failures;
+  stats_.last_error = "verify: " + check.ToString();
+  return DataLoss("record", check.message());
+}
+
+size_t TieredStore::FetchInPlace(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
+                                 std::span<const std::shared_ptr<const TierRecord>> queued, std::vector<size_t>& from,
+                                 std::vector<bool>& direct, std::vector<std::vector<std::byte>>& states) {
+  size_t stop = links.size();
+  for (size_t i = 0; i < links.size() && stop == links.size(); ++i) {
+    if (queued[i]) continue;
+    for (size_t t = 0; t < tiers_.size() && tiers_[t]->in_memory && !direct[i] && stop == links.size(); ++t) {
+      Status st = ReadIntoBlock(t, pool, links[i], blocks[i], &states[i]);
+      direct[i] = st.ok();
+      if (st.ok()) from[i] = t;
+      if (st.code() == StatusCode::kDataLoss) stop = i;
+    }
+    if (!direct[i]) break;
+  }
+  return stop;
+}
+
 size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std::span<const BlockId> blocks,
                           std::vector<std::vector<std::byte>>* states) {
   if (states != nullptr) states->clear();
@@ -319,8 +371,11 @@ size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std
       }
     }
   }
+  std::vector<bool> direct(n, false);
+  std::vector<std::vector<std::byte>> direct_states(n);
+  const size_t stop = FetchInPlace(pool, links.first(n), blocks, found, from, direct, direct_states);
   SearchTopDown(
-      links.first(n), [&](size_t i) { return found[i] != nullptr; },
+      links.first(n), [&](size_t i) { return found[i] != nullptr || direct[i] || i >= stop; },
       [&](Tier& tier, size_t t, std::span<const Hash128> keys, std::span<const size_t> where) {
         std::vector<std::optional<TierRecord>> got = tier.GetBatch(keys);
         for (size_t j = 0; j < got.size(); ++j) {
@@ -332,6 +387,13 @@ size_t TieredStore::Fetch(BlockPool& pool, std::span<const ChainLink> links, std
       });
   size_t done = 0;
   for (; done < n; ++done) {
+    if (direct[done]) {
+      if (states != nullptr) states->push_back(std::move(direct_states[done]));
+      MutexLock lock(stats_mu_);
+      ++stats_.tier_hits;
+      ++stats_.hits_per_tier[from[done]];
+      continue;
+    }
     if (!found[done]) break;
     const TierRecord& r = *found[done];
     Result<BlockRecordView> page = r.format_id == format_id_
