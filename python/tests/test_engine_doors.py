@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import tempfile
+import threading
 import unittest
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ import torch
 
 import tessera.sglang as tsg
 import tessera.vllm as tv
-from tessera import _vllm_base
+from tessera import _vllm_base, _vllm_common
 
 SECRET = "engine-doors-secret-0123456789abcdef"
 BS = 16
@@ -105,11 +106,18 @@ class Engine:
             w.save_kv_layer(name, self.kv[name], None)
         w.wait_for_save()
         sending, recving = w.get_finished(set())
+        if is_async and not recving:  # vLLM asks again each step until the load is reported
+            w.wait_for_transfers()
+            sending, recving = w.get_finished(set())
         errors = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
-        s.update_connector_output(SimpleNamespace(finished_sending=sending, finished_recving=recving))
+        s.update_connector_output(SimpleNamespace(finished_sending=sending, finished_recving=recving,
+                                                  kv_cache_events=w.get_kv_connector_kv_cache_events()))
         s.get_kv_connector_stats()
-        s.request_finished(req, (list(block_ids),))
+        self.delayed, _ = s.request_finished(req, (list(block_ids),))
+        if self.delayed:  # vLLM keeps the blocks; the next steps' get_finished name the request once sent
+            w.wait_for_transfers()
+            self.sent = w.get_finished({req.request_id})[0]
         return ext, is_async, recving, errors
 
 
@@ -145,18 +153,19 @@ class VllmDoor(unittest.TestCase):
     def setUp(self):
         self.extra = {"tessera_tiers": [{"kind": "host", "capacity_bytes": 64 << 20}], "tessera_secret": SECRET}
 
-    def share(self, kind, async_load=False, layers=3, tiers=None):
+    def share(self, kind, async_load=False, layers=3, tiers=None, async_save=False):
         from tessera._core import RecordTiers
         tiers = tiers or RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
-        a = Engine(vllm_config(dict(self.extra, tessera_async_load=async_load)), mla_caches(layers, 12, kind))
-        b = Engine(vllm_config(dict(self.extra, tessera_async_load=async_load)),
-                   {n: torch.zeros_like(t) for n, t in mla_caches(layers, 12, kind).items()})
+        extra = dict(self.extra, tessera_async_load=async_load, tessera_async_save=async_save)
+        a = Engine(vllm_config(extra), mla_caches(layers, 12, kind))
+        b = Engine(vllm_config(extra), {n: torch.zeros_like(t) for n, t in mla_caches(layers, 12, kind).items()})
         for e in (a, b):
             e.sched._tiers = e.worker._tiers = tiers
         tokens = list(range(1000, 1000 + 4 * BS + 3))
         ext, _, _, errors = a.step(Request("r", tokens), [0, 1, 2, 3, 4], 0)
         self.assertEqual((ext, errors), (0, set()))
         self.assertEqual(a.worker.stats["saved_blocks"], 4)
+        self.assertEqual((a.delayed, getattr(a, "sent", None)), (True, {"r"}) if async_save else (False, None))
         ext, is_async, recving, errors = b.step(Request("r2", tokens), [7, 9, 2, 11, 5], 0)
         self.assertEqual((ext, is_async, errors), (4 * BS, async_load, set()))
         self.assertEqual(recving, {"r2"} if async_load else None)
@@ -306,6 +315,187 @@ def _enc(v):
     if isinstance(v, (list, tuple)):
         return [_enc(x) for x in v]
     return v
+
+
+class GatedTiers:
+    """RecordTiers whose put/get wait for `gate` (set: open): shows which calls return before the
+    tiers are written or read."""
+
+    def __init__(self, tiers):
+        self.tiers, self.gate, self.entered = tiers, threading.Event(), threading.Event()
+
+    def contains(self, keys):
+        return self.tiers.contains(keys)
+
+    def put(self, keys, payloads, fmt):
+        self.entered.set()
+        self.gate.wait(30)
+        return self.tiers.put(keys, payloads, fmt)
+
+    def get(self, keys):
+        self.entered.set()
+        self.gate.wait(30)
+        return self.tiers.get(keys)
+
+
+class VllmAsync(unittest.TestCase):
+    """Asynchronous saves and loads (tessera_async_save, tessera_async_load): the tiers are written
+    and read on the connector's own threads, off vLLM's forward path; get_finished names the
+    requests as vLLM expects; KV events for what the connector stored and lost."""
+
+    def setUp(self):
+        from tessera._core import RecordTiers
+        self.host = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        self.extra = {"tessera_tiers": [{"kind": "host", "capacity_bytes": 1 << 20}], "tessera_secret": SECRET,
+                      "tessera_async_save": True, "tessera_async_load": True}
+        self.tokens = list(range(2000, 2000 + 4 * BS + 3))
+
+    def engine(self, caches, tiers):
+        e = Engine(vllm_config(self.extra), caches)
+        e.sched._tiers = e.worker._tiers = tiers
+        self.addCleanup(e.worker.shutdown)
+        return e
+
+    def forward(self, e, req, block_ids, local=0):
+        """The scheduler's and worker's calls of one step, up to wait_for_save (vLLM's order)."""
+        s, w = e.sched, e.worker
+        ext, is_async = s.get_num_new_matched_tokens(req, local)
+        s.update_state_after_alloc(req, (list(block_ids),), ext)
+        meta = s.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=[SimpleNamespace(req_id=req.request_id, block_ids=(list(block_ids),),
+                                                num_computed_tokens=local + ext)],
+            scheduled_cached_reqs=None, num_scheduled_tokens={req.request_id: req.num_tokens - local - ext}))
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(SimpleNamespace())
+        for n in sorted(e.kv):
+            w.wait_for_layer_load(n)
+            w.save_kv_layer(n, e.kv[n], None)
+        w.wait_for_save()
+        return ext, is_async, meta
+
+    def test_saves_leave_the_forward_path_and_get_finished_names_the_request(self):
+        gated = GatedTiers(self.host)
+        a = self.engine(mla_caches(3, 12, "bf16"), gated)
+        req = Request("r", self.tokens)
+        self.forward(a, req, [0, 1, 2, 3, 4])  # returns while the tier write waits at the gate
+        self.assertTrue(gated.entered.wait(30))
+        self.assertEqual(a.worker.stats["saved_blocks"], 0)
+        a.worker.clear_connector_metadata()
+        self.assertEqual(a.sched.request_finished(req, [0, 1, 2, 3, 4]), (True, None))  # vLLM keeps the blocks
+        self.assertEqual(a.worker.get_finished({"r"}), (None, None))  # still writing
+        self.assertEqual(a.worker.get_finished(set()), (None, None))
+        gated.gate.set()
+        a.worker.wait_for_transfers()
+        self.assertEqual(a.worker.get_finished(set()), ({"r"}, None))  # named in an earlier call's set
+        self.assertEqual(a.worker.get_finished({"r"}), (None, None))  # once
+        self.assertEqual(a.worker.stats["saved_blocks"], 4)
+        self.assertEqual(self.host.contains(a.sched._keys_for(req).keys), [True] * 4)
+
+    def test_async_save_then_async_load_every_byte_through_host_disk_and_a_real_redis_server(self):
+        from redis_support import RedisServer
+        from tessera._core import RecordTiers
+        with tempfile.TemporaryDirectory() as d:
+            r = RedisServer()
+            try:
+                for tiers in (self.host, RecordTiers([{"kind": "disk", "dir": d}]),
+                              RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port,
+                                            "secret": SECRET.encode()}])):
+                    for kind in ("bf16", "fp8_ds_mla", "v4"):
+                        self.share(tiers, kind)
+                self.assertGreater(r.command("DBSIZE"), 0)
+            finally:
+                r.close()
+
+    def share(self, tiers, kind):
+        src = mla_caches(0 if kind == "v4" else 3, 12, kind)
+        a = self.engine(src, tiers)
+        b = self.engine({n: torch.zeros_like(t) for n, t in src.items()}, GatedTiers(tiers))
+        tokens = [kind.__hash__() % 1000 + i for i in range(4 * BS + 3)]
+        self.forward(a, Request("a", tokens), [0, 1, 2, 3, 4])
+        a.worker.shutdown()  # drains: every queued block written before it returns
+        self.assertEqual(a.worker.stats["saved_blocks"], 4, kind)
+        ext, is_async, _ = self.forward(b, Request("b", tokens), [7, 9, 2, 11, 5])
+        self.assertEqual((ext, is_async), (4 * BS, True))
+        self.assertTrue(b.worker._tiers.entered.wait(30))  # start_load_kv returned; the read waits
+        self.assertEqual(b.worker.get_finished(set()), (None, None))
+        b.worker._tiers.gate.set()
+        b.worker.wait_for_transfers()
+        self.assertEqual(b.worker.get_finished(set()), (None, {"b"}))
+        self.assertEqual(b.worker.get_block_ids_with_load_errors(), set())
+        for n in src:
+            for s_, d_ in zip([0, 1, 2, 3], [7, 9, 2, 11]):
+                self.assertTrue(torch.equal(page_bytes(a.kv[n], s_), page_bytes(b.kv[n], d_)), (kind, n, s_))
+
+    def test_handle_preemptions_waits_for_the_preempted_requests_saves(self):
+        gated = GatedTiers(self.host)
+        a = self.engine(mla_caches(2, 12, "bf16"), gated)
+        self.forward(a, Request("r", self.tokens), [0, 1, 2, 3, 4])
+        a.worker.clear_connector_metadata()
+        meta = a.sched.build_connector_meta(SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=None,
+                                                            num_scheduled_tokens={}, preempted_req_ids={"r"}))
+        self.assertEqual(meta.preempted, ["r"])
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (a.worker.handle_preemptions(meta), done.set()))
+        t.start()
+        a.worker.handle_preemptions(SimpleNamespace(preempted=["other"]))  # nothing of its own pending
+        self.assertFalse(done.wait(0.3))  # the preempted request's blocks are still being read
+        gated.gate.set()
+        t.join(30)
+        self.assertTrue(done.is_set())
+        self.assertEqual(a.worker.stats["saved_blocks"], 4)
+
+    def test_events_for_stored_and_lost_blocks(self):
+        BlockStored, BlockRemoved, _ = _vllm_common.event_classes()
+        tp = [self.engine(mla_caches(2, 12, "bf16"), self.host) for _ in range(2)]  # one scheduler, two TP workers
+        req = Request("r", self.tokens, lora=SimpleNamespace(lora_name="sql", lora_int_id=3))
+        _, _, meta = self.forward(tp[0], req, [0, 1, 2, 3, 4])
+        w1 = tp[1].worker
+        w1.bind_connector_metadata(meta)
+        w1.start_load_kv(None)
+        for n in sorted(tp[1].kv):
+            w1.save_kv_layer(n, tp[1].kv[n], None)
+        w1.wait_for_save()
+        outs = []
+        for e in tp:
+            e.worker.wait_for_transfers()
+            outs.append(e.worker.get_kv_connector_kv_cache_events())
+        self.assertIsNone(tp[0].worker.get_kv_connector_kv_cache_events())  # taken
+        merged = outs[0]  # as vLLM's KVOutputAggregator merges the workers'
+        merged.add_events(outs[1].get_all_events())
+        merged.increment_workers(1)
+        tp[0].sched.update_connector_output(SimpleNamespace(finished_sending=None, finished_recving=None,
+                                                            kv_cache_events=merged))
+        events = list(tp[0].sched.take_events())
+        keys = tp[0].sched._keys_for(req).keys
+        self.assertEqual([type(e) for e in events], [BlockStored] * 4)
+        self.assertEqual([e.block_hashes for e in events], [[k] for k in keys])
+        self.assertEqual([e.parent_block_hash for e in events], [None] + keys[:3])
+        self.assertEqual([e.token_ids for e in events], [self.tokens[i * BS:(i + 1) * BS] for i in range(4)])
+        self.assertEqual({(e.block_size, e.medium, e.lora_id, e.lora_name) for e in events}, {(BS, "TESSERA", 3, "sql")})
+        self.assertEqual(list(tp[0].sched.take_events()), [])
+        # A block the tiers lost: the load reports it and a BlockRemoved names it.
+        b = self.engine({n: torch.zeros_like(t) for n, t in tp[0].kv.items()}, self.host)
+        b.sched._tiers = b.worker._tiers = SimpleNamespace(contains=self.host.contains, put=self.host.put,
+                                                           get=lambda ks: [None] + list(self.host.get(ks[1:])))
+        self.forward(b, Request("s", self.tokens, lora=req.lora_request), [5, 6, 7, 8, 9])
+        b.worker.wait_for_transfers()
+        self.assertEqual(b.worker.get_finished(set()), (None, {"s"}))
+        self.assertEqual(b.worker.get_block_ids_with_load_errors(), {5})
+        b.sched.update_connector_output(SimpleNamespace(kv_cache_events=b.worker.get_kv_connector_kv_cache_events()))
+        (removed,) = [e for e in b.sched.take_events() if isinstance(e, BlockRemoved)]
+        self.assertEqual((removed.block_hashes, removed.medium), ([keys[0]], "TESSERA"))
+
+    def test_sync_mode_unchanged_and_events_too(self):
+        extra = dict(self.extra, tessera_async_save=False, tessera_async_load=False)
+        e = Engine(vllm_config(extra), mla_caches(2, 12, "bf16"))
+        e.sched._tiers = e.worker._tiers = self.host
+        self.forward(e, Request("r", self.tokens), [0, 1, 2, 3, 4])
+        self.assertEqual(e.worker.stats["saved_blocks"], 4)  # written before wait_for_save returned
+        self.assertEqual(e.sched.request_finished(Request("r", self.tokens), []), (False, None))
+        self.assertEqual(len(e.worker.get_kv_connector_kv_cache_events().get_all_events()), 4)
+        e.worker.shutdown()
+        with self.assertRaisesRegex(ValueError, "tessera_async_save"):
+            tv.TesseraConnector(vllm_config(dict(extra, tessera_async_save="yes")), tv.KVConnectorRole.WORKER)
 
 
 class VllmCallTrace(unittest.TestCase):
