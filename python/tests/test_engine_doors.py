@@ -444,6 +444,38 @@ class VllmAsync(unittest.TestCase):
         self.assertTrue(done.is_set())
         self.assertEqual(a.worker.stats["saved_blocks"], 4)
 
+    def test_shutdown_drains_the_queued_saves(self):
+        gated = GatedTiers(self.host)
+        a = self.engine(mla_caches(2, 12, "bf16"), gated)
+        req = Request("r", self.tokens)
+        self.forward(a, req, [0, 1, 2, 3, 4])
+        self.assertTrue(gated.entered.wait(30))
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (a.worker.shutdown(), done.set()))
+        t.start()
+        self.assertFalse(done.wait(0.3))  # the write is held: shutdown waits for it
+        gated.gate.set()
+        t.join(30)
+        self.assertTrue(done.is_set())
+        self.assertEqual(a.worker.stats["saved_blocks"], 4)
+        self.assertEqual(self.host.contains(a.sched._keys_for(req).keys), [True] * 4)
+        with self.assertRaisesRegex(RuntimeError, "shut down"):
+            a.worker.wait_for_save()  # nothing is queued after shutdown
+
+    def test_a_failing_tier_write_is_counted_and_the_request_still_reported_sent(self):
+        def put(keys, payloads, fmt):
+            raise OSError("disk gone")
+        a = self.engine(mla_caches(2, 12, "bf16"),
+                        SimpleNamespace(contains=self.host.contains, get=self.host.get, put=put))
+        req = Request("r", self.tokens)
+        self.forward(a, req, [0, 1, 2, 3, 4])
+        a.worker.clear_connector_metadata()
+        self.assertEqual(a.sched.request_finished(req, []), (True, None))
+        a.worker.wait_for_transfers()
+        self.assertEqual(a.worker.get_finished({"r"}), ({"r"}, None))  # vLLM frees the blocks
+        self.assertEqual((a.worker.stats["saved_blocks"], a.worker.stats["save_failures"]), (0, 4))
+        self.assertIsNone(a.worker.get_kv_connector_kv_cache_events())  # nothing stored, no event
+
     def test_events_for_stored_and_lost_blocks(self):
         BlockStored, BlockRemoved, _ = _vllm_common.event_classes()
         tp = [self.engine(mla_caches(2, 12, "bf16"), self.host) for _ in range(2)]  # one scheduler, two TP workers
