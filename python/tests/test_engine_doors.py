@@ -503,7 +503,8 @@ class VllmAsync(unittest.TestCase):
         self.assertEqual([e.block_hashes for e in events], [[k] for k in keys])
         self.assertEqual([e.parent_block_hash for e in events], [None] + keys[:3])
         self.assertEqual([e.token_ids for e in events], [self.tokens[i * BS:(i + 1) * BS] for i in range(4)])
-        self.assertEqual({(e.block_size, e.medium, e.lora_id, e.lora_name) for e in events}, {(BS, "TESSERA", 3, "sql")})
+        self.assertEqual({(e.block_size, e.medium, e.lora_id, e.lora_name) for e in events},
+                         {(BS, "TESSERA", 3, "sql")})
         self.assertEqual(list(tp[0].sched.take_events()), [])
         # A block the tiers lost: the load reports it and a BlockRemoved names it.
         b = self.engine({n: torch.zeros_like(t) for n, t in tp[0].kv.items()}, self.host)
@@ -666,9 +667,9 @@ class VllmSchedulerTrace(unittest.TestCase):
                     scheduled_new_reqs=[SimpleNamespace(req_id=n["req_id"], block_ids=ids(n["block_ids"]),
                                                         num_computed_tokens=n["num_computed_tokens"])
                                         for n in v["scheduled_new_reqs"]],
-                    scheduled_cached_reqs=SimpleNamespace(req_ids=c["req_ids"], resumed_req_ids=set(c["resumed_req_ids"]),
-                                                          new_block_ids=[ids(b) for b in c["new_block_ids"]],
-                                                          num_computed_tokens=c["num_computed_tokens"]),
+                    scheduled_cached_reqs=SimpleNamespace(
+                        req_ids=c["req_ids"], resumed_req_ids=set(c["resumed_req_ids"]),
+                        new_block_ids=[ids(b) for b in c["new_block_ids"]], num_computed_tokens=c["num_computed_tokens"]),
                     num_scheduled_tokens=v["num_scheduled_tokens"], preempted_req_ids=set(v["preempted_req_ids"]),
                     finished_req_ids=set(v["finished_req_ids"]))
             if kind == "connector_output":
@@ -692,7 +693,8 @@ class VllmSchedulerTrace(unittest.TestCase):
                 last[(e, "metadata")] = got
             elif c["call"] == "get_kv_connector_kv_cache_events":
                 last[(e, "events")] = got
-                self.assertEqual(None if got is None else len(got.get_all_events()), None if want is None else want["n"])
+                self.assertEqual(None if got is None else len(got.get_all_events()),
+                                 None if want is None else want["n"])
             elif c["call"] == "take_events":
                 got = [[type(x).__name__, x.block_size, len(x.token_ids), x.medium] for x in got]
                 stored += len(got)
@@ -719,7 +721,8 @@ class VllmSchedulerTrace(unittest.TestCase):
             self.replay(RecordTiers([{"kind": "disk", "dir": d}]))
         r = RedisServer()
         try:
-            self.replay(RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port, "secret": SECRET.encode()}]))
+            self.replay(RecordTiers([{"kind": "redis", "host": "127.0.0.1", "port": r.port,
+                                      "secret": SECRET.encode()}]))
             self.assertEqual(r.command("DBSIZE"), 3)
         finally:
             r.close()
