@@ -207,11 +207,14 @@ class ConnectorMetadata(_MetaBase):
     """What the scheduler side hands the worker side for one step (a KVConnectorMetadata).
     ``async_loads``: the requests whose loads the worker completes in start_load_kv and reports
     through get_finished (vLLM's asynchronous load). ``preempted``: the requests vLLM preempted
-    this step (their blocks are freed: handle_preemptions waits for their saves)."""
+    this step (their blocks are freed: handle_preemptions waits for their saves). ``freed_on_recv``:
+    requests that finished while vLLM waited for their asynchronous load; vLLM frees them on
+    finished_recving, so the worker never reports them sent (vLLM would free them twice)."""
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
     async_loads: list = field(default_factory=list)
     preempted: list = field(default_factory=list)
+    freed_on_recv: list = field(default_factory=list)
 
 
 @dataclass
@@ -356,6 +359,8 @@ class TesseraConnector(_Base, _HMA):
         self._save_layers = {}     # async saves: layer name -> the kv_layer given to save_kv_layer
         self._saving = set()       # requests with asynchronous saves (reported sent once finished and idle)
         self._finished_seen = set()  # of those, the ones vLLM said finished
+        self._freed_on_recv = set()  # finished while their async load ran: reported received only
+        self._recv_held = set()    # of those, loaded but with saves still running
         self._loads_done = []      # (request ids, load error block ids) of finished async loads
         self._worker_events = []   # BlockStored/BlockRemoved since get_kv_connector_kv_cache_events
         self.stats = {k: 0 for k in STAT_NAMES}
@@ -451,6 +456,7 @@ class TesseraConnector(_Base, _HMA):
         num_computed_tokens), ``scheduled_cached_reqs`` (req_ids, new_block_ids,
         num_computed_tokens) and ``num_scheduled_tokens``; it does not modify it."""
         meta = ConnectorMetadata()
+        meta.freed_on_recv, self._freed_on_recv = self._freed_on_recv, []
         for st in self._reqs.values():
             for i in st.pending_load:
                 meta.loads.append(self._transfer(st, i))
@@ -520,6 +526,13 @@ class TesseraConnector(_Base, _HMA):
         the worker: vLLM keeps the blocks until get_finished reports the request sent. Else
         (False, None): synchronous saves are written in wait_for_save, so vLLM frees at once."""
         st = self._reqs.pop(request.request_id, None)
+        if st is not None and st.loading:
+            # vLLM's finish_requests delays a WAITING_FOR_REMOTE_KVS request itself and frees it on
+            # finished_recving; a finished_sending too would free it twice (a request saved, then
+            # preempted and admitted again through an asynchronous load): the worker is told to
+            # report it received only.
+            self._freed_on_recv.append(request.request_id)
+            return False, None
         return bool(st is not None and st.save_scheduled), None
 
     def request_finished_all_groups(self, request, block_ids):
@@ -588,6 +601,9 @@ class TesseraConnector(_Base, _HMA):
             raise TypeError("connector_metadata: must be ConnectorMetadata")
         self._metadata = connector_metadata
         self._connector_metadata = connector_metadata
+        if connector_metadata.freed_on_recv:
+            with self._lock:
+                self._freed_on_recv |= set(connector_metadata.freed_on_recv)
 
     def clear_connector_metadata(self):
         self._collect_read()
@@ -801,19 +817,28 @@ class TesseraConnector(_Base, _HMA):
         """(requests sent, requests received): sent are those of `finished_req_ids` (now or in an
         earlier call) whose asynchronous saves are all written; received are those whose
         asynchronous loads completed since the last call (their failed blocks are reported by
-        get_block_ids_with_load_errors). None for an empty set, as vLLM's connectors answer."""
+        get_block_ids_with_load_errors). None for an empty set, as vLLM's connectors answer.
+        Each request once, in one of the two: one that finished during its asynchronous load
+        (ConnectorMetadata.freed_on_recv) is only received, once its saves are written too."""
         with self._lock:
             done, self._loads_done = self._loads_done, []
-            recv = set()
+            recv = set(self._recv_held)
             for rids, failed in done:
                 recv |= rids
                 self._load_errors |= failed
+            gone = self._freed_on_recv
+            self._saving -= gone
+            self._finished_seen -= gone
             self._finished_seen |= self._saving.intersection(finished_req_ids or ())
             candidates = list(self._finished_seen)
         sent = {r for r in candidates if not self._saver.busy(r)}
+        held = {r for r in recv & gone if self._saver.busy(r)}
+        recv -= held
         with self._lock:
             self._finished_seen -= sent
             self._saving -= sent
+            self._recv_held = held
+            self._freed_on_recv -= recv
         return (sent or None), (recv or None)
 
     def get_kv_connector_kv_cache_events(self):

@@ -444,6 +444,66 @@ class VllmAsync(unittest.TestCase):
         self.assertTrue(done.is_set())
         self.assertEqual(a.worker.stats["saved_blocks"], 4)
 
+    def preempt_reload_abort(self, report_load_before_abort):
+        """A request saved asynchronously, preempted, admitted again through an asynchronous load,
+        then aborted; the frees vLLM's Scheduler (28be48fa9) makes from the connector's answers:
+        finish_requests delays the free of a WAITING_FOR_REMOTE_KVS request whose load it has not
+        seen finished (and _free_request for a connector answering True); _update_from_kv_xfer_finished
+        frees on each finished_recving of a finished request and on each finished_sending."""
+        a = self.engine(mla_caches(2, 12, "bf16"), self.host)
+        req = Request("r", self.tokens)
+        self.forward(a, req, [0, 1, 2, 3, 4])
+        a.worker.clear_connector_metadata()
+        a.worker.wait_for_transfers()
+        self.assertEqual(a.worker.stats["saved_blocks"], 4)
+        meta = a.sched.build_connector_meta(SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=None,
+                                                            num_scheduled_tokens={}, preempted_req_ids={"r"}))
+        a.worker.bind_connector_metadata(meta)
+        a.worker.handle_preemptions(meta)
+        a.worker.clear_connector_metadata()
+        gated = GatedTiers(self.host)
+        a.worker._tiers = gated
+        s, w = a.sched, a.worker
+        self.assertEqual(s.get_num_new_matched_tokens(req, 0), (4 * BS, True))  # WAITING_FOR_REMOTE_KVS
+        s.update_state_after_alloc(req, ([6, 7, 8, 9, 10],), 4 * BS)
+        w.bind_connector_metadata(s.build_connector_meta(SimpleNamespace(
+            scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens={})))
+        w.start_load_kv(SimpleNamespace())
+        outputs = []
+        if report_load_before_abort:
+            gated.gate.set()
+            w.wait_for_transfers()
+        outputs.append(w.get_finished(set()))
+        w.clear_connector_metadata()
+        seen_recv = any(o[1] and "r" in o[1] for o in outputs)
+        for o in outputs:
+            s.update_connector_output(SimpleNamespace(finished_sending=o[0], finished_recving=o[1]))
+        delay, _ = s.request_finished(req, ([6, 7, 8, 9, 10],))  # the abort
+        frees = 0 if (delay or not seen_recv) else 1
+        after = []
+        for finished in ({"r"}, set(), set()):  # the next steps: finished_req_ids names it once
+            w.bind_connector_metadata(s.build_connector_meta(SimpleNamespace(
+                scheduled_new_reqs=[], scheduled_cached_reqs=None, num_scheduled_tokens={})))
+            gated.gate.set()
+            w.wait_for_transfers()
+            after.append(w.get_finished(finished))
+            w.clear_connector_metadata()
+        for sent, recv in after:
+            frees += len((sent or set()) & {"r"}) + len((recv or set()) & {"r"})
+        self.assertEqual(frees, 1, (delay, outputs, after))
+        self.assertEqual(w.stats["loaded_blocks"], 4)
+        return delay, outputs + after
+
+    def test_a_request_saved_preempted_reloaded_asynchronously_and_aborted_is_freed_once(self):
+        delay, outs = self.preempt_reload_abort(report_load_before_abort=False)
+        self.assertFalse(delay)  # vLLM delays it itself and frees it on finished_recving
+        self.assertEqual([o for o in outs if o != (None, None)], [(None, {"r"})])
+
+    def test_aborted_after_its_reload_was_reported_it_is_reported_sent_once(self):
+        delay, outs = self.preempt_reload_abort(report_load_before_abort=True)
+        self.assertTrue(delay)  # vLLM waits for finished_sending
+        self.assertEqual([o for o in outs if o != (None, None)], [(None, {"r"}), ({"r"}, None)])
+
     def test_shutdown_drains_the_queued_saves(self):
         gated = GatedTiers(self.host)
         a = self.engine(mla_caches(2, 12, "bf16"), gated)
