@@ -266,6 +266,45 @@ def _mm_in_block(request, start, end):
     return out
 
 
+def _is_cuda(t):
+    """A tensor on a CUDA device (torch's ``is_cuda``): its pages go through Tessera's CUDA module."""
+    return getattr(t, "is_cuda", False) is True
+
+
+def _new_cuda_staging(device, staging_bytes):
+    """Tessera's CUDA module's device <-> pinned host staging (tessera._core.CudaStaging)."""
+    from . import _core
+    return _core.CudaStaging(device, staging_bytes)
+
+
+def _cuda_built():
+    from . import _core
+    return bool(getattr(_core, "CUDA_BUILT", False))
+
+
+def _stage_cuda_caches(cuda, pages):
+    """{layer: (CudaStaging, region)} for the CUDA tensors `cuda` (layer -> tensor), one staging
+    buffer per device; ValueError naming the tensor when Tessera's CUDA module is not built or
+    cannot reach the tensor's device. Pages are never copied through torch (.cpu(), .numpy())."""
+    out, staging = {}, {}
+    for name in sorted(cuda):
+        arr = cuda[name]
+        where = "kv_caches[%r] (a CUDA tensor on %s)" % (name, arr.device)
+        if not _cuda_built():
+            raise ValueError("%s: this Tessera was built without its CUDA module (nvcc not found), and CUDA "
+                             "pages are never copied through torch" % where)
+        dev = getattr(arr.device, "index", None) or 0
+        try:
+            if dev not in staging:
+                big = max(pages[n] for n in cuda if (getattr(cuda[n].device, "index", None) or 0) == dev)
+                staging[dev] = _new_cuda_staging(dev, max(2 * big, 1 << 16))
+            region = staging[dev].add(arr.data_ptr(), arr.shape[0] * pages[name], name)
+        except ValueError as e:
+            raise ValueError("%s: Tessera's CUDA module cannot stage it: %s" % (where, e)) from None
+        out[name] = (staging[dev], region)
+    return out
+
+
 def _as_torch_page(cache, block_id):
     """The bytes of one block of a torch KV cache (any dtype, any device) as a flat uint8 tensor view."""
     import torch
@@ -348,6 +387,7 @@ class TesseraConnector(_Base, _HMA):
         # Worker side.
         self._layers = []
         self._caches = {}
+        self._cuda_pages = {}      # layer -> (CudaStaging, region) for CUDA caches
         self._page_bytes = {}
         self._staged_loads = {}   # (req, index) -> (transfer, body memoryview)
         self._staged_saves = {}   # (req, index) -> [page bytes per layer]
@@ -559,11 +599,14 @@ class TesseraConnector(_Base, _HMA):
     def register_kv_caches(self, kv_caches):
         """vLLM's paged buffers, layer name -> tensor [num_blocks, block_size, ...] of any dtype
         (bf16 for the default MLA cache, uint8 for fp8_ds_mla, V4's per-group caches with their
-        own page sizes), on the CPU or a CUDA device (pages staged through host memory); numpy
-        arrays too. Pages are moved as bytes: nothing is converted."""
+        own page sizes), on the CPU or a CUDA device; numpy arrays too. Pages are moved as bytes:
+        nothing is converted. A CUDA tensor (``is_cuda``) is staged device <-> pinned host through
+        Tessera's CUDA module (tessera._core.CudaStaging over the tensor's memory, never indexed,
+        ``.cpu()``-copied or ``.numpy()``-read); without that module or without a device it is a
+        ValueError naming the tensor, and nothing is registered."""
         if not isinstance(kv_caches, dict) or not kv_caches:
             raise TypeError("kv_caches: must be a non-empty dict of layer name -> tensor")
-        caches, pages = {}, {}
+        caches, pages, cuda = {}, {}, {}
         for name, arr in kv_caches.items():
             if not isinstance(name, str):
                 raise TypeError("kv_caches: layer names must be str")
@@ -573,7 +616,12 @@ class TesseraConnector(_Base, _HMA):
             if arr.shape[1] != self.block_size:
                 raise ValueError("kv_caches[%r]: block dimension %d is not block_size %d" % (name, arr.shape[1],
                                                                                            self.block_size))
-            if is_torch:
+            if _is_cuda(arr):  # never indexed nor copied here: staged through the CUDA module
+                if not arr.is_contiguous():
+                    raise ValueError("kv_caches[%r]: must be contiguous" % name)
+                p = arr.numel() // arr.shape[0] * arr.element_size()
+                cuda[name] = arr
+            elif is_torch:
                 if not arr.is_contiguous():
                     raise ValueError("kv_caches[%r]: must be contiguous" % name)
                 p = arr[0].numel() * arr.element_size()
@@ -583,6 +631,7 @@ class TesseraConnector(_Base, _HMA):
                 p = arr[0].nbytes
             caches[name] = arr
             pages[name] = p
+        self._cuda_pages = _stage_cuda_caches(cuda, pages)  # before anything changes
         self._caches = caches
         self._layers = sorted(caches)
         self._page_bytes = pages
@@ -693,7 +742,10 @@ class TesseraConnector(_Base, _HMA):
         dst = self._caches[layer_name]
         off, p = self._offsets[layer_name], self._page_bytes[layer_name]
         src = memoryview(body)[off:off + p]
-        if type(dst).__module__.startswith("torch"):
+        staged = self._cuda_pages.get(layer_name)
+        if staged is not None:  # pinned host -> device through the CUDA module
+            staged[0].write(staged[1], block_id * p, src)
+        elif type(dst).__module__.startswith("torch"):
             import torch
             page = _as_torch_page(dst, block_id)
             page.copy_(torch.frombuffer(bytearray(src), dtype=torch.uint8), non_blocking=False)
@@ -715,13 +767,23 @@ class TesseraConnector(_Base, _HMA):
         """One block's page of `kv_layer` as bytes (a device tensor is copied to the host first)."""
         if not 0 <= block_id < kv_layer.shape[0]:
             raise ValueError("kv_layer: block id %d outside its %d blocks" % (block_id, kv_layer.shape[0]))
-        if type(kv_layer).__module__.startswith("torch"):
-            page = _as_torch_page(kv_layer, block_id).cpu().numpy().tobytes()
+        if _is_cuda(kv_layer):  # device -> pinned host through the CUDA module
+            page = self._cuda_page(layer_name, kv_layer, block_id)
+        elif type(kv_layer).__module__.startswith("torch"):
+            page = _as_torch_page(kv_layer, block_id).cpu().numpy().tobytes()  # CPU: no copy
         else:
             page = kv_layer[block_id].tobytes()
         if len(page) != self._page_bytes[layer_name]:
             raise ValueError("kv_layer: a page of %d bytes, registered %d" % (len(page), self._page_bytes[layer_name]))
         return page
+
+    def _cuda_page(self, layer_name, kv_layer, block_id):
+        staged, reg = self._cuda_pages.get(layer_name), self._caches.get(layer_name)
+        if staged is None or kv_layer.data_ptr() != reg.data_ptr():
+            raise ValueError("kv_layer: a CUDA tensor that is not the registered cache of layer %r (CUDA pages are "
+                             "staged through the registered memory only)" % (layer_name,))
+        p = self._page_bytes[layer_name]
+        return staged[0].read(staged[1], block_id * p, p)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata=None, **kwargs):
         """Synchronous saves: copies this layer's page of every block to save this step out of

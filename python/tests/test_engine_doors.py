@@ -5,6 +5,7 @@ engines' schedulers and workers call them, with torch tensors of the engines' re
 (bf16 MLA caches, uint8 fp8_ds_mla records, DeepSeek-V4's per-group caches) and vLLM's role enum;
 every KV byte compared bit-exact. Keys carry the model, revision, tenant, cache_salt, LoRA and
 multimodal identity; SGLang namespaces are kept whole."""
+import ctypes
 import importlib
 import json
 import os
@@ -12,12 +13,13 @@ import tempfile
 import threading
 import unittest
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 
 import tessera.sglang as tsg
 import tessera.vllm as tv
-from tessera import _vllm_base, _vllm_common
+from tessera import _vllm_base, _vllm_common, _vllm_connector
 
 SECRET = "engine-doors-secret-0123456789abcdef"
 BS = 16
@@ -202,21 +204,6 @@ class VllmDoor(unittest.TestCase):
     def test_asynchronous_load_reported_by_get_finished(self):
         self.share("bf16", async_load=True)
 
-    @unittest.skipUnless(torch.cuda.is_available(), "no CUDA device (the device path runs where one exists)")
-    def test_cuda_bf16_cache_staged_through_host_memory(self):
-        from tessera._core import RecordTiers
-        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
-        src = {n: t.cuda() for n, t in mla_caches(2, 12, "bf16").items()}
-        dst = {n: torch.zeros_like(t) for n, t in src.items()}
-        a, b = Engine(vllm_config(self.extra), src), Engine(vllm_config(self.extra), dst)
-        for e in (a, b):
-            e.sched._tiers = e.worker._tiers = tiers
-        tokens = list(range(3 * BS + 1))
-        a.step(Request("r", tokens), [0, 1, 2, 3], 0)
-        self.assertEqual(b.step(Request("s", tokens), [4, 5, 6, 7], 0)[0], 3 * BS)
-        for n in src:
-            self.assertTrue(torch.equal(src[n][:3].view(torch.int16), dst[n][4:7].view(torch.int16)))
-
     def test_bf16_through_disk_and_a_real_redis_server(self):
         from tessera._core import RecordTiers
         with tempfile.TemporaryDirectory() as d:
@@ -315,6 +302,199 @@ def _enc(v):
     if isinstance(v, (list, tuple)):
         return [_enc(x) for x in v]
     return v
+
+
+class CudaStandIn:
+    """What vLLM's worker hands register_kv_caches for a CUDA cache, as torch's attributes answer
+    for it (is_cuda, device, shape, dtype, data_ptr, element_size, numel, is_contiguous), over the
+    memory of a CPU tensor. Anything that would copy the pages through torch (indexing, .cpu(),
+    .numpy(), .to(), .copy_(), .view(), .reshape()) is recorded and fails."""
+
+    is_cuda = True
+
+    def __init__(self, host):
+        self.host, self.touched = host, []
+        self.shape, self.dtype, self.device = host.shape, host.dtype, torch.device("cuda", 0)
+
+    def data_ptr(self):
+        return self.host.data_ptr()
+
+    def element_size(self):
+        return self.host.element_size()
+
+    def numel(self):
+        return self.host.numel()
+
+    def is_contiguous(self):
+        return True
+
+    def _copy(self, *a, **k):
+        raise AssertionError("a CUDA tensor's pages were copied through torch")
+
+    def __getitem__(self, i):
+        self.touched.append("__getitem__")
+        self._copy()
+
+    def __getattr__(self, name):
+        if name in ("cpu", "numpy", "to", "copy_", "view", "reshape", "tolist", "contiguous"):
+            self.touched.append(name)
+            return self._copy
+        raise AttributeError(name)
+
+
+class HostStaging:
+    """The interface of tessera._core.CudaStaging (add, read, write) over host addresses: checks,
+    without a device, that the connector moves a CUDA tensor's pages only through it."""
+
+    def __init__(self, device, staging_bytes):
+        self.device, self.staging_bytes, self.regions, self.reads, self.writes = device, staging_bytes, [], 0, 0
+
+    def add(self, address, nbytes, name):
+        self.regions.append((address, nbytes, name))
+        return len(self.regions) - 1
+
+    def read(self, region, offset, n):
+        address, nbytes, _ = self.regions[region]
+        assert offset + n <= nbytes and n <= self.staging_bytes // 2
+        self.reads += 1
+        return ctypes.string_at(address + offset, n)
+
+    def write(self, region, offset, data):
+        address, nbytes, _ = self.regions[region]
+        data = bytes(data)
+        assert offset + len(data) <= nbytes
+        self.writes += 1
+        ctypes.memmove(address + offset, data, len(data))
+
+
+def core_has_cuda_device():
+    from tessera import _core
+    return _core.CUDA_BUILT and _core.cuda_device_count() > 0
+
+
+class VllmCuda(unittest.TestCase):
+    """register_kv_caches / save / load of CUDA tensors: staged device <-> pinned host through
+    Tessera's CUDA module (tessera._core.CudaStaging), never copied through torch; CPU tensors on
+    the torch/numpy path."""
+
+    def setUp(self):
+        self.extra = {"tessera_tiers": [{"kind": "host", "capacity_bytes": 1 << 20}], "tessera_secret": SECRET}
+
+    def pair(self, kind, extra, wrap):
+        from tessera._core import RecordTiers
+        tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+        src = mla_caches(0 if kind == "v4" else 2, 12, kind)
+        dst = {n: torch.zeros_like(t) for n, t in src.items()}
+        a = Engine(vllm_config(extra), {n: wrap(t) for n, t in src.items()})
+        b = Engine(vllm_config(extra), {n: wrap(t) for n, t in dst.items()})
+        for e in (a, b):
+            e.sched._tiers = e.worker._tiers = tiers
+            self.addCleanup(e.worker.shutdown)
+        tokens = list(range(300, 300 + 4 * BS + 3))
+        a.step(Request("r", tokens), [0, 1, 2, 3, 4], 0)
+        self.assertEqual(b.step(Request("s", tokens), [7, 9, 2, 11, 5], 0)[0], 4 * BS)
+        for n in src:
+            for s_, d_ in zip([0, 1, 2, 3], [7, 9, 2, 11]):
+                self.assertTrue(torch.equal(page_bytes(src[n], s_), page_bytes(dst[n], d_)), (kind, n, s_))
+        return a, b
+
+    @unittest.skipIf(core_has_cuda_device(), "a CUDA device exists: the refusal is for machines without one")
+    def test_a_cuda_tensor_without_a_device_is_refused_naming_it_and_never_copied(self):
+        w = load_vllm_connector(vllm_config(self.extra), tv.KVConnectorRole.WORKER)
+        cpu = mla_caches(1, 4, "bf16")
+        w.register_kv_caches(cpu)
+        stand_in = CudaStandIn(torch.zeros(4, BS, 576, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(ValueError, r"^kv_caches\['layers.9.attn'\] \(a CUDA tensor on cuda:0\): "
+                                    r"(Tessera's CUDA module cannot stage it: device: no CUDA device|"
+                                    r"this Tessera was built without its CUDA module)"):
+            w.register_kv_caches(dict(cpu, **{"layers.9.attn": stand_in}))
+        self.assertEqual(stand_in.touched, [])  # never indexed nor copied through torch
+        self.assertEqual(sorted(w._caches), sorted(cpu))  # nothing registered
+        self.assertEqual(w._cuda_pages, {})
+        with mock.patch.object(_vllm_connector, "_cuda_built", lambda: False):  # a build without nvcc
+            with self.assertRaisesRegex(ValueError, r"^kv_caches\['layers.9.attn'\] \(a CUDA tensor on cuda:0\): "
+                                        r"this Tessera was built without its CUDA module"):
+                w.register_kv_caches({"layers.9.attn": stand_in})
+        self.assertEqual(stand_in.touched, [])
+
+    def test_cuda_tensors_take_the_cuda_module_path_every_byte(self):
+        made = []
+
+        def staging(device, staging_bytes):
+            made.append(HostStaging(device, staging_bytes))
+            return made[-1]
+
+        stand_ins = []
+
+        def wrap(t):
+            stand_ins.append(CudaStandIn(t))
+            return stand_ins[-1]
+
+        with mock.patch.object(_vllm_connector, "_new_cuda_staging", staging), \
+                mock.patch.object(_vllm_connector, "_cuda_built", lambda: True):
+            for kind in ("bf16", "fp8_ds_mla", "v4"):
+                for asynchronous in (False, True):
+                    made.clear()
+                    extra = dict(self.extra, tessera_async_save=asynchronous, tessera_async_load=asynchronous)
+                    a, b = self.pair(kind, extra, wrap)
+                    self.assertEqual([m.device for m in made], [0, 0])  # one staging per connector and device
+                    pages = len(a.kv) * 4
+                    self.assertEqual((made[0].reads, made[0].writes, made[1].reads, made[1].writes),
+                                     (pages, 0, 0, pages), (kind, asynchronous))
+        self.assertEqual([s.touched for s in stand_ins if s.touched], [])
+
+    def test_a_cuda_kv_layer_other_than_the_registered_cache_is_refused(self):
+        with mock.patch.object(_vllm_connector, "_new_cuda_staging", HostStaging), \
+                mock.patch.object(_vllm_connector, "_cuda_built", lambda: True):
+            w = load_vllm_connector(vllm_config(self.extra), tv.KVConnectorRole.WORKER)
+            w.register_kv_caches({"l0": CudaStandIn(torch.zeros(4, BS, 576, dtype=torch.bfloat16))})
+            with self.assertRaisesRegex(ValueError, "kv_layer: a CUDA tensor that is not the registered cache of "
+                                                    "layer 'l0'"):
+                w._page_of("l0", CudaStandIn(torch.zeros(4, BS, 576, dtype=torch.bfloat16)), 0)
+
+    @unittest.skipUnless(core_has_cuda_device(), "no CUDA device (tessera._core.cuda_device_count() is 0, or this "
+                         "Tessera was built without its CUDA module): the device staging runs where one exists")
+    def test_cuda_staging_round_trip_through_device_memory(self):
+        from tessera import _core
+        cudart = ctypes.CDLL(next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart" in line))
+        ptr = ctypes.c_void_p()
+        self.assertEqual(cudart.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(1 << 20)), 0)
+        self.addCleanup(cudart.cudaFree, ptr)
+        host = mla_caches(1, 12, "bf16")["model.layers.0.self_attn.attn"]
+        self.assertEqual(cudart.cudaMemcpy(ptr, ctypes.c_void_p(host.data_ptr()),
+                                           ctypes.c_size_t(host.numel() * 2), 1), 0)  # host to device
+        st = _core.CudaStaging(0, 1 << 16)
+        r = st.add(ptr.value, host.numel() * 2, "l0")
+        page = BS * 576 * 2
+        self.assertEqual(st.read(r, 3 * page, page), bytes(page_bytes(host, 3).numpy()))
+        st.write(r, 5 * page, bytes(page_bytes(host, 1).numpy()))
+        self.assertEqual(st.read(r, 5 * page, page), bytes(page_bytes(host, 1).numpy()))
+        self.assertEqual(st.stats["blocks"], 3)
+        with self.assertRaisesRegex(ValueError, "offset"):
+            st.read(r, 12 * page, page)
+
+    @unittest.skipUnless(torch.cuda.is_available() and core_has_cuda_device(),
+                         "no CUDA device for torch (torch.cuda.is_available() is False: Debian's python3-torch has "
+                         "no CUDA) or for Tessera's CUDA module")
+    def test_torch_cuda_caches_staged_through_the_cuda_module_every_byte(self):
+        for kind in ("bf16", "fp8_ds_mla", "v4"):
+            for asynchronous in (False, True):
+                extra = dict(self.extra, tessera_async_save=asynchronous, tessera_async_load=asynchronous)
+                src = mla_caches(0 if kind == "v4" else 2, 12, kind)
+                a = Engine(vllm_config(extra), {n: t.cuda() for n, t in src.items()})
+                b = Engine(vllm_config(extra), {n: torch.zeros_like(t).cuda() for n, t in src.items()})
+                from tessera._core import RecordTiers
+                tiers = RecordTiers([{"kind": "host", "capacity_bytes": 64 << 20}])
+                for e in (a, b):
+                    e.sched._tiers = e.worker._tiers = tiers
+                    self.addCleanup(e.worker.shutdown)
+                tokens = list(range(300, 300 + 4 * BS + 3))
+                a.step(Request("r", tokens), [0, 1, 2, 3, 4], 0)
+                self.assertEqual(b.step(Request("s", tokens), [7, 9, 2, 11, 5], 0)[0], 4 * BS)
+                for n in src:
+                    self.assertTrue(torch.equal(a.kv[n][[0, 1, 2, 3]].cpu(), b.kv[n][[7, 9, 2, 11]].cpu()), (kind, n))
+                    self.assertIn(n, b.worker._cuda_pages)
+                self.assertGreater(b.worker._cuda_pages[sorted(src)[0]][0].stats["blocks"], 0)
 
 
 class GatedTiers:
