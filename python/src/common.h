@@ -35,6 +35,7 @@ void BindStore(py::module_& m);
 void BindEvents(py::module_& m);      // after BindManager: adds to tessera.RequestManager
 void BindEnginePool(py::module_& m);  // bind_engine_pool.cc (vLLM adapter, several KV-cache groups)
 void BindMounts(py::module_& m);      // bind_mounts.cc: tessera.mounts (kernel arguments over the pages)
+void BindCuda(py::module_& m);        // bind_cuda.cc: CudaStaging when the CUDA module is built
 
 // Exception types, created by BindErrors (module attributes TesseraError, OutOfBlocksError,
 // DataLossError, TierIOError).

@@ -16,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
   tessera::py_bind::BindEvents(m);
   tessera::py_bind::BindEnginePool(m);
   tessera::py_bind::BindMounts(m);
+  tessera::py_bind::BindCuda(m);
 }

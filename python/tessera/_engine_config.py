@@ -11,7 +11,7 @@ from . import _records
 from ._core import RecordTiers
 
 KEYS = ("tessera_tiers", "tessera_secret", "tessera_secret_file", "tessera_secret_env", "tessera_tenant",
-        "tessera_namespace", "tessera_async_load", "tessera_revision")
+        "tessera_namespace", "tessera_async_load", "tessera_async_save", "tessera_revision")
 
 
 def secret_from(extra, given=None):

@@ -15,6 +15,7 @@ from ._vllm_common import (  # noqa: F401
     BlockStored,
     KVCacheBlocks,
     PrefixCacheStats,
+    event_classes,
     identity_salt,
 )
 from ._vllm_connector import (  # noqa: F401
@@ -25,10 +26,12 @@ from ._vllm_connector import (  # noqa: F401
     KVConnectorRole,
     TesseraConnector,
     TesseraConnectorStats,
+    TesseraKVEvents,
 )
 from ._vllm_hybrid import deepseek_v4_kv_cache_groups  # noqa: F401
 from ._vllm_manager import KVCacheManager  # noqa: F401
 
 __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "BlockTransfer", "Connector", "ConnectorMetadata",
            "HAVE_VLLM", "KVConnectorRole", "TesseraConnector", "TesseraConnectorStats",
+           "TesseraKVEvents", "event_classes",
            "KVCacheBlocks", "KVCacheManager", "PrefixCacheStats", "deepseek_v4_kv_cache_groups", "identity_salt"]
