@@ -828,6 +828,39 @@ TEST(RequestManagerScheduler, KeysHashedElsewhereAreRefused) {
   EXPECT_TRUE(m->Admit(keys, t1).ok());
 }
 
+// A prompt's prefix keys are hashed once, by HashPrompt: the seals of its blocks take them from
+// there (issue 26). Before, BlockIndex::Seal hashed every prompt block again (6 keys for 3
+// blocks). A decode block, and a block whose tokens are not the prompt's, are hashed at their
+// seal; the index holds the same keys either way (a later prompt hits every block).
+TEST(RequestManagerScheduler, PromptKeysAreHashedOnce) {
+  ManagerOptions o = V3Fp8(16);
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
+  const std::vector<uint32_t> prompt = Range(1, 3 * kBlock + 5);
+  const Admission a = MustAdmit(*m, prompt);
+  EXPECT_EQ(hashed.load(), 3u);  // HashPrompt's
+  ASSERT_TRUE(m->Append(a.id, prompt, nullptr).ok());
+  EXPECT_EQ(hashed.load(), 3u);  // three seals, no key hashed again
+  const std::vector<uint32_t> decoded = Range(900, kBlock - 5);
+  ASSERT_TRUE(m->AllocateSlots(a.id, decoded.size()).ok());
+  ASSERT_TRUE(m->Append(a.id, decoded, nullptr).ok());
+  EXPECT_EQ(hashed.load(), 4u);  // the decode block's key, at its seal
+
+  std::vector<uint32_t> again = prompt;
+  again.insert(again.end(), decoded.begin(), decoded.end());
+  const Admission b = MustAdmit(*m, AndOneMore(again));  // four keys hashed
+  EXPECT_EQ(b.cached_blocks, 4u);
+
+  // Other tokens than the prompt's in the first block: hashed at the seal, under their own key.
+  const Admission c = MustAdmit(*m, Range(5000, kBlock + 1));  // one key hashed
+  const std::vector<uint32_t> other = Range(6000, kBlock + 1);
+  ASSERT_TRUE(m->Append(c.id, other, nullptr).ok());
+  EXPECT_EQ(hashed.load(), 4u + 4u + 1u + 1u);
+  EXPECT_EQ(MustAdmit(*m, other).cached_blocks, 1u);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
 // Two requests in one step: each reserves its tokens and appends them; the result names the
 // blocks each took, and the records read back.
 TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {
