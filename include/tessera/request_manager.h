@@ -302,6 +302,7 @@ class RequestManager {
   // block (hashed now, so that the index slot it probes and the lines its seal writes arrive
   // before the seal).
   static constexpr size_t kStepLines = 8, kStepAhead = 4;
+  static constexpr size_t kPrefetchFrom = 2048;  // request slots: below, the lines stay cached
   struct StepSeal {
     const Request* request = nullptr;  // the request, as it was when the key was hashed
     uint64_t tokens = 0;

@@ -626,14 +626,24 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   size_t next = 0, ahead_next = 0;  // the tokens of request i, of request i + kStepAhead
   for (size_t i = 0; i < std::min(n, kStepAhead); ++i) ahead_next += batch.counts[i];
   for (StepSeal& s : step_seals_) s.index = SIZE_MAX;
+  // Prefetching pays once the requests' lines outgrow the core's caches; below, it only costs.
+  const bool prefetch = requests_.size() > kPrefetchFrom;
   for (size_t i = 0; i < n; ++i) {
-    if (i + kStepLines < n) PrefetchRequest(batch.requests[i + kStepLines]);
-    if (const size_t a = i + kStepAhead; a < n) {
-      LookAhead(a, batch.requests[a], batch.tokens.subspan(ahead_next, batch.counts[a]));
-      ahead_next += batch.counts[a];
+    if (prefetch && i + kStepLines < n) PrefetchRequest(batch.requests[i + kStepLines]);
+    if (const size_t a = i + kStepAhead; prefetch && a < n) {
+      const RequestId ra = batch.requests[a];
+      const uint32_t count = batch.counts[a];
+      if (ra.value < requests_.size()) {
+        const uint64_t filled = SpanOffset(requests_[ra.value].tokens);
+        if (prefetch) __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
+        if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(ahead_next, count));
+      }
+      ahead_next += count;
     }
-    const StepSeal& seal = step_seals_[i % step_seals_.size()];
-    step_seal_ = seal.index == i ? &seal : nullptr;
+    if (prefetch) {
+      const StepSeal& seal = step_seals_[i % step_seals_.size()];
+      step_seal_ = seal.index == i ? &seal : nullptr;
+    }
     const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
     next += batch.counts[i];
     out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
@@ -661,16 +671,14 @@ void RequestManager::PrefetchRequest(RequestId r) const {
   __builtin_prefetch(p + sizeof(Request) - 1);
 }
 
-// Fetches what request `r` (batch position `index`, appending `tokens`) will touch: its unsealed
-// span and table slot; when the tokens complete its block, the block's key is hashed here and
-// the index lines of the seal are fetched. Touches nothing the step reads back but step_seals_.
+// For request `r` (batch position `index`), whose `tokens` complete its unsealed block: hashes the
+// block's key now and fetches the index lines its seal will touch. Changes nothing but step_seals_.
 void RequestManager::LookAhead(size_t index, RequestId r, std::span<const uint32_t> tokens) {
   if (r.value >= requests_.size()) return;
   const Request& q = requests_[r.value];
   if (!q.live || q.generation != r.generation) return;
   const uint32_t* span = span_arena_.data() + size_t{r.value} * block_tokens_;
   const size_t filled = SpanOffset(q.tokens);
-  __builtin_prefetch(span + filled, 1);
   const size_t slot = SpanOf(q.tokens);
   const size_t room = block_tokens_ - filled;
   // No seal in this step, or one whose key the prompt's keys give (PromptKey).
@@ -705,6 +713,17 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
   // seal finds an equal block (content dedup, backed pools). Without either nothing is replaced
   // and the step skips the copy and the comparison.
   const bool may_replace = forked_ || index_->dedups();
+  // A decode step's usual case: one token into a block reserved already, not completing it, with
+  // nothing to write into pages or state rows. Reserve and AppendReserved would do just this.
+  if (tokens.size() == 1 && !may_replace && !states_ && !(writers.page && pool_->backed() && token_groups_)) {
+    const uint64_t filled = SpanOffset(q->tokens);
+    if (filled + 1 < block_tokens_ && q->tokens < (UINT64_MAX >> 1) &&
+        BlocksNeeded(q->tokens + 1 + options_.spec_tokens) <= before) {
+      span_arena_[size_t{r.value} * block_tokens_ + filled] = tokens[0];
+      ++q->tokens;
+      return StatusCode::kOk;
+    }
+  }
   const size_t first = std::min<size_t>(SpanOf(q->tokens), before);
   if (may_replace) step_slots_.assign(q->table.ids().begin() + static_cast<ptrdiff_t>(first), q->table.ids().end());
   if (Status st = Reserve(*q, tokens.size()); !st.ok()) return st.code();
