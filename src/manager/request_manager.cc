@@ -635,7 +635,7 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
       const uint32_t count = batch.counts[a];
       if (ra.value < requests_.size()) {
         const uint64_t filled = SpanOffset(requests_[ra.value].tokens);
-        if (prefetch) __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
+        __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
         if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(ahead_next, count));
       }
       ahead_next += count;
