@@ -828,6 +828,72 @@ TEST(RequestManagerScheduler, KeysHashedElsewhereAreRefused) {
   EXPECT_TRUE(m->Admit(keys, t1).ok());
 }
 
+// A prompt's prefix keys are hashed once, by HashPrompt: the seals of its blocks take them from
+// there (issue 26). Before, BlockIndex::Seal hashed every prompt block again (6 keys for 3
+// blocks). A decode block, and a block whose tokens are not the prompt's, are hashed at their
+// seal; the index holds the same keys either way (a later prompt hits every block).
+TEST(RequestManagerScheduler, PromptKeysAreHashedOnce) {
+  ManagerOptions o = V3Fp8(16);
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
+  const std::vector<uint32_t> prompt = Range(1, 3 * kBlock + 5);
+  const Admission a = MustAdmit(*m, prompt);
+  EXPECT_EQ(hashed.load(), 3u);  // HashPrompt's
+  ASSERT_TRUE(m->Append(a.id, prompt, nullptr).ok());
+  EXPECT_EQ(hashed.load(), 3u);  // three seals, no key hashed again
+  const std::vector<uint32_t> decoded = Range(900, kBlock - 5);
+  ASSERT_TRUE(m->AllocateSlots(a.id, decoded.size()).ok());
+  ASSERT_TRUE(m->Append(a.id, decoded, nullptr).ok());
+  EXPECT_EQ(hashed.load(), 4u);  // the decode block's key, at its seal
+
+  std::vector<uint32_t> again = prompt;
+  again.insert(again.end(), decoded.begin(), decoded.end());
+  const Admission b = MustAdmit(*m, AndOneMore(again));  // four keys hashed
+  EXPECT_EQ(b.cached_blocks, 4u);
+
+  // Other tokens than the prompt's in the first block: hashed at the seal, under their own key.
+  const Admission c = MustAdmit(*m, Range(5000, kBlock + 1));  // one key hashed
+  const std::vector<uint32_t> other = Range(6000, kBlock + 1);
+  ASSERT_TRUE(m->Append(c.id, other, nullptr).ok());
+  EXPECT_EQ(hashed.load(), 4u + 4u + 1u + 1u);
+  EXPECT_EQ(MustAdmit(*m, other).cached_blocks, 1u);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// Past 2,048 request slots Step looks ahead: it hashes the key of a block a request's tokens will
+// complete before the request's turn (ADR 0040). Every request here seals its first block in one
+// step (one request twice in the batch, two apart: its second turn finds the key hashed ahead for
+// it stale and appends into a new block); the dev build's Seal asserts each key it is given against a fresh hash, and
+// the sealed blocks are found again by their prompts.
+TEST(RequestManagerScheduler, LookAheadKeysAreTheBlocksOwn) {
+  constexpr uint32_t kRequests = 2100;
+  ManagerOptions o = V3Fp8(2 * kRequests + 8);
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < kRequests; ++r) ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
+  for (RequestId id : ids) ASSERT_TRUE(m->Append(id, Range(id.value * 1000, kBlock - 1), nullptr).ok());
+  ids.insert(ids.begin() + 102, ids[100]);  // looked ahead at before its first turn
+  ASSERT_TRUE(m->AllocateSlots(ids[100], 2).ok());
+  const std::vector<uint32_t> counts(ids.size(), 1), tokens(ids.size(), 7);
+  StepResult result;
+  const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
+  const uint64_t hashed_before = hashed.load();
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &result).ok());
+  EXPECT_EQ(result.failed, 0u);
+  EXPECT_EQ(m->Tokens(ids[100]), kBlock + 1);
+  // One key per seal, and one more: hashed ahead for the repeated request's second turn, stale by
+  // then (a key per seal only, 2,100, without the look-ahead).
+  EXPECT_EQ(hashed.load() - hashed_before, kRequests + 1u);
+  for (uint32_t r = 0; r < kRequests; r += 97) {
+    std::vector<uint32_t> prompt = Range(r * 1000, kBlock - 1);
+    prompt.push_back(7);
+    EXPECT_EQ(MustAdmit(*m, AndOneMore(prompt)).cached_blocks, 1u) << r;
+  }
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
 // Two requests in one step: each reserves its tokens and appends them; the result names the
 // blocks each took, and the records read back.
 TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {

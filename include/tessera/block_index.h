@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tessera/block_pool.h"
+#include "tessera/counter.h"
 #include "tessera/hash.h"
 #include "tessera/prefix_map.h"
 
@@ -84,6 +85,7 @@ struct IndexStats {
   std::atomic<uint64_t> dedup_collisions{0};           // content key matched, bytes differed
   std::atomic<uint64_t> dedup_identity_mismatches{0};  // bytes equal, token identity differed: not shared
   std::atomic<uint64_t> bytes_compared{0};
+  std::atomic<uint64_t> prefix_keys_hashed{0};  // prefix keys computed (PrefixKey, and Seal/Lookup without one)
 };
 
 class BlockIndex {
@@ -117,19 +119,38 @@ class BlockIndex {
   struct SealResult {
     PrefixRef ref;              // the block the caller now holds in its table
     bool deduplicated = false;  // the candidate was released in favour of an equal block
+    // The live block that holds ref.key in the index after the seal (what Holder(ref.key) would
+    // return): ref itself, or an equal block sealed first that the caller's next block chains under.
+    PrefixRef holder;
   };
   // Seals `candidate` (kFilling, refcount 1, full) as the child of `parent`. May return an
   // existing equal block instead (its refcount raised, the candidate unref'ed).
   SealResult Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                   uint64_t salt);
+  // As Seal, with the block's prefix key already computed (a prompt's keys, from HashPrompt):
+  // the key is not hashed again. REQUIRES: key == PrefixKey(parent's key, tokens, domain, salt).
+  SealResult Seal(BlockId candidate, const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
+                  uint32_t domain, uint64_t salt);
 
   // The parent key of a prompt's first block.
   const Hash128& root_key() const { return root_key_; }
   // The prefix key of the block holding `tokens` after the block keyed `parent_key`
   // (root_key() for a prompt's first block).
   Hash128 PrefixKey(const Hash128& parent_key, std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) const {
+    Bump(stats_.prefix_keys_hashed, 1);
     return hasher_.PrefixKey(parent_key, tokens, Extra(domain, salt));
   }
+  // Hints for a scheduler that knows ahead which blocks it seals (no effect on what is stored):
+  // fetch the index lines a Seal of `candidate` writes (its identity and token ids), and the
+  // prefix-table slot a key probes first.
+  void PrefetchSeal(BlockId candidate) const {
+    const char* id = reinterpret_cast<const char*>(&identity_[candidate.value]);
+    __builtin_prefetch(id, 1);
+    __builtin_prefetch(id + sizeof(Identity) - 1, 1);
+    const char* t = reinterpret_cast<const char*>(tokens_.data() + size_t{candidate.value} * block_tokens_);
+    for (size_t off = 0; off < size_t{block_tokens_} * sizeof(uint32_t); off += 64) __builtin_prefetch(t + off, 1);
+  }
+  void PrefetchKey(const Hash128& key) const { prefix_.Prefetch(key); }
   // REQUIRES: Indexed(b).
   SealedIdentity IdentityOf(BlockId b) const;
   // Whether b is a sealed (or cached) block that Seal indexed and no eviction has dropped.
@@ -191,7 +212,7 @@ class BlockIndex {
   std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> content_;
   std::function<void(const SecurityEvent&)> security_;
   std::function<void(BlockId, const SealedIdentity&)> evict_hook_;
-  IndexStats stats_;
+  mutable IndexStats stats_;  // PrefixKey (const) counts the keys it hashes
 };
 
 }  // namespace tessera

@@ -78,6 +78,8 @@ class PrefixMap {
     }
     slots_[i] = Slot{};
   }
+  // Fetches the home slot of `key` into the cache (a hint; nothing changes).
+  void Prefetch(const Hash128& key) const { __builtin_prefetch(&slots_[Fingerprint(key) & mask_], 1); }
   size_t size() const { return size_; }
   size_t slot_count() const { return slots_.size(); }
 

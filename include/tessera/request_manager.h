@@ -24,6 +24,7 @@
 // Thread-safety: single owner; metrics are atomics and may be read from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -294,6 +295,26 @@ class RequestManager {
     const std::vector<std::byte>* state = nullptr;
   };
   void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, std::optional<Promoted> promoted);
+  const Hash128* PromptKey(const Request& q, size_t slot, const PrefixRef& parent,
+                           std::span<const uint32_t> tokens) const;
+  // Step's look-ahead (ADR 0040): the lines of the request kStepLines ahead; for the request
+  // kStepAhead ahead, the lines it reads and, when its tokens complete a block, the key of that
+  // block (hashed now, so that the index slot it probes and the lines its seal writes arrive
+  // before the seal).
+  static constexpr size_t kStepLines = 8, kStepAhead = 4;
+  static constexpr size_t kPrefetchFrom = 2048;  // request slots: below, the lines stay cached
+  struct StepSeal {
+    const Request* request = nullptr;  // the request, as it was when the key was hashed
+    uint64_t tokens = 0;
+    size_t chain = 0;
+    size_t slot = 0;
+    size_t index = SIZE_MAX;  // its position in the batch
+    Hash128 key;
+  };
+  uint32_t TakeRequestSlot();
+  void PrefetchRequest(RequestId r) const;
+  void LookAhead(size_t index, RequestId r, std::span<const uint32_t> tokens);
+  const Hash128* StepSealKey(const Request& q, size_t slot) const;
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).
   void SyncStateBytes();
@@ -313,7 +334,13 @@ class RequestManager {
   uint64_t instance_ = 0;      // tells this manager's PromptKeys from another's (unique per process)
   BlockSource* source_ = nullptr;
   ManagerMetrics metrics_;
-  std::vector<BlockId> step_slots_;  // StepOne's scratch: the ids of the slots a step may replace
+  std::vector<BlockId> step_slots_;                  // StepOne's scratch: the ids of the slots a step may replace
+  std::array<StepSeal, kStepAhead + 1> step_seals_;  // LookAhead's keys, by batch position
+  const StepSeal* step_seal_ = nullptr;              // the one of the request StepOne is on, if any
+  std::vector<uint32_t> step_block_;                 // LookAhead's scratch: a block's tokens
+  // block_tokens_ per request slot: the tokens of its unsealed span (SpanOffset(tokens) of them),
+  // one array in slot order rather than a vector per request (a step reads them in batch order).
+  std::vector<uint32_t> span_arena_;
   // The span of a token count without a division when block_tokens_ is a power of two (the hot
   // path divides by it several times per request per step).
   uint64_t SpanOf(uint64_t tokens) const { return span_shift_ >= 0 ? tokens >> span_shift_ : tokens / block_tokens_; }

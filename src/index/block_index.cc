@@ -80,7 +80,7 @@ bool BlockIndex::SameIdentity(BlockId e, const PrefixRef& parent, std::span<cons
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                                             uint64_t salt) {
-  return Lookup(parent, hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt)), tokens, domain, salt);
+  return Lookup(parent, PrefixKey(KeyOf(parent), tokens, domain, salt), tokens, domain, salt);
 }
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, const Hash128& key,
@@ -158,8 +158,13 @@ bool BlockIndex::BytesEqual(BlockId a, BlockId b) {
 
 BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& parent, std::span<const uint32_t> tokens,
                                         uint32_t domain, uint64_t salt) {
+  return Seal(candidate, parent, PrefixKey(KeyOf(parent), tokens, domain, salt), tokens, domain, salt);
+}
+
+BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& parent, const Hash128& key,
+                                        std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) {
   assert(pool_->state(candidate) == BlockState::kFilling && tokens.size() == block_tokens_);
-  Hash128 key = hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt));
+  assert(key == hasher_.PrefixKey(KeyOf(parent), tokens, Extra(domain, salt)) && "a prefix key for other tokens");
   Hash128 content{};
   if (content_dedup_) {
     content = ContentKey(candidate, domain);
@@ -182,7 +187,8 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
         pool_->Ref(e);
         pool_->Unref(candidate);  // filling, refcount 1 -> free
         Bump(stats_.dedup_hits, 1);
-        return {PrefixRef{e, pool_->generation(e), identity_[e.value].prefix_key}, true};
+        const PrefixRef shared{e, pool_->generation(e), identity_[e.value].prefix_key};
+        return {shared, true, shared};
       }
       if (collided) {
         Bump(stats_.dedup_collisions, 1);
@@ -203,14 +209,16 @@ BlockIndex::SealResult BlockIndex::Seal(BlockId candidate, const PrefixRef& pare
   }
   // The first live block under a key keeps it. An entry whose block no longer carries this
   // identity (a child orphaned when its parent was evicted, or a key collision) gives way.
+  const PrefixRef sealed{candidate, pool_->generation(candidate), key};
   auto [entry, inserted] = prefix_.TryEmplace(key, candidate, PrefixKeyOf());
   if (!inserted) {
     const BlockId e = *entry;
     const BlockState st = pool_->state(e);
     const bool live = st == BlockState::kSealed || st == BlockState::kCached;
-    if (!live || !SameIdentity(e, parent, tokens, domain, salt)) *entry = candidate;
+    if (live && SameIdentity(e, parent, tokens, domain, salt)) return {sealed, false, {e, pool_->generation(e), key}};
+    *entry = candidate;
   }
-  return {PrefixRef{candidate, pool_->generation(candidate), key}, false};
+  return {sealed, false, sealed};
 }
 
 SealedIdentity BlockIndex::IdentityOf(BlockId b) const {

@@ -16,20 +16,27 @@
 
 namespace tessera {
 
-struct RequestManager::Request {
+// The first cache line holds what every decode step reads of a request (Get, Reserve, the
+// append): a step over thousands of requests reads one line of each, and the tokens of its
+// unsealed span from span_arena_ (ADR 0040). The rest is read at seals, admission and fork.
+struct alignas(64) RequestManager::Request {
   bool live = false;
+  uint8_t priority = kDefaultRetentionPriority;
   uint32_t generation = 0;  // of the slot: kept across Free (RequestId)
+  uint64_t tokens = 0;      // tokens written; those of the unsealed span are in span_arena_
+  PinnedBlocks table;       // one block per block span (allocated slots), each pinned
   uint32_t tenant = 0;
   uint32_t domain = 0;
   uint64_t salt = 0;
-  uint8_t priority = kDefaultRetentionPriority;
-  uint64_t tokens = 0;                // tokens written
-  std::vector<uint32_t> span_tokens;  // the tokens of the block span not sealed yet
-  PinnedBlocks table;                 // one block per block span (allocated slots), each pinned
-  std::vector<PrefixRef> chain;       // one per sealed block
-  uint32_t state = UINT32_MAX;        // the state component's slab (models with windows)
+  std::vector<PrefixRef> chain;  // one per sealed block
+  uint32_t state = UINT32_MAX;   // the state component's slab (models with windows)
+  // The prompt's prefix keys (HashPrompt's) and the tokens of its blocks from slot
+  // prompt_first on, until the prompt's last whole block is sealed: a seal of such a block
+  // whose tokens and parent match takes its key from here instead of hashing it again.
+  std::vector<Hash128> prompt_keys;
+  std::vector<uint32_t> prompt_tokens;
+  size_t prompt_first = 0;
 };
-
 namespace {
 
 // The pool groups and the state layers of a model, from its cache layout (the same layout the
@@ -290,8 +297,13 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   const size_t blocks_ahead = 2 * (CeilDiv(prompt.size() + options_.spec_tokens, block_tokens_) + 1);
   q.table.reserve(blocks_ahead);
   q.chain.reserve(blocks_ahead);
-  q.span_tokens.reserve(block_tokens_);
   for (const PrefixRef& hit : q.chain) q.table.Pin(hit.block);
+  if (q.chain.size() < keys.keys_.size()) {  // blocks to seal whose keys are known
+    q.prompt_first = q.chain.size();
+    q.prompt_keys.assign(keys.keys_.begin(), keys.keys_.end());
+    q.prompt_tokens.assign(prompt.begin() + static_cast<ptrdiff_t>(q.prompt_first * block_tokens_),
+                           prompt.begin() + static_cast<ptrdiff_t>(keys.keys_.size() * block_tokens_));
+  }
   Admission a;
   if (source_ != nullptr && q.chain.size() < max_blocks && pool_->backed()) {
     const size_t first = q.table.size();
@@ -335,7 +347,7 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
       }
     }
   }
-  const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  const uint32_t id = TakeRequestSlot();
   q.generation = requests_[id].generation;
   requests_[id] = std::move(q);
   ++live_;
@@ -420,6 +432,7 @@ Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
 // seal where a span completes. Without writers and windows the cost is per span, not per token.
 Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w) {
   const bool pages = w.page && pool_->backed() && token_groups_;
+  uint32_t* const span = span_arena_.data() + static_cast<size_t>(&q - requests_.data()) * block_tokens_;
   while (!tokens.empty()) {
     const uint64_t p0 = q.tokens;
     const size_t n = std::min<size_t>(tokens.size(), block_tokens_ - SpanOffset(p0));
@@ -447,21 +460,22 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
         }
         return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
       };
+      std::copy(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n), span + SpanOffset(p0));
       for (uint64_t p = p0; p < p0 + n; ++p) {
         Status st = states_->WriteToken(q.state, p, w, pool_->backed() ? &sink : nullptr);
         if (!st.ok()) {  // tokens before p are written and stay
-          q.span_tokens.insert(q.span_tokens.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(p - p0));
           q.tokens = p;
           return st;
         }
       }
     }
-    q.span_tokens.insert(q.span_tokens.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n));
-    q.tokens += n;
-    if (SpanOffset(q.tokens) == 0) {
-      SealSlot(q, SpanOf(q.tokens) - 1, q.span_tokens, std::nullopt);
-      q.span_tokens.clear();
+    if (n == 1) {
+      span[SpanOffset(p0)] = tokens[0];  // a decode step's token: no call into memmove
+    } else {
+      std::copy(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n), span + SpanOffset(p0));
     }
+    q.tokens += n;
+    if (SpanOffset(q.tokens) == 0) SealSlot(q, SpanOf(q.tokens) - 1, {span, block_tokens_}, std::nullopt);
     tokens = tokens.subspan(n);
   }
   return Status::Ok();
@@ -472,7 +486,15 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
 void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
                               std::optional<Promoted> promoted) {
   const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
-  const BlockIndex::SealResult sealed = index_->Seal(q.table[slot], parent, tokens, q.domain, q.salt);
+  const Hash128* key = PromptKey(q, slot, parent, tokens);
+  if (key == nullptr) key = StepSealKey(q, slot);
+  const BlockIndex::SealResult sealed = key != nullptr
+                                            ? index_->Seal(q.table[slot], parent, *key, tokens, q.domain, q.salt)
+                                            : index_->Seal(q.table[slot], parent, tokens, q.domain, q.salt);
+  if (slot + 1 >= q.prompt_keys.size() && !q.prompt_keys.empty()) {  // the prompt's last block: drop its keys
+    std::vector<Hash128>().swap(q.prompt_keys);
+    std::vector<uint32_t>().swap(q.prompt_tokens);
+  }
   const BlockId kept = sealed.ref.block;
   if (options_.kv_events && !sealed.deduplicated) RecordStored(parent, sealed.ref.key, tokens, q.domain);
   // A block this request sealed takes its priority; a shared one keeps the highest.
@@ -481,13 +503,7 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
   // A block equal to one another request sealed first (both computed it: admitted together, or
   // this one did not read the cache) stays this request's, but its successors chain under the
   // indexed one, so the index keeps one unbroken chain for the prefix.
-  PrefixRef link = sealed.ref;
-  if (!sealed.deduplicated) {
-    if (std::optional<PrefixRef> holder = index_->Holder(sealed.ref.key); holder && holder->block != kept) {
-      link = *holder;
-    }
-  }
-  q.chain.push_back(link);
+  q.chain.push_back(sealed.holder);
   if (promoted) {
     if (promoted->state != nullptr) states_->Install(kept, *promoted->state);
     return;
@@ -499,6 +515,18 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
     id.state = state;
     source_->OnSealed(*pool_, kept, id);
   }
+}
+
+// The prompt key HashPrompt computed for the block in `slot`, when the request writes the prompt's
+// own tokens there after the prompt's own parent (else nullptr: the seal hashes the key).
+const Hash128* RequestManager::PromptKey(const Request& q, size_t slot, const PrefixRef& parent,
+                                         std::span<const uint32_t> tokens) const {
+  if (slot < q.prompt_first || slot >= q.prompt_keys.size()) return nullptr;
+  const Hash128& parent_key = slot == 0 ? index_->root_key() : q.prompt_keys[slot - 1];
+  if (parent.is_root() != (slot == 0) || (slot > 0 && parent.key != parent_key)) return nullptr;
+  const uint32_t* own = q.prompt_tokens.data() + (slot - q.prompt_first) * block_tokens_;
+  if (tokens.size() != block_tokens_ || !std::equal(tokens.begin(), tokens.end(), own)) return nullptr;
+  return &q.prompt_keys[slot];
 }
 
 // Consecutive seals of one chain extend one BlockStored (vLLM's shape: a chain per event).
@@ -594,16 +622,83 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   out->offsets.reserve(batch.requests.size() + 1);
   out->new_blocks.clear();
   out->replaced.clear();
-  size_t next = 0;
-  for (size_t i = 0; i < batch.requests.size(); ++i) {
+  const size_t n = batch.requests.size();
+  size_t next = 0, ahead_next = 0;  // the tokens of request i, of request i + kStepAhead
+  for (size_t i = 0; i < std::min(n, kStepAhead); ++i) ahead_next += batch.counts[i];
+  for (StepSeal& s : step_seals_) s.index = SIZE_MAX;
+  // Prefetching pays once the requests' lines outgrow the core's caches; below, it only costs.
+  const bool prefetch = requests_.size() > kPrefetchFrom;
+  for (size_t i = 0; i < n; ++i) {
+    if (prefetch && i + kStepLines < n) PrefetchRequest(batch.requests[i + kStepLines]);
+    if (const size_t a = i + kStepAhead; prefetch && a < n) {
+      const RequestId ra = batch.requests[a];
+      const uint32_t count = batch.counts[a];
+      if (ra.value < requests_.size()) {
+        const uint64_t filled = SpanOffset(requests_[ra.value].tokens);
+        __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
+        if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(ahead_next, count));
+      }
+      ahead_next += count;
+    }
+    if (prefetch) {
+      const StepSeal& seal = step_seals_[i % step_seals_.size()];
+      step_seal_ = seal.index == i ? &seal : nullptr;
+    }
     const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
     next += batch.counts[i];
     out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
+    step_seal_ = nullptr;
     if (out->codes[i] != StatusCode::kOk) ++out->failed;
     out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
   }
   SyncStateBytes();
   return Status::Ok();
+}
+
+// A free request slot, and room for its span in span_arena_ (grown with the table, at admission).
+uint32_t RequestManager::TakeRequestSlot() {
+  const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  if (span_arena_.size() < requests_.size() * block_tokens_) {
+    span_arena_.resize(std::max(requests_.size(), 2 * span_arena_.size() / block_tokens_) * block_tokens_);
+  }
+  return id;
+}
+
+void RequestManager::PrefetchRequest(RequestId r) const {
+  if (r.value >= requests_.size()) return;
+  const char* p = reinterpret_cast<const char*>(&requests_[r.value]);
+  for (size_t off = 0; off < sizeof(Request); off += 64) __builtin_prefetch(p + off);
+  __builtin_prefetch(p + sizeof(Request) - 1);
+}
+
+// For request `r` (batch position `index`), whose `tokens` complete its unsealed block: hashes the
+// block's key now and fetches the index lines its seal will touch. Changes nothing but step_seals_.
+void RequestManager::LookAhead(size_t index, RequestId r, std::span<const uint32_t> tokens) {
+  if (r.value >= requests_.size()) return;
+  const Request& q = requests_[r.value];
+  if (!q.live || q.generation != r.generation) return;
+  const uint32_t* span = span_arena_.data() + size_t{r.value} * block_tokens_;
+  const size_t filled = SpanOffset(q.tokens);
+  const size_t slot = SpanOf(q.tokens);
+  const size_t room = block_tokens_ - filled;
+  // No seal in this step, or one whose key the prompt's keys give (PromptKey).
+  if (tokens.size() < room || slot >= q.table.size() || slot < q.prompt_keys.size()) return;
+  step_block_.assign(span, span + filled);
+  step_block_.insert(step_block_.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(room));
+  const Hash128& parent_key = q.chain.empty() ? index_->root_key() : q.chain.back().key;
+  StepSeal& s = step_seals_[index % step_seals_.size()];
+  s = StepSeal{&q, q.tokens, q.chain.size(), slot, index, index_->PrefixKey(parent_key, step_block_, q.domain, q.salt)};
+  index_->PrefetchKey(s.key);
+  index_->PrefetchSeal(q.table[slot]);
+  __builtin_prefetch(q.chain.data() + q.chain.size(), 1);
+}
+
+// The key LookAhead hashed for the seal of `slot`, when it is still that block's: the same
+// request, nothing appended or sealed by it since (a request twice in one batch).
+const Hash128* RequestManager::StepSealKey(const Request& q, size_t slot) const {
+  const StepSeal* s = step_seal_;
+  if (s == nullptr || s->request != &q || s->slot != slot || s->chain != q.chain.size()) return nullptr;
+  return &s->key;
 }
 
 // One request of a Step: Reserve (which also unshares what the tokens land in), then the
@@ -612,11 +707,23 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
                                    const KvWriters& writers, StepResult* out) {
   Request* q = Get(r);
   if (q == nullptr) return StatusCode::kInvalidArgument;
+  if (step_seal_ != nullptr && (step_seal_->request != q || step_seal_->tokens != q->tokens)) step_seal_ = nullptr;
   const size_t before = q->table.size();
   // Only slots from the unsealed one on can change: unshared (after a fork), or renamed when a
   // seal finds an equal block (content dedup, backed pools). Without either nothing is replaced
   // and the step skips the copy and the comparison.
   const bool may_replace = forked_ || index_->dedups();
+  // A decode step's usual case: one token into a block reserved already, not completing it, with
+  // nothing to write into pages or state rows. Reserve and AppendReserved would do just this.
+  if (tokens.size() == 1 && !may_replace && !states_ && !(writers.page && pool_->backed() && token_groups_)) {
+    const uint64_t filled = SpanOffset(q->tokens);
+    if (filled + 1 < block_tokens_ && q->tokens < (UINT64_MAX >> 1) &&
+        BlocksNeeded(q->tokens + 1 + options_.spec_tokens) <= before) {
+      span_arena_[size_t{r.value} * block_tokens_ + filled] = tokens[0];
+      ++q->tokens;
+      return StatusCode::kOk;
+    }
+  }
   const size_t first = std::min<size_t>(SpanOf(q->tokens), before);
   if (may_replace) step_slots_.assign(q->table.ids().begin() + static_cast<ptrdiff_t>(first), q->table.ids().end());
   if (Status st = Reserve(*q, tokens.size()); !st.ok()) return st.code();
@@ -668,13 +775,14 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
   copy.salt = p->salt;
   copy.priority = p->priority;
   copy.tokens = p->tokens;
-  copy.span_tokens = p->span_tokens;
   copy.table = p->table.Clone();
   forked_ = true;  // filling blocks may be shared from now on
   copy.chain = p->chain;
-  const uint32_t id = detail::TakeSlot(free_request_ids_, requests_);
+  const uint32_t id = TakeRequestSlot();
   copy.generation = requests_[id].generation;
   requests_[id] = std::move(copy);
+  std::copy_n(span_arena_.begin() + static_cast<ptrdiff_t>(size_t{parent.value} * block_tokens_), block_tokens_,
+              span_arena_.begin() + static_cast<ptrdiff_t>(size_t{id} * block_tokens_));
   ++live_;
   Bump(metrics_.forks, 1);
   SyncStateBytes();
