@@ -386,6 +386,54 @@ void WriteTokens(PyManager& pm, Status (RequestManager::*call)(RequestId, std::s
   Check(st);
 }
 
+// ---- tessera.vllm's one-group manager (docs/adr/0037-vllm-adapter-speed.md) -------------------
+// One core call where vLLM's scheduler makes one: the block table comes back as a list of pool
+// ids with the call that changed it, instead of a separate block_table call and a tolist().
+
+// REQUIRES: pm's lock.
+py::list TableList(PyManager& pm, RequestId r) {
+  const std::span<const BlockId> t = pm.m->BlockTable(r);
+  py::list out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), PyLong_FromUnsignedLong(t[i].value));
+  }
+  return out;
+}
+
+// admit(prompt, reserve_tokens=0) -> (request id, cached tokens, cached blocks, block table).
+py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& cache_salt,
+                    const py::object& read_cache) {
+  U32Array p;
+  ToU32Array(prompt, "prompt", &p);
+  if (p.size == 0) ThrowValue("prompt", "must hold at least one token (got an empty prompt)");
+  RequestSpec spec;
+  spec.read_cache = ToBool(read_cache, "read_cache");
+  spec.cache_salt = ToU64(cache_salt, "cache_salt");
+  spec.reserve_tokens = 0;
+  ManagerLock lk(pm);
+  std::optional<Result<Admission>> a;
+  {
+    py::gil_scoped_release nogil;
+    a.emplace(pm.m->Admit(std::span<const uint32_t>(p.data, p.size), spec));
+  }
+  const Admission ad = Take(std::move(*a));
+  pm.SetLive(ad.id.value, true);
+  return py::make_tuple(ad.id.value, ad.cached_tokens, ad.cached_blocks, TableList(pm, ad.id));
+}
+
+// allocate(n) when n > 0, then append(tokens) when there are any -> the block table. A refused
+// allocation (OutOfBlocksError) changes nothing; tokens are checked before anything changes.
+py::list VllmAdvance(PyManager& pm, const py::object& request_id, const py::object& n, const py::object& tokens) {
+  const uint64_t count = ToU64(n, "n");
+  U32Array t;
+  if (!tokens.is_none()) ToU32Array(tokens, "tokens", &t);
+  ManagerLock lk(pm);
+  const RequestId r = pm.Live(request_id);
+  if (count > 0) Check(pm.m->AllocateSlots(r, count));
+  if (t.size > 0) Check(pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), Writers(WriterMode::kNone)));
+  return TableList(pm, r);
+}
+
 }  // namespace
 
 // Declared in manager.h: the store's metrics use it too.
@@ -466,6 +514,9 @@ void BindManager(py::module_& m) {
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
            py::arg("kv_events_capacity") = 1u << 16)
+      .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::kw_only(), py::arg("cache_salt") = 0,
+           py::arg("read_cache") = true)
+      .def("_vllm_advance", &VllmAdvance, py::arg("request_id"), py::arg("n"), py::arg("tokens") = py::none())
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
            py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none(),
            py::arg("read_cache") = true)
