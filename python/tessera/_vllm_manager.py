@@ -303,12 +303,19 @@ class KVCacheManager(HybridMixin):
             if r is not None:
                 computed = request.num_computed_tokens
                 upto = computed + num_new_tokens
-                if upto <= len(r.table) * self.block_size and upto <= self.max_model_len:
-                    if not delay_cache_blocks:
-                        n = request.num_tokens
-                        if (upto if upto < n else n) // self.block_size > r.cached_upto:
-                            self._advance(request, r, 0, upto if upto < n else n)
-                    return self.empty_kv_cache_blocks
+                if upto <= self.max_model_len:
+                    n = request.num_tokens
+                    last = 0 if delay_cache_blocks else (upto if upto < n else n)
+                    held = len(r.table)
+                    if upto <= held * self.block_size:
+                        if last // self.block_size > r.cached_upto:
+                            self._advance(request, r, 0, last)
+                        return self.empty_kv_cache_blocks
+                    try:  # a new block: the core refuses (changing nothing) where vLLM's pool would
+                        self._advance(request, r, upto - r.have, last)
+                    except OutOfBlocksError:
+                        return None
+                    return KVCacheBlocks([b + 1 for b in r.table[held:]])
         _int(num_new_tokens, "num_new_tokens")
         _int(num_new_computed_tokens, "num_new_computed_tokens")
         _int(num_lookahead_tokens, "num_lookahead_tokens")

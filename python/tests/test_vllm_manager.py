@@ -348,6 +348,104 @@ class WhatVllmPasses(unittest.TestCase):
         self.assertEqual(hit, 48)
 
 
+class CountingCore:
+    """Counts the calls the adapter makes into its core (the boundary cost of issue 20 point 4)."""
+
+    def __init__(self, core):
+        self._c = core
+        self.calls = []
+
+    def __getattr__(self, name):
+        v = getattr(self._c, name)
+        self.calls.append(name)
+        return v
+
+
+class VllmRunsPinned(unittest.TestCase):
+    """Behaviours vLLM's own tests (tests/v1/core/test_prefix_caching.py at fork 28be48fa9, run with
+    only the class swapped: docs/ENGINES.md) and its scheduler's hot path showed, with vLLM's figures."""
+
+    def test_placeholder_ids(self):
+        # test_mm_prefix_caching: -1 placeholder ids behind two images; vLLM allocates blocks
+        # [1, 2, 3, 4] for 59 tokens and a request with the same images hits its 3 whole blocks.
+        # Before: ValueError "prompt[10]: must not be negative (got -1)".
+        common = list(range(10)) + [-1] * 10 + list(range(10, 20)) + [-1] * 18
+        prompt = common + [-1] * 7 + [100] * 4
+        imgs = [MultiModalFeatureSpec("aaa", PlaceholderRange(11, 10)), MultiModalFeatureSpec("bbb", PlaceholderRange(30, 18)),
+                MultiModalFeatureSpec("ccc", PlaceholderRange(48, 7))]
+        m = KVCacheManager(num_gpu_blocks=11, block_size=16, max_model_len=8192)
+        r0 = request("0", prompt, mm_features=imgs)
+        blocks, hit = m.get_computed_blocks(r0)
+        self.assertEqual(hit, 0)
+        self.assertEqual(m.allocate_slots(r0, 59, 0, blocks).get_block_ids(), ([1, 2, 3, 4],))
+        m.free(r0)
+        blocks, hit = m.get_computed_blocks(request("1", prompt, mm_features=list(imgs)))
+        self.assertEqual(hit, 48)
+        with self.assertRaisesRegex(ValueError, "prompt"):
+            m.get_computed_blocks(request("2", [1, 2, -2]))
+
+    def test_events_carry_vllms_block_hashes(self):
+        # vLLM's BlockStored names the request's own block_hashes (its hasher's, extra keys
+        # included). Before: the adapter's BLAKE2b chain, which no vLLM consumer can match.
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        r = request("a", range(49))
+        r.block_hashes = [b"vllm-%d" % i for i in range(3)]
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 49, hit, blocks)
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual([h for e in stored for h in e.block_hashes], r.block_hashes)
+
+    def test_vllms_event_classes_once_imported(self):
+        # vLLM's own kv_events, already imported (vLLM loaded as a package without a spec, as
+        # under vLLM's test runner shims): its classes, so isinstance checks hold (vLLM's
+        # test_kv_cache_events_with_lora). Before: the stand-ins.
+        import sys
+        import types
+        from tessera import _vllm_common
+        mod = types.ModuleType("vllm.distributed.kv_events")
+        for name in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
+            setattr(mod, name, type(name, (getattr(_vllm_common, name),), {}))
+        saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.distributed.kv_events")}
+        sys.modules["vllm"] = types.ModuleType("vllm")
+        sys.modules["vllm.distributed.kv_events"] = mod
+        old, _vllm_common._VLLM_EVENTS = _vllm_common._VLLM_EVENTS, None
+        try:
+            self.assertIs(_vllm_common.event_classes()[0], mod.BlockStored)
+        finally:
+            _vllm_common._VLLM_EVENTS = old
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+
+    def test_a_decode_step_is_at_most_one_core_call(self):
+        # vLLM's scheduler calls allocate_slots(request, 1) for every running request each step.
+        # Inside the request's last block: no core call; a step that opens a block or fills one:
+        # one. Before: an append per step, and 7 calls (block_table x3, available_blocks,
+        # allocate, append, ...) for a step that opens a block.
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+        r = request("a", range(32))
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 32, hit, blocks)
+        r.num_computed_tokens = 32
+        core = m._core = CountingCore(m._core)
+        per_step = []
+        for t in range(17):
+            r.append_output_token_ids(5000 + t)
+            core.calls.clear()
+            new = m.allocate_slots(r, 1)
+            per_step.append(len(core.calls))
+            r.num_computed_tokens += 1
+            self.assertEqual(len(new.get_block_ids()[0]), 1 if t in (0, 16) else 0)
+        self.assertEqual(per_step, [1] + [0] * 14 + [1, 1])
+        m._core = core._c
+        m.free(r)
+        # The 16 decoded tokens sealed block 2: a prompt with them hits 48 of 49.
+        blocks, hit = m.get_computed_blocks(request("b", list(range(32)) + [5000 + t for t in range(17)]))
+        self.assertEqual(hit, 48)
+
+
 # vLLM's KV-cache config types (vllm/v1/kv_cache_interface.py at 9aaf83ef): the fields the plugin reads.
 @dataclass(frozen=True)
 class MLAAttentionSpec:
