@@ -404,8 +404,7 @@ py::list TableList(PyManager& pm, RequestId r) {
 py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& cache_salt,
                     const py::object& read_cache) {
   U32Array p;
-  ToU32Array(prompt, "prompt", &p);
-  if (p.size == 0) ThrowValue("prompt", "must hold at least one token (got an empty prompt)");
+  ToU32Array(prompt, "prompt", &p);  // empty allowed: vLLM allocates slots for an empty prompt
   RequestSpec spec;
   spec.read_cache = ToBool(read_cache, "read_cache");
   spec.cache_salt = ToU64(cache_salt, "cache_salt");

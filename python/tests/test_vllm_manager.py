@@ -419,6 +419,13 @@ class VllmRunsPinned(unittest.TestCase):
                 else:
                     sys.modules[k] = v
 
+    def test_lookahead_for_an_empty_prompt(self):
+        # test_kv_cache_utils.py test_allocate_with_lookahead: a request with no prompt tokens,
+        # allocate_slots(num_new_tokens=3, num_lookahead_tokens=2) without a lookup: vLLM hands out
+        # ceil(5 / 4) = 2 blocks. Before: ValueError "prompt: must hold at least one token".
+        m = KVCacheManager(num_gpu_blocks=10, block_size=4, max_model_len=100)
+        self.assertEqual(len(m.allocate_slots(request("0", []), 3, num_lookahead_tokens=2).get_block_ids()[0]), 2)
+
     def test_a_decode_step_is_at_most_one_core_call(self):
         # vLLM's scheduler calls allocate_slots(request, 1) for every running request each step.
         # Inside the request's last block: no core call; a step that opens a block or fills one:
