@@ -370,6 +370,39 @@ class KVCacheManager(HybridMixin):
             return self.empty_kv_cache_blocks
         return KVCacheBlocks([b + 1 for b in r.table[held:]])
 
+    def allocate_slots_batch(self, requests, num_new_tokens):
+        """``[allocate_slots(r, n) for r, n in zip(requests, num_new_tokens)]`` in one call: the
+        decode loop of vLLM's scheduler (``Scheduler.schedule`` calls ``allocate_slots(request,
+        num_new_tokens, num_lookahead_tokens=...)`` once per running request; with no lookahead
+        this call replaces that loop). ``num_new_tokens``: one int for every request, or one per
+        request. A request inside its blocks costs a dict look-up and two compares; any other goes
+        through ``allocate_slots`` itself, in order, so the results (blocks, None where the pool
+        cannot hold them: nothing changed for that request) are the same. The scheduler preempts
+        for a None as it does now, after the batch instead of inside its loop."""
+        single = type(num_new_tokens) is int
+        if not single:
+            if isinstance(num_new_tokens, (str, bytes)) or not hasattr(num_new_tokens, "__len__"):
+                raise TypeError("num_new_tokens: must be an int or a sequence of ints (got %s)"
+                                % type(num_new_tokens).__name__)
+            if len(num_new_tokens) != len(requests):
+                raise ValueError("num_new_tokens: %d counts for %d requests" % (len(num_new_tokens), len(requests)))
+        out = []
+        reqs, bs, cap, empty = self._reqs, self.block_size, self.max_model_len, self.empty_kv_cache_blocks
+        for i, request in enumerate(requests):
+            n = num_new_tokens if single else num_new_tokens[i]
+            r = reqs.get(request.request_id) if self._pending is None else None
+            if r is not None and type(n) is int and n > 0:
+                upto = request.num_computed_tokens + n
+                if upto <= len(r.table) * bs and upto <= cap:
+                    nt = request.num_tokens
+                    last = upto if upto < nt else nt
+                    if last // bs > r.cached_upto:
+                        self._advance(request, r, 0, last)
+                    out.append(empty)
+                    continue
+            out.append(self.allocate_slots(request, n))
+        return out
+
     def _refuse(self, fresh):
         if fresh and self._pending is not None:
             self._core.free(self._pending[1].rid)

@@ -419,6 +419,38 @@ class VllmRunsPinned(unittest.TestCase):
                 else:
                     sys.modules[k] = v
 
+    def test_batched_decode_equals_the_per_request_calls(self):
+        # allocate_slots_batch: what vLLM's scheduler's decode loop gets from allocate_slots, one
+        # request after another — blocks, and None (nothing changed) once the pool is out.
+        def run(batched):
+            m = KVCacheManager(num_gpu_blocks=12, block_size=4, max_model_len=1024)
+            reqs = [request("r%d" % i, range(100 * i, 100 * i + 6)) for i in range(4)]
+            for r in reqs:
+                blocks, hit = m.get_computed_blocks(r)
+                m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+                r.num_computed_tokens = r.num_tokens
+            seen = []
+            for step in range(6):
+                live = [r for r in reqs if r.request_id in m._reqs]
+                for r in live:
+                    r.append_output_token_ids(7)
+                got = m.allocate_slots_batch(live, 1) if batched else [m.allocate_slots(r, 1) for r in live]
+                for r, b in zip(live, got):
+                    seen.append(None if b is None else b.get_block_ids())
+                    if b is None:
+                        m.free(r)
+                    else:
+                        r.num_computed_tokens += 1
+            return seen, m.block_pool.get_num_free_blocks()
+        per_request, batched = run(False), run(True)
+        self.assertIn(None, per_request[0])
+        self.assertEqual(batched, per_request)
+        m = KVCacheManager(num_gpu_blocks=12, block_size=4, max_model_len=1024)
+        with self.assertRaisesRegex(ValueError, "num_new_tokens"):
+            m.allocate_slots_batch([request("a", range(4))], [1, 1])
+        with self.assertRaisesRegex(TypeError, "num_new_tokens"):
+            m.allocate_slots_batch([request("a", range(4))], "1")
+
     def test_lookahead_for_an_empty_prompt(self):
         # test_kv_cache_utils.py test_allocate_with_lookahead: a request with no prompt tokens,
         # allocate_slots(num_new_tokens=3, num_lookahead_tokens=2) without a lookup: vLLM hands out
