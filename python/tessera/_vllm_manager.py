@@ -304,13 +304,15 @@ class KVCacheManager(HybridMixin):
                 computed = request.num_computed_tokens
                 upto = computed + num_new_tokens
                 if upto <= self.max_model_len:
-                    n = request.num_tokens
-                    last = 0 if delay_cache_blocks else (upto if upto < n else n)
                     held = len(r.table)
                     if upto <= held * self.block_size:
-                        if last // self.block_size > r.cached_upto:
-                            self._advance(request, r, 0, last)
+                        # A block fills: append up to it (never past the request's own tokens).
+                        if upto // self.block_size > r.cached_upto and not delay_cache_blocks:
+                            n = request.num_tokens
+                            self._advance(request, r, 0, upto if upto < n else n)
                         return self.empty_kv_cache_blocks
+                    n = request.num_tokens
+                    last = 0 if delay_cache_blocks else (upto if upto < n else n)
                     try:  # a new block: the core refuses (changing nothing) where vLLM's pool would
                         self._advance(request, r, upto - r.have, last)
                     except OutOfBlocksError:
@@ -387,17 +389,20 @@ class KVCacheManager(HybridMixin):
             if len(num_new_tokens) != len(requests):
                 raise ValueError("num_new_tokens: %d counts for %d requests" % (len(num_new_tokens), len(requests)))
         out = []
-        reqs, bs, cap, empty = self._reqs, self.block_size, self.max_model_len, self.empty_kv_cache_blocks
+        get, bs, cap, empty = self._reqs.get, self.block_size, self.max_model_len, self.empty_kv_cache_blocks
+        fast = single and num_new_tokens > 0
+        n = num_new_tokens
         for i, request in enumerate(requests):
-            n = num_new_tokens if single else num_new_tokens[i]
-            r = reqs.get(request.request_id) if self._pending is None else None
-            if r is not None and type(n) is int and n > 0:
+            if not single:
+                n = num_new_tokens[i]
+                fast = type(n) is int and n > 0
+            r = get(request.request_id) if fast and self._pending is None else None
+            if r is not None:
                 upto = request.num_computed_tokens + n
                 if upto <= len(r.table) * bs and upto <= cap:
-                    nt = request.num_tokens
-                    last = upto if upto < nt else nt
-                    if last // bs > r.cached_upto:
-                        self._advance(request, r, 0, last)
+                    if upto // bs > r.cached_upto:  # a block fills (never past the request's tokens)
+                        nt = request.num_tokens
+                        self._advance(request, r, 0, upto if upto < nt else nt)
                     out.append(empty)
                     continue
             out.append(self.allocate_slots(request, n))
