@@ -384,6 +384,22 @@ class VllmRunsPinned(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "prompt"):
             m.get_computed_blocks(request("2", [1, 2, -2]))
 
+    def test_placeholder_ids_deepseek_v4(self):
+        # The same for the hybrid manager: 513 tokens with an image's -1 ids; the same request
+        # again hits 512 (the V4 figure of BlockIdentity). Before: ValueError naming all_token_ids.
+        prompt = list(range(1000, 1100)) + [-1] * 64 + list(range(2000, 2349))
+        img = [MultiModalFeatureSpec("img-1", PlaceholderRange(100, 64))]
+        m = KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536, model="deepseek-v4-flash",
+                           max_num_batched_tokens=2048)
+        for rid, want in (("a", 0), ("b", 512)):
+            r = request(rid, prompt, mm_features=list(img))
+            blocks, hit = m.get_computed_blocks(r)
+            self.assertEqual(hit, want)
+            self.assertIsNotNone(m.allocate_slots(r, r.num_tokens - hit, hit, blocks))
+            m.free(r)
+        with self.assertRaisesRegex(ValueError, "all_token_ids"):
+            m.get_computed_blocks(request("c", [1, -2] * 300))
+
     def test_events_carry_vllms_block_hashes(self):
         # vLLM's BlockStored names the request's own block_hashes (its hasher's, extra keys
         # included). Before: the adapter's BLAKE2b chain, which no vLLM consumer can match.
