@@ -28,8 +28,10 @@ engine sizes its paged buffer with ``num_gpu_blocks = capacity + 1``.
 How it maps (docs/adr/0024-engine-adapters.md): ``get_computed_blocks`` admits the request into
 Tessera with no slots reserved (``admit(prompt, reserve_tokens=0)``: the hit blocks are pinned,
 nothing allocated); ``allocate_slots`` then checks vLLM's conditions against the pool's
-available blocks and reserves (``allocate``) and appends the tokens (``append``: full blocks are
-sealed and indexed); a refusal releases the admission. A scheduler that calls
+available blocks and reserves and appends in one core call (``_vllm_advance``: full blocks are
+sealed and indexed; the tokens of a block still filling wait in the request, so a decode step
+inside a block calls nothing: docs/adr/0037-vllm-adapter-speed.md); a refusal releases the
+admission. ``allocate_slots_batch`` is the scheduler's decode loop in one call. A scheduler that calls
 ``get_computed_blocks`` and then not ``allocate_slots`` for that request leaves a pending
 admission, released by the next call for any other request. The pool holds no bytes here
 (``backed=False``): the KV lives in the engine's buffer.
@@ -70,7 +72,7 @@ class _Req:
         self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
         self.skipped = False      # admitted without reading the cache
         self.table = []           # the core's block table (pool ids), kept in step with it
-        self.have = 0             # tokens appended in the core
+        self.have = 0             # tokens appended in the core (a filling block's wait in the request)
 
 
 def _token_list(tokens):
@@ -168,10 +170,6 @@ class KVCacheManager(HybridMixin):
 
     def _ids(self, r):
         return [b + 1 for b in r.table]
-
-    def _sync_table(self, r):
-        """Reads the core's table: after it changed (allocation, a block sealed), never per token."""
-        r.table = self._core.block_table(r.rid).tolist()
 
     def _note_new_blocks(self, before, r):
         """Blocks a call handed the request: a block that was cached before is an eviction."""
