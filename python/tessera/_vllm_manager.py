@@ -44,6 +44,9 @@ from ._vllm_common import (KVCacheBlocks, PrefixCacheStats, _int, chain_hash, ev
 from ._vllm_hybrid import HybridMixin, deepseek_v4_kv_cache_groups, make_hybrid
 
 
+_ZERO = 0  # allocate_slots' default counts (its decode path compares them by identity)
+
+
 class _BlockPoolView:
     """The parts of vLLM's BlockPool a scheduler reads."""
 
@@ -292,11 +295,11 @@ class KVCacheManager(HybridMixin):
                        num_encoder_tokens=0, full_sequence_must_fit=False):
         # The decode step (vLLM's scheduler: allocate_slots(request, n) for a running request):
         # inside the request's blocks it calls nothing in the core; a full block is one append.
-        if (type(num_new_tokens) is int and num_new_tokens > 0 and type(num_new_computed_tokens) is int
-                and not num_new_computed_tokens and type(num_lookahead_tokens) is int and not num_lookahead_tokens
-                and type(num_external_computed_tokens) is int and not num_external_computed_tokens
-                and not num_encoder_tokens and not full_sequence_must_fit
-                and new_computed_blocks is None and self._pending is None):
+        # The defaults are compared by identity (0 is one object in CPython); any other value,
+        # an equal one included, takes the checked path below, so the result never depends on it.
+        if (num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO and num_external_computed_tokens is _ZERO
+                and num_encoder_tokens is _ZERO and full_sequence_must_fit is False and new_computed_blocks is None
+                and type(num_new_tokens) is int and num_new_tokens > 0 and self._pending is None):
             r = self._reqs.get(request.request_id)
             if r is not None:
                 computed = request.num_computed_tokens

@@ -494,6 +494,12 @@ class VllmRunsPinned(unittest.TestCase):
             r.num_computed_tokens += 1
             self.assertEqual(len(new.get_block_ids()[0]), 1 if t in (0, 16) else 0)
         self.assertEqual(per_step, [1] + [0] * 14 + [1, 1])
+        # Bad counts still take the checked path on a running request, and change nothing.
+        for bad in ({"num_lookahead_tokens": False}, {"num_new_computed_tokens": "0"}, {"num_new_tokens": True}):
+            args = dict({"num_new_tokens": 1}, **bad)
+            with self.assertRaisesRegex(TypeError, next(iter(bad))):
+                m.allocate_slots(r, **args)
+        self.assertEqual(m.get_block_ids("a"), ([1, 2, 3, 4],))
         m._core = core._c
         m.free(r)
         # The 16 decoded tokens sealed block 2: a prompt with them hits 48 of 49.
