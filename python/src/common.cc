@@ -223,6 +223,39 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
   out->size = out->storage.size();
 }
 
+void ToU64Array(py::handle obj, std::string_view arg, std::vector<uint64_t>* out) {
+  out->clear();
+  if (py::isinstance<py::array>(obj)) {
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    if (a.ndim() != 1) ThrowValue(arg, "must be one-dimensional (got " + std::to_string(a.ndim()) + " dimensions)");
+    const char kind = a.dtype().kind();
+    if (kind != 'u' && kind != 'i') {
+      ThrowType(arg, "must be an array of integers (got dtype " + DtypeName(a.dtype()) + ")");
+    }
+    // A native-order, contiguous 64-bit copy (any byte order or stride is read by value).
+    const auto c = py::array::ensure(a.attr("astype")(kind == 'u' ? "=u8" : "=i8"), py::array::c_style);
+    const auto n = static_cast<size_t>(c.shape(0));
+    out->resize(n);
+    if (n > 0) std::memcpy(out->data(), c.data(), n * sizeof(uint64_t));
+    if (kind == 'i') {
+      for (size_t i = 0; i < n; ++i) {
+        const auto v = static_cast<int64_t>((*out)[i]);
+        if (v < 0) ThrowValue(arg, "element " + std::to_string(i) + " is negative (" + std::to_string(v) + ")");
+      }
+    }
+  } else if (PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
+             !PyByteArray_Check(obj.ptr())) {
+    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "not a sequence"));
+    if (!fast) throw py::error_already_set();
+    const auto n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    out->resize(n);
+    for (size_t i = 0; i < n; ++i) (*out)[i] = ToU64(items[i], std::string(arg) + "[" + std::to_string(i) + "]");
+  } else {
+    ThrowType(arg, "must be a numpy integer array or a sequence of ints (got " + TypeName(obj) + ")");
+  }
+}
+
 Geometry LoadModelArg(const py::object& model, const py::object& config) {
   if (!model.is_none() && !config.is_none()) ThrowValue("model", "give model or config, not both");
   if (!config.is_none()) {
