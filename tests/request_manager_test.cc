@@ -330,7 +330,7 @@ TEST(RequestManagerViews, SealingRevokesAWritableViewAndAHitServesTheOriginalByt
     EXPECT_EQ(v->Bytes().status().field(), "block");
   }
   EXPECT_EQ(m->Writable(t[0], 0, 0).status().field(), "block");  // and no new one
-  EXPECT_TRUE(tail->Write(0, {}).ok());                            // still filling, one table
+  EXPECT_TRUE(tail->Write(0, {}).ok());                          // still filling, one table
   EXPECT_EQ(tail->Write(tail->size(), junk).field(), "offset");
 
   // A fork shares the filling tail: no view writes it until it is copied.

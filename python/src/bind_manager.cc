@@ -254,8 +254,8 @@ PyAdmission Admit(PyManager& pm, const py::object& prompt, const py::object& ten
     a.emplace(pm.m->Admit(std::span<const uint32_t>(p.data, p.size), spec));
   }
   const Admission ad = Take(std::move(*a));
-  return PyAdmission{PyManager::Handle(ad.id),       ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
-                     ad.state_restored, ad.recompute_from, ad.recompute_tokens};
+  return PyAdmission{PyManager::Handle(ad.id), ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
+                     ad.state_restored,        ad.recompute_from, ad.recompute_tokens};
 }
 
 // Checks a step batch (pm.handles) and fills pm.ids (REQUIRES: pm's lock). ValueError naming
@@ -276,18 +276,20 @@ void CheckBatch(PyManager& pm, const U32Array& counts, const U32Array& tokens) {
     pm.seen_epoch = 1;
   }
   pm.ids.resize(ids.size());
+  RequestId* out = pm.ids.data();
   for (size_t i = 0; i < ids.size(); ++i) {
-    const std::optional<RequestId> id = pm.Find(ids[i]);
-    if (!id) {
-      ThrowValue("request_ids",
-                 "element " + std::to_string(i) + " (" + std::to_string(ids[i]) + ") is not a live request");
+    const uint64_t h = ids[i];
+    const auto slot = static_cast<uint32_t>(h);
+    const std::optional<RequestId> id = pm.m->LiveAt(slot);
+    if (!id || id->generation != static_cast<uint32_t>(h >> 32)) {
+      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(h) + ") is not a live request");
     }
-    if (id->value >= pm.seen.size()) pm.seen.resize(size_t{id->value} + 1, 0);
-    if (pm.seen[id->value] == pm.seen_epoch) {
-      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(ids[i]) + ") appears twice");
+    if (slot >= pm.seen.size()) pm.seen.resize(size_t{slot} + 1, 0);
+    if (pm.seen[slot] == pm.seen_epoch) {
+      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(h) + ") appears twice");
     }
-    pm.seen[id->value] = pm.seen_epoch;
-    pm.ids[i] = *id;
+    pm.seen[slot] = pm.seen_epoch;
+    out[i] = *id;
   }
 }
 

@@ -71,7 +71,8 @@ std::vector<RequestId> Requests(PyManager& pm, const py::object& request_ids) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::optional<RequestId> id = pm.Find(ids[i]);
     if (!id) {
-      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(ids[i]) + ") is not a live request");
+      ThrowValue("request_ids",
+                 "element " + std::to_string(i) + " (" + std::to_string(ids[i]) + ") is not a live request");
     }
     out.push_back(*id);
   }

@@ -255,16 +255,37 @@ void ToU64Array(py::handle obj, std::string_view arg, std::vector<uint64_t>* out
     const auto n = static_cast<size_t>(a.shape(0));
     const ssize_t stride = a.strides(0);
     const auto* base = static_cast<const char*>(a.data());
+    if (kind == 'u' && dt.itemsize() == 8 && (n <= 1 || stride == 8)) {  // the handles' own dtype
+      out->resize(n);
+      if (n > 0) std::memcpy(out->data(), base, n * sizeof(uint64_t));
+      return;
+    }
+    if (kind == 'u' && dt.itemsize() == 4 && (n <= 1 || stride == 4)) {
+      const auto* v = reinterpret_cast<const uint32_t*>(base);
+      out->resize(n);
+      uint64_t* d = out->data();
+      for (size_t i = 0; i < n; ++i) d[i] = v[i];
+      return;
+    }
     switch ((kind == 'i' ? 16 : 0) + dt.itemsize()) {
-      case 1: return ReadStrided64<uint8_t>(base, stride, n, arg, out);
-      case 2: return ReadStrided64<uint16_t>(base, stride, n, arg, out);
-      case 4: return ReadStrided64<uint32_t>(base, stride, n, arg, out);
-      case 8: return ReadStrided64<uint64_t>(base, stride, n, arg, out);
-      case 17: return ReadStrided64<int8_t>(base, stride, n, arg, out);
-      case 18: return ReadStrided64<int16_t>(base, stride, n, arg, out);
-      case 20: return ReadStrided64<int32_t>(base, stride, n, arg, out);
-      case 24: return ReadStrided64<int64_t>(base, stride, n, arg, out);
-      default: ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
+      case 1:
+        return ReadStrided64<uint8_t>(base, stride, n, arg, out);
+      case 2:
+        return ReadStrided64<uint16_t>(base, stride, n, arg, out);
+      case 4:
+        return ReadStrided64<uint32_t>(base, stride, n, arg, out);
+      case 8:
+        return ReadStrided64<uint64_t>(base, stride, n, arg, out);
+      case 17:
+        return ReadStrided64<int8_t>(base, stride, n, arg, out);
+      case 18:
+        return ReadStrided64<int16_t>(base, stride, n, arg, out);
+      case 20:
+        return ReadStrided64<int32_t>(base, stride, n, arg, out);
+      case 24:
+        return ReadStrided64<int64_t>(base, stride, n, arg, out);
+      default:
+        ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
     }
   } else if (PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
              !PyByteArray_Check(obj.ptr())) {
