@@ -84,7 +84,11 @@ py::array View(const std::shared_ptr<PyManager>& pm, std::span<const std::byte> 
   auto* data = const_cast<std::byte*>(bytes.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast)
   py::object buf = py::cast(PageBuffer{pm, data, bytes.size(), !writable});
   py::array a = py::module_::import("numpy").attr("asarray")(buf);
-  if (writable) pm->writable.push_back({py::weakref(a), b, pool.generation(b)});
+  if (writable) {
+    // Many views between two mutating calls: drop the dead ones now, not only at the next call.
+    if (pm->writable.size() >= 4096 && (pm->writable.size() & (pm->writable.size() - 1)) == 0) pm->RevokeViews();
+    pm->writable.push_back({py::weakref(a), b, pool.generation(b)});
+  }
   return a;
 }
 
