@@ -144,6 +144,27 @@ class Surface(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "use_eagle"):
             self.make(use_eagle=True)
 
+    def test_core_ids_are_handles(self):
+        # The adapter's core calls return and take the binding's handles (generation << 32 | slot,
+        # ADR 0039): an id kept past its free is refused and never reaches the request that reused
+        # its slot (before: _vllm_admit returned the slot, so both lives had id 0).
+        core = tessera.RequestManager("tiny-mla", capacity_blocks=16, max_requests=1, backed=False)
+        a, _, _, _ = core._vllm_admit(list(range(40)))
+        core._vllm_advance(a, 40, list(range(40)))
+        core.free(a)
+        b, hit, _, table = core._vllm_admit(list(range(100, 110)))
+        self.assertEqual(hit, 0)
+        self.assertNotEqual(a, b)
+        self.assertEqual(a & 0xFFFFFFFF, b & 0xFFFFFFFF)  # the one slot, reused
+        for name, call in (("_vllm_advance", lambda: core._vllm_advance(a, 16, list(range(16)))),
+                           ("free", lambda: core.free(a))):
+            with self.subTest(call=name):
+                with self.assertRaisesRegex(ValueError, "^request_id: no live request"):
+                    call()
+        self.assertEqual(core.tokens(b), 0)  # b is as it was
+        self.assertEqual(list(core.block_table(b)), table)
+        self.assertEqual(core._vllm_advance(b, 10, list(range(100, 110))), list(core.block_table(b)))
+
     def test_refused_allocation_changes_nothing(self):
         m = self.make(num_gpu_blocks=5)  # 4 blocks
         a = kv_trace.TraceRequest("a", range(60))
