@@ -81,7 +81,7 @@ void BM_BlockMemcpy(benchmark::State& state) {
   Fixture f = Make();
   const BlockPool& pool = f.m->pool();
   std::span<const std::byte> from = pool.Bytes(pool.BlockHandleOf(f.block, 0));
-  std::span<std::byte> to = f.m->MutableBytes(pool.BlockHandleOf(f.target, 0));
+  std::span<std::byte> to = WritablePool(f).MutableBytes(pool.BlockHandleOf(f.target, 0));
   for (auto _ : state) {
     std::memcpy(to.data(), from.data(), from.size());
     benchmark::ClobberMemory();

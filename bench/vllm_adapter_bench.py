@@ -18,13 +18,17 @@ never hashes). Timed per pass:
 The baseline is the algorithm of vLLM's manager in plain Python (a dict from block hash to block,
 a free queue, one block list per request; vllm/v1/core/block_pool.py and
 single_type_kv_cache_manager.py at 9aaf83ef are the model; no vLLM code). The two alternate per
-repeat (A, B, B, A, ...); reported: the median of each and the ratio baseline / Tessera.
+repeat (A, B, B, A, ...); reported: the median of each, the ratio baseline / Tessera and the
+spread of the per-pair ratios. The garbage collector is off while a pass is timed (for both).
+Times are the process's CPU time (time.process_time): on a shared machine a wall clock counts the
+slices the process waited for a core, which land at random in either side's millisecond-long pass.
 
     cmake --preset release && cmake --build build/release --target tessera_python
     PYTHONPATH=build/release/python /usr/bin/python3 bench/vllm_adapter_bench.py --repeats 5
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import statistics
@@ -172,27 +176,32 @@ def run(kind, ps):
 
         def free(r):
             m.free_request(r)
-    t0 = time.perf_counter()
+    # A full collection walks every item of the 1,024 prompt lists (~4.3M): it would land in
+    # whichever pass allocates at that moment. Collected before, off while timed, for both.
+    gc.collect()
+    gc.disable()
+    t0 = time.process_time()
     for r in reqs:
         blocks, hit = m.get_computed_blocks(r)
         if m.allocate_slots(r, r.num_tokens - hit, hit, blocks) is None:
             raise SystemExit("%s: admission of %s refused" % (kind, r.request_id))
         r.num_computed_tokens = r.num_tokens
-    t1 = time.perf_counter()
+    t1 = time.process_time()
     steps = []
     for _ in range(2):  # the first step opens a block for every request; the second stays in it
         for r in reqs:
             r.append_output_token_ids(7)
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         for r in reqs:
             if m.allocate_slots(r, 1) is None:
                 raise SystemExit("%s: decode of %s refused" % (kind, r.request_id))
             r.num_computed_tokens += 1
-        steps.append(time.perf_counter() - t2)
-    t3 = time.perf_counter()
+        steps.append(time.process_time() - t2)
+    t3 = time.process_time()
     for r in reqs:
         free(r)
-    t4 = time.perf_counter()
+    t4 = time.process_time()
+    gc.enable()
     return t1 - t0, steps[0], steps[1], t4 - t3
 
 
@@ -214,7 +223,9 @@ def main():
         scale = 1e3 if name.endswith("_ms") else 1e6 / REQUESTS
         t = statistics.median(x[j] for x in times["tessera"]) * scale
         p = statistics.median(x[j] for x in times["python"]) * scale
-        out[name] = {"tessera": round(t, 2), "plain_python": round(p, 2), "ratio_python_over_tessera": round(p / t, 2)}
+        pairs = [b[j] / a[j] for a, b in zip(times["tessera"], times["python"])]
+        out[name] = {"tessera": round(t, 2), "plain_python": round(p, 2), "ratio_python_over_tessera": round(p / t, 2),
+                     "ratio_per_pair_min_max": [round(min(pairs), 2), round(max(pairs), 2)]}
     out["trace"] = {"requests": REQUESTS, "shared_prefix": SHARED, "own_tokens": OWN, "block_size": BLOCK,
                     "repeats": args.repeats}
     print(json.dumps(out, indent=1))

@@ -301,6 +301,57 @@ TEST(RequestManagerIds, AStaleIdNeverReachesTheRequestThatReusedItsSlot) {
   EXPECT_TRUE(m->Free(b.id).ok());
 }
 
+// Issue 27.7: a writable view taken while a block fills writes nothing once the block is sealed
+// (refused naming the block), so the next prefix hit serves the bytes the request wrote; a view of
+// a block freed, or shared by a fork, is refused too.
+TEST(RequestManagerViews, SealingRevokesAWritableViewAndAHitServesTheOriginalBytes) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(300, 150));  // two full blocks and 22 tokens
+  const Admission a = MustAdmit(*m, s.tokens());
+  const std::vector<BlockId> t = Table(*m, a.id);
+  ASSERT_EQ(t.size(), 3u);
+  Result<WritableView> page = m->Writable(t[0], 0, 0);
+  Result<WritableView> block = m->Writable(t[1], 0);
+  Result<WritableView> tail = m->Writable(t[2], 0);
+  ASSERT_TRUE(page.ok() && block.ok() && tail.ok());
+  EXPECT_TRUE(page->Check().ok());
+  EXPECT_EQ(block->size(), m->pool().BlockHandleOf(t[1], 0).len);
+  Fill(*m, a.id, s, 150);  // seals t[0] and t[1]
+  ASSERT_EQ(m->pool().state(t[0]), BlockState::kSealed);
+
+  const std::vector<std::byte> junk(64, std::byte{0x5a});
+  for (const WritableView* v : {&*page, &*block}) {
+    const Status st = v->Write(0, junk);
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(st.field(), "block");
+    EXPECT_NE(st.message().find("block " + std::to_string(v->block().value) + " is sealed"), std::string::npos)
+        << st.ToString();
+    EXPECT_EQ(v->Bytes().status().field(), "block");
+  }
+  EXPECT_EQ(m->Writable(t[0], 0, 0).status().field(), "block");  // and no new one
+  EXPECT_TRUE(tail->Write(0, {}).ok());                          // still filling, one table
+  EXPECT_EQ(tail->Write(tail->size(), junk).field(), "offset");
+
+  // A fork shares the filling tail: no view writes it until it is copied.
+  const Result<RequestId> child = m->Fork(a.id);
+  ASSERT_TRUE(child.ok());
+  EXPECT_NE(tail->Write(0, {}).message().find("shared"), std::string::npos);
+  ASSERT_TRUE(m->Free(*child).ok());
+  EXPECT_TRUE(tail->Check().ok());
+  ASSERT_TRUE(m->Free(a.id).ok());  // the unsealed tail is freed: its view is stale
+  EXPECT_NE(tail->Write(0, {}).message().find("freed"), std::string::npos);
+
+  // The next hit serves the bytes the request wrote, not the junk.
+  const Admission b = MustAdmit(*m, s.tokens());
+  EXPECT_EQ(b.cached_blocks, 2u);
+  EXPECT_EQ(Table(*m, b.id)[0], t[0]);
+  EXPECT_TRUE(RecordsMatch(*m, b.id, s));
+  EXPECT_EQ(m->Writable(BlockId{99}, 0).status().field(), "block");
+  EXPECT_EQ(m->Writable(t[2], 5).status().field(), "group");
+  EXPECT_EQ(m->Writable(t[2], 0, 61).status().field(), "layer");
+}
+
 TEST(RequestManager, RecordErrorsNameTheirField) {
   std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(4));
   KvStream s;

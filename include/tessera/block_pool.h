@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,6 +90,37 @@ struct PoolStats {
 };
 
 class PinnedBlocks;
+class BlockPool;
+
+// A writable view of a page or block of a block being filled (issue 27.7, ADR 0039). It names the
+// block and the life (generation) it was taken in, and hands out its bytes only while that block
+// is still filling in that life and held by one table: once the block is sealed (its bytes are
+// final: the index, the tiers and later prefix hits serve them), freed, or shared by a fork,
+// every access is refused with kFailedPrecondition on "block", naming it, and nothing is written.
+// Checked on every access (two loads and compares; nothing on the decode step). Take the span
+// per write, as Write does: a raw span kept across a manager call is what this handle replaces.
+// Valid while its pool lives. Thread-safety: as the pool (single owner).
+class WritableView {
+ public:
+  BlockId block() const { return block_; }
+  uint64_t size() const { return handle_.len; }
+  // OK while the block is filling in the life the view was taken in, by one table.
+  Status Check() const;
+  // The bytes, checked now.
+  Result<std::span<std::byte>> Bytes() const;
+  // Copies `bytes` to [offset, offset + size) of the view, checked now; kInvalidArgument on
+  // "offset" past the view. Nothing is written on an error.
+  Status Write(uint64_t offset, std::span<const std::byte> bytes) const;
+
+ private:
+  friend class BlockPool;
+  WritableView(BlockPool* pool, const BlockHandle& h, BlockId b, uint32_t generation)
+      : pool_(pool), handle_(h), block_(b), generation_(generation) {}
+  BlockPool* pool_ = nullptr;
+  BlockHandle handle_;
+  BlockId block_;
+  uint32_t generation_ = 0;
+};
 
 class BlockPool {
  public:
@@ -131,6 +163,13 @@ class BlockPool {
   // a pool the caller may change. REQUIRES: backed().
   std::span<const std::byte> Bytes(const BlockHandle& h) const { return regions_.Resolve(h); }
   std::span<std::byte> MutableBytes(const BlockHandle& h) { return regions_.Resolve(h); }
+  // A checked writable view (WritableView) of the page of (b, group, layer), or of the whole
+  // block of one group (layer unset), for a caller that fills a block it was handed. Errors:
+  // kInvalidArgument on "block", "group", "layer"; kFailedPrecondition on "backed" (no bytes),
+  // on "block" unless b is filling and held by one table (a sealed block's bytes are final).
+  Result<WritableView> Writable(BlockId b, uint32_t group, std::optional<uint32_t> layer = std::nullopt);
+  // Why a view of b taken in life `generation` may not write now (OK when it may).
+  Status CheckWritable(BlockId b, uint32_t generation) const;
 
   const std::vector<PoolGroup>& groups() const { return groups_; }
   uint32_t capacity() const { return capacity_; }

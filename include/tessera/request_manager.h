@@ -238,9 +238,13 @@ class RequestManager {
   // Pages + block metadata of every block not free + the state component's bytes.
   uint64_t bytes_held() const;
   const BlockPool& pool() const { return *pool_; }
-  // The bytes of a page or block of this manager's pool, writable: for a caller that fills a
-  // block the manager handed out (a zero-copy view of a block being filled). REQUIRES: backed.
-  std::span<std::byte> MutableBytes(const BlockHandle& h) { return pool_->MutableBytes(h); }
+  // A writable view of the page (b, group, layer), or of block b's bytes in one group (layer
+  // unset), for a caller that fills a block the manager handed out (a zero-copy view of a block
+  // being filled). The view is checked on every access: once b is sealed (or freed, or shared by
+  // a fork) it writes nothing and names the block (BlockPool::Writable; issue 27.7, ADR 0039).
+  Result<WritableView> Writable(BlockId b, uint32_t group, std::optional<uint32_t> layer = std::nullopt) {
+    return pool_->Writable(b, group, layer);
+  }
   const BlockIndex& index() const { return *index_; }
   // The state component, or nullptr for a model without windows.
   const RequestStates* states() const { return states_.get(); }

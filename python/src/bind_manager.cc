@@ -23,9 +23,25 @@ namespace tessera::py_bind {
 // ---- PyManager ---------------------------------------------------------------------------------
 
 RequestId PyManager::Live(py::handle r, const char* arg) const {
-  const uint32_t v = ToU32(r, arg);
-  if (!IsLive(v)) ThrowValue(arg, "no live request " + std::to_string(v));
-  return At(v);
+  const uint64_t v = ToU64(r, arg);
+  const std::optional<RequestId> id = Find(v);
+  if (!id) ThrowValue(arg, "no live request " + std::to_string(v) + " (freed, or never admitted)");
+  return *id;
+}
+
+void PyManager::RevokeViews() {
+  if (writable.empty()) return;
+  size_t kept = 0;
+  for (WritableExport& e : writable) {
+    py::object a = e.array();
+    if (a.is_none()) continue;
+    if (!m->pool().CheckWritable(e.block, e.generation).ok()) {
+      a.attr("setflags")(py::arg("write") = false);
+      continue;
+    }
+    writable[kept++] = std::move(e);
+  }
+  writable.resize(kept);
 }
 
 ManagerLock::ManagerLock(PyManager& pm) : pm_(pm) {
@@ -58,19 +74,27 @@ struct PageBuffer {
   bool readonly = true;
 };
 
-py::array View(const std::shared_ptr<PyManager>& pm, std::span<std::byte> bytes, bool readonly) {
-  py::object buf = py::cast(PageBuffer{pm, bytes.data(), bytes.size(), readonly});
-  return py::module_::import("numpy").attr("asarray")(buf);
+// A numpy view of `bytes`, bytes of block `b` (invalid: of no block, read-only). Writable only
+// while b is filling by one table; then tracked, and made read-only by RevokeViews once b is
+// sealed, freed or shared (issue 27.7). REQUIRES: pm's lock.
+py::array View(const std::shared_ptr<PyManager>& pm, std::span<const std::byte> bytes, BlockId b) {
+  const BlockPool& pool = pm->m->pool();
+  const bool writable = b.valid() && pool.CheckWritable(b, pool.generation(b)).ok();
+  // The pool's bytes; the buffer is exported read-only unless the block may be written.
+  auto* data = const_cast<std::byte*>(bytes.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  py::object buf = py::cast(PageBuffer{pm, data, bytes.size(), !writable});
+  py::array a = py::module_::import("numpy").attr("asarray")(buf);
+  if (writable) {
+    // Many views between two mutating calls: drop the dead ones now, not only at the next call.
+    if (pm->writable.size() >= 4096 && (pm->writable.size() & (pm->writable.size() - 1)) == 0) pm->RevokeViews();
+    pm->writable.push_back({py::weakref(a), b, pool.generation(b)});
+  }
+  return a;
 }
 
-// Whether a view of block `b` may be written: it is being filled by exactly one request.
-bool Writable(const RequestManager& m, BlockId b) {
-  return m.pool().state(b) == BlockState::kFilling && m.pool().refcount(b) == 1;
-}
-
-py::list Planes(const std::shared_ptr<PyManager>& pm, const RecordView& v, bool readonly) {
+py::list Planes(const std::shared_ptr<PyManager>& pm, const RecordView& v, BlockId b) {
   py::list out;
-  for (uint32_t k = 0; k < v.plane_count; ++k) out.append(View(pm, v.planes[k], readonly));
+  for (uint32_t k = 0; k < v.plane_count; ++k) out.append(View(pm, v.planes[k], b));
   return out;
 }
 
@@ -132,7 +156,7 @@ const KvWriters& Writers(WriterMode mode) {
 // ---- Results -----------------------------------------------------------------------------------
 
 struct PyAdmission {
-  uint32_t request_id = 0;
+  uint64_t request_id = 0;  // PyManager::Handle
   uint64_t cached_tokens = 0;
   uint32_t cached_blocks = 0;
   uint32_t tier_blocks = 0;
@@ -234,16 +258,17 @@ PyAdmission Admit(PyManager& pm, const py::object& prompt, const py::object& ten
     a.emplace(pm.m->Admit(std::span<const uint32_t>(p.data, p.size), spec));
   }
   const Admission ad = Take(std::move(*a));
-  pm.SetLive(ad.id.value, true);
-  return PyAdmission{ad.id.value,       ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
-                     ad.state_restored, ad.recompute_from, ad.recompute_tokens};
+  return PyAdmission{PyManager::Handle(ad.id), ad.cached_tokens,  ad.cached_blocks,   ad.tier_blocks,
+                     ad.state_restored,        ad.recompute_from, ad.recompute_tokens};
 }
 
-// Checks a step batch and fills pm.ids (REQUIRES: pm's lock). ValueError naming the argument.
-void CheckBatch(PyManager& pm, const U32Array& ids, const U32Array& counts, const U32Array& tokens) {
-  if (counts.size != ids.size) {
+// Checks a step batch (pm.handles) and fills pm.ids (REQUIRES: pm's lock). ValueError naming
+// the argument.
+void CheckBatch(PyManager& pm, const U32Array& counts, const U32Array& tokens) {
+  const std::vector<uint64_t>& ids = pm.handles;
+  if (counts.size != ids.size()) {
     ThrowValue("counts",
-               "has " + std::to_string(counts.size) + " entries for " + std::to_string(ids.size) + " request_ids");
+               "has " + std::to_string(counts.size) + " entries for " + std::to_string(ids.size()) + " request_ids");
   }
   uint64_t total = 0;
   for (size_t i = 0; i < counts.size; ++i) total += counts.data[i];
@@ -254,30 +279,33 @@ void CheckBatch(PyManager& pm, const U32Array& ids, const U32Array& counts, cons
     std::fill(pm.seen.begin(), pm.seen.end(), 0);
     pm.seen_epoch = 1;
   }
-  if (pm.seen.size() < pm.live.size()) pm.seen.resize(pm.live.size(), 0);
-  pm.ids.resize(ids.size);
-  for (size_t i = 0; i < ids.size; ++i) {
-    const uint32_t r = ids.data[i];
-    if (!pm.IsLive(r)) {
-      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(r) + ") is not a live request");
+  pm.ids.resize(ids.size());
+  RequestId* out = pm.ids.data();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint64_t h = ids[i];
+    const auto slot = static_cast<uint32_t>(h);
+    const std::optional<RequestId> id = pm.m->LiveAt(slot);
+    if (!id || id->generation != static_cast<uint32_t>(h >> 32)) {
+      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(h) + ") is not a live request");
     }
-    if (pm.seen[r] == pm.seen_epoch) {
-      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(r) + ") appears twice");
+    if (slot >= pm.seen.size()) pm.seen.resize(size_t{slot} + 1, 0);
+    if (pm.seen[slot] == pm.seen_epoch) {
+      ThrowValue("request_ids", "element " + std::to_string(i) + " (" + std::to_string(h) + ") appears twice");
     }
-    pm.seen[r] = pm.seen_epoch;
-    pm.ids[i] = pm.At(r);
+    pm.seen[slot] = pm.seen_epoch;
+    out[i] = *id;
   }
 }
 
 PyStepResult Step(PyManager& pm, const py::object& request_ids, const py::object& counts, const py::object& tokens,
                   const py::object& writer) {
-  U32Array ids, cnt, tok;
-  ToU32Array(request_ids, "request_ids", &ids);
+  U32Array cnt, tok;
   ToU32Array(counts, "counts", &cnt);
   ToU32Array(tokens, "tokens", &tok);
   const KvWriters& w = Writers(ParseWriter(writer));
   ManagerLock lk(pm);
-  CheckBatch(pm, ids, cnt, tok);
+  ToU64Array(request_ids, "request_ids", &pm.handles);
+  CheckBatch(pm, cnt, tok);
   const StepBatch batch{pm.ids, std::span<const uint32_t>(cnt.data, cnt.size),
                         std::span<const uint32_t>(tok.data, tok.size)};
   Status st;
@@ -285,6 +313,7 @@ PyStepResult Step(PyManager& pm, const py::object& request_ids, const py::object
     py::gil_scoped_release nogil;
     st = pm.m->Step(batch, w, &pm.result);
   }
+  pm.RevokeViews();
   Check(st);
   const StepResult& r = pm.result;
   PyStepResult out;
@@ -316,14 +345,14 @@ PyStepResult Step(PyManager& pm, const py::object& request_ids, const py::object
 // batch, each timed with the steady clock; returns their durations in nanoseconds.
 py::array StepLoopNs(PyManager& pm, const py::object& request_ids, const py::object& counts, const py::object& tokens,
                      const py::object& steps, const py::object& writer) {
-  U32Array ids, cnt, tok;
-  ToU32Array(request_ids, "request_ids", &ids);
+  U32Array cnt, tok;
   ToU32Array(counts, "counts", &cnt);
   ToU32Array(tokens, "tokens", &tok);
   const uint64_t n = ToU64(steps, "steps", 1 << 24);
   const KvWriters& w = Writers(ParseWriter(writer));
   ManagerLock lk(pm);
-  CheckBatch(pm, ids, cnt, tok);
+  ToU64Array(request_ids, "request_ids", &pm.handles);
+  CheckBatch(pm, cnt, tok);
   const StepBatch batch{pm.ids, std::span<const uint32_t>(cnt.data, cnt.size),
                         std::span<const uint32_t>(tok.data, tok.size)};
   auto out = NewArray<double>(n);
@@ -337,6 +366,7 @@ py::array StepLoopNs(PyManager& pm, const py::object& request_ids, const py::obj
       d[i] = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
     }
   }
+  pm.RevokeViews();
   Check(st);
   return out;
 }
@@ -383,7 +413,58 @@ void WriteTokens(PyManager& pm, Status (RequestManager::*call)(RequestId, std::s
     py::gil_scoped_release nogil;
     st = (pm.m.get()->*call)(r, std::span<const uint32_t>(t.data, t.size), w);
   }
+  pm.RevokeViews();
   Check(st);
+}
+
+// ---- tessera.vllm's one-group manager (docs/adr/0037-vllm-adapter-speed.md) -------------------
+// One core call where vLLM's scheduler makes one: the block table comes back as a list of pool
+// ids with the call that changed it, instead of a separate block_table call and a tolist().
+
+// REQUIRES: pm's lock.
+py::list TableList(PyManager& pm, RequestId r) {
+  const std::span<const BlockId> t = pm.m->BlockTable(r);
+  py::list out(t.size());
+  for (size_t i = 0; i < t.size(); ++i) {
+    PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), PyLong_FromUnsignedLong(t[i].value));
+  }
+  return out;
+}
+
+// admit(prompt, reserve_tokens=0) -> (request id, cached tokens, cached blocks, block table).
+py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& cache_salt,
+                    const py::object& read_cache) {
+  U32Array p;
+  ToU32Array(prompt, "prompt", &p);  // empty allowed: vLLM allocates slots for an empty prompt
+  RequestSpec spec;
+  spec.read_cache = ToBool(read_cache, "read_cache");
+  spec.cache_salt = ToU64(cache_salt, "cache_salt");
+  spec.reserve_tokens = 0;
+  ManagerLock lk(pm);
+  std::optional<Result<Admission>> a;
+  {
+    py::gil_scoped_release nogil;
+    a.emplace(pm.m->Admit(std::span<const uint32_t>(p.data, p.size), spec));
+  }
+  const Admission ad = Take(std::move(*a));
+  return py::make_tuple(PyManager::Handle(ad.id), ad.cached_tokens, ad.cached_blocks, TableList(pm, ad.id));
+}
+
+// allocate(n) when n > 0, then append(tokens) when there are any -> the block table. A refused
+// allocation (OutOfBlocksError) changes nothing; tokens are checked before anything changes.
+py::list VllmAdvance(PyManager& pm, const py::object& request_id, const py::object& n, const py::object& tokens) {
+  const uint64_t count = ToU64(n, "n");
+  U32Array t;
+  if (!tokens.is_none()) ToU32Array(tokens, "tokens", &t);
+  ManagerLock lk(pm);
+  const RequestId r = pm.Live(request_id);
+  if (count > 0) Check(pm.m->AllocateSlots(r, count));
+  if (t.size > 0) {
+    const Status st = pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), Writers(WriterMode::kNone));
+    pm.RevokeViews();  // a block the append filled is sealed (ADR 0039)
+    Check(st);
+  }
+  return TableList(pm, r);
 }
 
 }  // namespace
@@ -466,6 +547,9 @@ void BindManager(py::module_& m) {
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
            py::arg("kv_events_capacity") = 1u << 16)
+      .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::kw_only(), py::arg("cache_salt") = 0,
+           py::arg("read_cache") = true)
+      .def("_vllm_advance", &VllmAdvance, py::arg("request_id"), py::arg("n"), py::arg("tokens") = py::none())
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
            py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none(),
            py::arg("read_cache") = true)
@@ -474,7 +558,9 @@ void BindManager(py::module_& m) {
           [](PyManager& pm, const py::object& request_id, const py::object& n) {
             const uint64_t count = ToU64(n, "n");
             ManagerLock lk(pm);
-            Check(pm.m->AllocateSlots(pm.Live(request_id), count));
+            const Status st = pm.m->AllocateSlots(pm.Live(request_id), count);
+            pm.RevokeViews();
+            Check(st);
           },
           py::arg("request_id"), py::arg("n"))
       .def(
@@ -497,18 +583,18 @@ void BindManager(py::module_& m) {
           "fork",
           [](PyManager& pm, const py::object& request_id) {
             ManagerLock lk(pm);
-            const RequestId child = Take(pm.m->Fork(pm.Live(request_id)));
-            pm.SetLive(child.value, true);
-            return child.value;
+            Result<RequestId> child = pm.m->Fork(pm.Live(request_id));
+            pm.RevokeViews();  // the parent's filling block is shared now
+            return PyManager::Handle(Take(std::move(child)));
           },
           py::arg("request_id"))
       .def(
           "free",
           [](PyManager& pm, const py::object& request_id) {
             ManagerLock lk(pm);
-            const RequestId r = pm.Live(request_id);
-            Check(pm.m->Free(r));
-            pm.SetLive(r.value, false);
+            const Status st = pm.m->Free(pm.Live(request_id));
+            pm.RevokeViews();
+            Check(st);
           },
           py::arg("request_id"))
       .def(
@@ -531,7 +617,11 @@ void BindManager(py::module_& m) {
           py::arg("request_id"))
       .def(
           "is_live",
-          [](PyManager& pm, const py::object& request_id) { return pm.IsLive(ToU32(request_id, "request_id")); },
+          [](PyManager& pm, const py::object& request_id) {
+            const uint64_t h = ToU64(request_id, "request_id");
+            ManagerLock lk(pm);
+            return pm.Find(h).has_value();
+          },
           py::arg("request_id"))
       .def(
           "record",
@@ -544,8 +634,7 @@ void BindManager(py::module_& m) {
             const uint32_t l = ToU32(layer, "layer");
             const uint64_t p = ToU64(position, "position");
             const RecordView v = Take(pm->m->Record(r, g, l, p));
-            const BlockId b = pm->m->BlockTable(r)[p / pm->m->block_tokens()];
-            return Planes(pm, v, !Writable(*pm->m, b));
+            return Planes(pm, v, pm->m->BlockTable(r)[p / pm->m->block_tokens()]);
           },
           py::arg("request_id"), py::arg("group"), py::arg("layer"), py::arg("position"),
           "Zero-copy uint8 views of the record of token `position` (one per plane of the format).")
@@ -560,15 +649,15 @@ void BindManager(py::module_& m) {
             const bool ix = ToBool(indexer, "indexer");
             const uint64_t e = ToU64(entry, "entry");
             const RecordView v = Take(pm->m->Entry(r, l, ix, e));
-            bool readonly = true;
+            BlockId block;  // invalid: read-only
             for (const StateLayer& s : pm->m->states()->layers()) {
               if (s.layer != l) continue;
               const int32_t grp = ix ? s.igroup : s.group;
               const uint64_t epb = pm->m->pool().groups()[static_cast<size_t>(grp)].page.entries_per_block;
               const std::span<const BlockId> t = pm->m->BlockTable(r);
-              if (e / epb < t.size()) readonly = !Writable(*pm->m, t[e / epb]);
+              if (e / epb < t.size()) block = t[e / epb];
             }
-            return Planes(pm, v, readonly);
+            return Planes(pm, v, block);
           },
           py::arg("request_id"), py::arg("layer"), py::arg("indexer"), py::arg("entry"),
           "Models with windows: zero-copy views of a compressed entry (main or indexer).")
@@ -586,7 +675,7 @@ void BindManager(py::module_& m) {
                          std::to_string(l) + " is not below " + std::to_string(pm->m->pool().groups()[g].layers));
             }
             const BlockPool& pool = pm->m->pool();
-            return View(pm, pm->m->MutableBytes(pool.PageHandle(b, g, l)), !Writable(*pm->m, b));
+            return View(pm, pool.Bytes(pool.PageHandle(b, g, l)), b);
           },
           py::arg("block_id"), py::arg("group"), py::arg("layer"),
           "A zero-copy uint8 view of one layer's page of a block (read-only unless the block is being filled).")
@@ -598,7 +687,7 @@ void BindManager(py::module_& m) {
             const BlockId b = CheckBlock(*pm, block_id);
             const uint32_t g = CheckGroup(*pm, group);
             const BlockPool& pool = pm->m->pool();
-            return View(pm, pm->m->MutableBytes(pool.BlockHandleOf(b, g)), !Writable(*pm->m, b));
+            return View(pm, pool.Bytes(pool.BlockHandleOf(b, g)), b);
           },
           py::arg("block_id"), py::arg("group"),
           "A zero-copy uint8 view of a block's bytes in one group (every layer).")

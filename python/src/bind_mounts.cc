@@ -65,15 +65,16 @@ py::object Int32Tensor(const py::module_& torch, const std::vector<int32_t>& v, 
 }
 
 std::vector<RequestId> Requests(PyManager& pm, const py::object& request_ids) {
-  U32Array ids;
-  ToU32Array(request_ids, "request_ids", &ids);
+  std::vector<uint64_t> ids;
+  ToU64Array(request_ids, "request_ids", &ids);
   std::vector<RequestId> out;
-  for (size_t i = 0; i < ids.size; ++i) {
-    if (!pm.IsLive(ids.data[i])) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::optional<RequestId> id = pm.Find(ids[i]);
+    if (!id) {
       ThrowValue("request_ids",
-                 "element " + std::to_string(i) + " (" + std::to_string(ids.data[i]) + ") is not a live request");
+                 "element " + std::to_string(i) + " (" + std::to_string(ids[i]) + ") is not a live request");
     }
-    out.push_back(pm.At(ids.data[i]));
+    out.push_back(*id);
   }
   return out;
 }

@@ -223,6 +223,83 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
   out->size = out->storage.size();
 }
 
+namespace {
+
+template <typename T>
+void ReadStrided64(const char* base, ssize_t stride, size_t n, std::string_view arg, std::vector<uint64_t>* out) {
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, base + static_cast<ssize_t>(i) * stride, sizeof(T));
+    if constexpr (std::is_signed_v<T>) {
+      if (v < 0) ThrowValue(arg, "element " + std::to_string(i) + " is negative (" + std::to_string(v) + ")");
+    }
+    (*out)[i] = static_cast<uint64_t>(static_cast<std::make_unsigned_t<T>>(v));
+  }
+}
+
+}  // namespace
+
+void ToU64Array(py::handle obj, std::string_view arg, std::vector<uint64_t>* out) {
+  out->clear();
+  if (py::isinstance<py::array>(obj)) {
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    if (a.ndim() != 1) ThrowValue(arg, "must be one-dimensional (got " + std::to_string(a.ndim()) + " dimensions)");
+    const py::dtype dt = a.dtype();
+    const char kind = dt.kind();
+    if (kind != 'u' && kind != 'i') ThrowType(arg, "must be an array of integers (got dtype " + DtypeName(dt) + ")");
+    if (!dt.attr("isnative").cast<bool>()) {  // read by value: a native-order copy
+      ToU64Array(a.attr("astype")(dt.attr("newbyteorder")("=")), arg, out);
+      return;
+    }
+    const auto n = static_cast<size_t>(a.shape(0));
+    const ssize_t stride = a.strides(0);
+    const auto* base = static_cast<const char*>(a.data());
+    if (kind == 'u' && dt.itemsize() == 8 && (n <= 1 || stride == 8)) {  // the handles' own dtype
+      out->resize(n);
+      if (n > 0) std::memcpy(out->data(), base, n * sizeof(uint64_t));
+      return;
+    }
+    if (kind == 'u' && dt.itemsize() == 4 && (n <= 1 || stride == 4)) {
+      const auto* v = reinterpret_cast<const uint32_t*>(base);
+      out->resize(n);
+      uint64_t* d = out->data();
+      for (size_t i = 0; i < n; ++i) d[i] = v[i];
+      return;
+    }
+    switch ((kind == 'i' ? 16 : 0) + dt.itemsize()) {
+      case 1:
+        return ReadStrided64<uint8_t>(base, stride, n, arg, out);
+      case 2:
+        return ReadStrided64<uint16_t>(base, stride, n, arg, out);
+      case 4:
+        return ReadStrided64<uint32_t>(base, stride, n, arg, out);
+      case 8:
+        return ReadStrided64<uint64_t>(base, stride, n, arg, out);
+      case 17:
+        return ReadStrided64<int8_t>(base, stride, n, arg, out);
+      case 18:
+        return ReadStrided64<int16_t>(base, stride, n, arg, out);
+      case 20:
+        return ReadStrided64<int32_t>(base, stride, n, arg, out);
+      case 24:
+        return ReadStrided64<int64_t>(base, stride, n, arg, out);
+      default:
+        ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
+    }
+  } else if (PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
+             !PyByteArray_Check(obj.ptr())) {
+    py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "not a sequence"));
+    if (!fast) throw py::error_already_set();
+    const auto n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+    PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+    out->resize(n);
+    for (size_t i = 0; i < n; ++i) (*out)[i] = ToU64(items[i], std::string(arg) + "[" + std::to_string(i) + "]");
+  } else {
+    ThrowType(arg, "must be a numpy integer array or a sequence of ints (got " + TypeName(obj) + ")");
+  }
+}
+
 Geometry LoadModelArg(const py::object& model, const py::object& config) {
   if (!model.is_none() && !config.is_none()) ThrowValue("model", "give model or config, not both");
   if (!config.is_none()) {

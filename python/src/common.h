@@ -90,4 +90,7 @@ struct U32Array {
 };
 void ToU32Array(py::handle obj, std::string_view arg, U32Array* out);
 
+// As ToU32Array, for values below 2^64 (request ids: handles with a generation), always copied.
+void ToU64Array(py::handle obj, std::string_view arg, std::vector<uint64_t>* out);
+
 }  // namespace tessera::py_bind

@@ -32,28 +32,38 @@ struct PyManager {
   std::string kv_format;
   bool backed = true;
 
-  // Which request ids are live (the manager's Get is private): admit, fork and free keep it.
-  std::vector<uint8_t> live;
-  // Step scratch: the batch's ids, duplicate marks, and the result.
+  // Step scratch: the batch's handles and ids, duplicate marks (by slot), and the result.
+  std::vector<uint64_t> handles;
   std::vector<RequestId> ids;
   std::vector<uint32_t> seen;
   uint32_t seen_epoch = 0;
   StepResult result;
+  // Writable numpy views handed out (weak: the arrays' lives are the caller's), with the block
+  // and the life of it they were taken in; RevokeViews makes them read-only once that block is
+  // no longer filling by one table (issue 27.7, ADR 0039).
+  struct WritableExport {
+    py::weakref array;
+    BlockId block;
+    uint32_t generation = 0;
+  };
+  std::vector<WritableExport> writable;
 
   std::mutex mu;
   std::atomic<std::thread::id> owner{};
 
-  bool IsLive(uint32_t r) const { return r < live.size() && live[r] != 0; }
-  void SetLive(uint32_t r, bool on) {
-    if (r >= live.size()) live.resize(size_t{r} + 1, 0);
-    live[r] = on ? 1 : 0;
+  // Python's request ids are handles: generation << 32 | slot (as tessera serve's), so an id kept
+  // past its free names nothing once the slot is reused (issue 27.2).
+  static uint64_t Handle(RequestId id) { return uint64_t{id.generation} << 32 | id.value; }
+  // The live request `handle` names, or nullopt (freed, stale or never issued).
+  std::optional<RequestId> Find(uint64_t handle) const {
+    const std::optional<RequestId> id = m->LiveAt(static_cast<uint32_t>(handle));
+    if (!id || Handle(*id) != handle) return std::nullopt;
+    return id;
   }
-  // The manager's id of live slot r, with the slot's generation (Python holds slot numbers: one
-  // in-process owner; docs/adr/0031-serve-hardening.md). REQUIRES: IsLive(r).
-  RequestId At(uint32_t r) const {
-    const std::optional<RequestId> id = m->LiveAt(r);
-    return id ? *id : RequestId{r, UINT32_MAX};
-  }
+  // REQUIRES: the lock and the GIL. Every writable view whose block was sealed, freed or shared
+  // since it was taken becomes read-only; dead entries are dropped. Called after each call that
+  // can seal, free or share a block (append, recompute, step, fork, free).
+  void RevokeViews();
   // ValueError naming `arg` unless `r` is a live request.
   RequestId Live(py::handle r, const char* arg = "request_id") const;
 };

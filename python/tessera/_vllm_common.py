@@ -5,6 +5,7 @@ keys of its blocks) and the one int check. Imports neither manager."""
 import hashlib
 import importlib.util
 import struct
+import sys
 from dataclasses import dataclass
 
 
@@ -69,8 +70,10 @@ def event_classes():
     if _VLLM_EVENTS is None:
         _VLLM_EVENTS = (BlockStored, BlockRemoved, AllBlocksCleared)
         try:
-            if importlib.util.find_spec("vllm") is not None:
+            ke = sys.modules.get("vllm.distributed.kv_events")  # already imported: vLLM's own
+            if ke is None and importlib.util.find_spec("vllm") is not None:
                 from vllm.distributed import kv_events as ke
+            if ke is not None:
                 _VLLM_EVENTS = (ke.BlockStored, ke.BlockRemoved, ke.AllBlocksCleared)
         except Exception:  # a vLLM that does not import: the stand-ins
             pass
@@ -201,3 +204,12 @@ def chain_hash(parent, tokens):
     the first): BLAKE2b-128 of the parent's key and the tokens as little-endian u32.
     struct.error for a token outside [0, 2^32)."""
     return hashlib.blake2b(parent + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
+
+
+PLACEHOLDER_TOKEN = 0xFFFFFFFF  # vLLM's placeholder id -1 (image tokens in its tests), as the core's u32
+
+
+def with_placeholders(tokens):
+    """`tokens` with vLLM's placeholder id -1 as ``PLACEHOLDER_TOKEN`` (vLLM hashes -1 as any other
+    id; the core reads u32). Anything else stays as it is, so a bad id is still named by the core."""
+    return [PLACEHOLDER_TOKEN if t == -1 else t for t in tokens]

@@ -41,7 +41,8 @@ import math
 import struct
 
 from . import _core
-from ._vllm_common import KVCacheBlocks, _int, chain_hash, event_classes, identity_salt, stored_event
+from ._vllm_common import (KVCacheBlocks, _int, chain_hash, event_classes, identity_salt, stored_event,
+                           with_placeholders)
 
 NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 
@@ -205,8 +206,12 @@ class HybridMixin:
             else:  # the request's identity (salt, LoRA, images, embeds) roots its chain, as in vLLM
                 salt = identity_salt(request)
                 parent = salt.to_bytes(8, "little") if salt else b""
+            chunk = toks[k * hbs:(k + 1) * hbs]
             try:
-                hashes.append(chain_hash(parent, toks[k * hbs:(k + 1) * hbs]))
+                try:
+                    hashes.append(chain_hash(parent, chunk))
+                except struct.error:  # vLLM's placeholder id -1, hashed as the u32 2^32-1
+                    hashes.append(chain_hash(parent, with_placeholders(chunk)))
             except struct.error:
                 raise ValueError("request.all_token_ids: tokens must be ints in [0, 2^32) (tokens %d..%d)"
                                  % (k * hbs, (k + 1) * hbs - 1)) from None

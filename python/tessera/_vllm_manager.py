@@ -28,8 +28,10 @@ engine sizes its paged buffer with ``num_gpu_blocks = capacity + 1``.
 How it maps (docs/adr/0024-engine-adapters.md): ``get_computed_blocks`` admits the request into
 Tessera with no slots reserved (``admit(prompt, reserve_tokens=0)``: the hit blocks are pinned,
 nothing allocated); ``allocate_slots`` then checks vLLM's conditions against the pool's
-available blocks and reserves (``allocate``) and appends the tokens (``append``: full blocks are
-sealed and indexed); a refusal releases the admission. A scheduler that calls
+available blocks and reserves and appends in one core call (``_vllm_advance``: full blocks are
+sealed and indexed; the tokens of a block still filling wait in the request, so a decode step
+inside a block calls nothing: docs/adr/0037-vllm-adapter-speed.md); a refusal releases the
+admission. ``allocate_slots_batch`` is the scheduler's decode loop in one call. A scheduler that calls
 ``get_computed_blocks`` and then not ``allocate_slots`` for that request leaves a pending
 admission, released by the next call for any other request. The pool holds no bytes here
 (``backed=False``): the KV lives in the engine's buffer.
@@ -38,8 +40,11 @@ admission, released by the next call for any other request. The pool holds no by
 from . import _core
 from ._core import OutOfBlocksError
 from ._vllm_common import (KVCacheBlocks, PrefixCacheStats, _int, chain_hash, event_classes, identity_salt,
-                           stored_event)
+                           stored_event, with_placeholders)
 from ._vllm_hybrid import HybridMixin, deepseek_v4_kv_cache_groups, make_hybrid
+
+
+_ZERO = 0  # allocate_slots' default counts (its decode path compares them by identity)
 
 
 class _BlockPoolView:
@@ -70,7 +75,7 @@ class _Req:
         self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
         self.skipped = False      # admitted without reading the cache
         self.table = []           # the core's block table (pool ids), kept in step with it
-        self.have = 0             # tokens appended in the core
+        self.have = 0             # tokens appended in the core (a filling block's wait in the request)
 
 
 def _token_list(tokens):
@@ -115,6 +120,7 @@ class KVCacheManager(HybridMixin):
         self.enable_caching = bool(enable_caching)
         self.log_stats = bool(log_stats)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self._track_hashes = self.enable_kv_cache_events and self.enable_caching  # keys for events only
         self.num_kv_cache_groups = 1
         self._capacity = num_gpu_blocks - 1
         if not isinstance(model, str):
@@ -168,12 +174,11 @@ class KVCacheManager(HybridMixin):
     def _ids(self, r):
         return [b + 1 for b in r.table]
 
-    def _sync_table(self, r):
-        """Reads the core's table: after it changed (allocation, a block sealed), never per token."""
-        r.table = self._core.block_table(r.rid).tolist()
-
     def _note_new_blocks(self, before, r):
         """Blocks a call handed the request: a block that was cached before is an eviction."""
+        if not self._track_hashes:
+            self._new_block_ids.extend(b + 1 for b in r.table[before:])
+            return
         for b in r.table[before:]:
             self._new_block_ids.append(b + 1)
             h = self._block_hash.pop(b, None)
@@ -183,31 +188,49 @@ class KVCacheManager(HybridMixin):
     def _chain_hash(self, parent, tokens):
         return chain_hash(parent or b"", tokens)
 
-    def _append(self, request, r, upto):
-        """Appends the request's tokens up to `upto` (sealing its full blocks) and records them."""
-        have = r.have
-        if upto <= have:
-            return
-        toks = request.all_token_ids
-        self._core.append(r.rid, toks[have:upto])  # only the tokens since the last call
-        r.have = upto
+    def _advance(self, request, r, alloc, upto):
+        """One core call: room for `alloc` more tokens (0: none), and the request's tokens up to
+        `upto` appended once a block of them is full (sealed: a later request hits it). Tokens
+        inside the last block wait in the request (vLLM's tokens are append-only), so a decode
+        step inside a block calls nothing. OutOfBlocksError (only when alloc) changes nothing."""
         full = upto // self.block_size
-        if full > r.cached_upto:
-            self._sync_table(r)
-            table = r.table
-            bs = self.block_size
-            new_hashes, first = [], r.cached_upto
-            for i in range(r.cached_upto, full):
+        seal = full > r.cached_upto
+        if not alloc and not seal:
+            return
+        toks = request.all_token_ids[r.have:upto] if seal else None
+        before = len(r.table)
+        try:
+            r.table = self._core._vllm_advance(r.rid, alloc, toks)
+        except ValueError:  # vLLM's -1 placeholders (the tokens are read before anything changes)
+            if toks is None:
+                raise
+            r.table = self._core._vllm_advance(r.rid, alloc, with_placeholders(toks))
+        if len(r.table) > before:
+            self._note_new_blocks(before, r)
+        if seal:
+            r.have = upto
+            if self._track_hashes:
+                self._note_sealed(request, r, full)
+            r.cached_upto = full
+
+    def _note_sealed(self, request, r, full):
+        """Events: the keys of the request's newly sealed blocks — vLLM's own ``block_hashes``
+        when the request carries them (vLLM's BlockStored names those), else the adapter's chain."""
+        bs, first, table = self.block_size, r.cached_upto, r.table
+        toks = request.all_token_ids
+        theirs = getattr(request, "block_hashes", None)
+        new_hashes = []
+        for i in range(first, full):
+            if theirs is not None and len(theirs) >= full:
+                h = theirs[i]
+            else:
                 parent = r.hashes[i - 1] if i else (r.salt.to_bytes(8, "little") if r.salt else None)
                 h = self._chain_hash(parent, toks[i * bs:(i + 1) * bs])
-                r.hashes.append(h)
-                if self.enable_caching:
-                    self._block_hash[table[i]] = h
-                new_hashes.append(h)
-            r.cached_upto = full
-            if self.enable_kv_cache_events and self.enable_caching:
-                self._events.append(stored_event(request, new_hashes, r.hashes[first - 1] if first else None,
-                                                 first * bs, full * bs, bs))
+            r.hashes.append(h)
+            self._block_hash[table[i]] = h
+            new_hashes.append(h)
+        self._events.append(stored_event(request, new_hashes, r.hashes[first - 1] if first else None,
+                                         first * bs, full * bs, bs))
 
     def _available(self):
         return self._pool.available if self._hybrid else self._core.available_blocks
@@ -234,7 +257,7 @@ class KVCacheManager(HybridMixin):
         r = self._admit(request, read_cache=not skip)
         hit, a_blocks = r.admitted
         r.cached_upto = a_blocks
-        if hit:
+        if hit and self._track_hashes:
             for i in range(a_blocks):
                 r.hashes.append(self._block_hash.get(r.table[i]))
         self._pending = (rid, r, hit)
@@ -254,19 +277,48 @@ class KVCacheManager(HybridMixin):
         else:
             self._salt += 1
             salt = self._salt
-        a = self._core.admit(_token_list(request.all_token_ids), cache_salt=salt, reserve_tokens=0,
-                             read_cache=read_cache)
-        r = _Req(a.request_id, salt)
-        r.admitted = (a.cached_tokens, a.cached_blocks)
+        toks = _token_list(request.all_token_ids)
+        try:
+            rid, hit, hit_blocks, table = self._core._vllm_admit(toks, cache_salt=salt, read_cache=read_cache)
+        except ValueError:  # vLLM's -1 placeholders, read as one id (nothing changed on the first try)
+            rid, hit, hit_blocks, table = self._core._vllm_admit(with_placeholders(toks), cache_salt=salt,
+                                                                 read_cache=read_cache)
+        r = _Req(rid, salt)
+        r.admitted = (hit, hit_blocks)
         r.skipped = not read_cache
-        r.have = a.cached_tokens
-        if a.cached_blocks:
-            self._sync_table(r)
+        r.have = hit
+        r.table = table
         return r
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
                        num_encoder_tokens=0, full_sequence_must_fit=False):
+        # The decode step (vLLM's scheduler: allocate_slots(request, n) for a running request):
+        # inside the request's blocks it calls nothing in the core; a full block is one append.
+        # The defaults are compared by identity (0 is one object in CPython); any other value,
+        # an equal one included, takes the checked path below, so the result never depends on it.
+        if (num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO and num_external_computed_tokens is _ZERO
+                and num_encoder_tokens is _ZERO and full_sequence_must_fit is False and new_computed_blocks is None
+                and type(num_new_tokens) is int and num_new_tokens > 0 and self._pending is None):
+            r = self._reqs.get(request.request_id)
+            if r is not None:
+                computed = request.num_computed_tokens
+                upto = computed + num_new_tokens
+                if upto <= self.max_model_len:
+                    held = len(r.table)
+                    if upto <= held * self.block_size:
+                        # A block fills: append up to it (never past the request's own tokens).
+                        if upto // self.block_size > r.cached_upto and not delay_cache_blocks:
+                            n = request.num_tokens
+                            self._advance(request, r, 0, upto if upto < n else n)
+                        return self.empty_kv_cache_blocks
+                    n = request.num_tokens
+                    last = 0 if delay_cache_blocks else (upto if upto < n else n)
+                    try:  # a new block: the core refuses (changing nothing) where vLLM's pool would
+                        self._advance(request, r, upto - r.have, last)
+                    except OutOfBlocksError:
+                        return None
+                    return KVCacheBlocks([b + 1 for b in r.table[held:]])
         _int(num_new_tokens, "num_new_tokens")
         _int(num_new_computed_tokens, "num_new_computed_tokens")
         _int(num_lookahead_tokens, "num_lookahead_tokens")
@@ -309,23 +361,53 @@ class KVCacheManager(HybridMixin):
                     return self._refuse(fresh)
             if more > avail:
                 return self._refuse(fresh)
-        before = held
-        if more > 0 and need_slots > r.have:
-            try:
-                self._core.allocate(r.rid, need_slots - r.have)
-            except OutOfBlocksError:  # cannot happen after the check above; keep vLLM's contract
-                return self._refuse(fresh)
-            self._sync_table(r)
+        upto = 0 if delay_cache_blocks else min(total_computed + num_new_tokens, request.num_tokens)
+        try:
+            self._advance(request, r, need_slots - r.have if more > 0 and need_slots > r.have else 0, upto)
+        except OutOfBlocksError:  # cannot happen after the check above; keep vLLM's contract
+            return self._refuse(fresh)
         if fresh:
             self._reqs[rid] = r
             self._pending = None
-        if len(r.table) > before:
-            self._note_new_blocks(before, r)
-        if not delay_cache_blocks:
-            self._append(request, r, min(total_computed + num_new_tokens, request.num_tokens))
-        if len(r.table) == before:
+        if len(r.table) == held:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks([b + 1 for b in r.table[before:]])
+        return KVCacheBlocks([b + 1 for b in r.table[held:]])
+
+    def allocate_slots_batch(self, requests, num_new_tokens):
+        """``[allocate_slots(r, n) for r, n in zip(requests, num_new_tokens)]`` in one call: the
+        decode loop of vLLM's scheduler (``Scheduler.schedule`` calls ``allocate_slots(request,
+        num_new_tokens, num_lookahead_tokens=...)`` once per running request; with no lookahead
+        this call replaces that loop). ``num_new_tokens``: one int for every request, or one per
+        request. A request inside its blocks costs a dict look-up and two compares; any other goes
+        through ``allocate_slots`` itself, in order, so the results (blocks, None where the pool
+        cannot hold them: nothing changed for that request) are the same. The scheduler preempts
+        for a None as it does now, after the batch instead of inside its loop."""
+        single = type(num_new_tokens) is int
+        if not single:
+            if isinstance(num_new_tokens, (str, bytes)) or not hasattr(num_new_tokens, "__len__"):
+                raise TypeError("num_new_tokens: must be an int or a sequence of ints (got %s)"
+                                % type(num_new_tokens).__name__)
+            if len(num_new_tokens) != len(requests):
+                raise ValueError("num_new_tokens: %d counts for %d requests" % (len(num_new_tokens), len(requests)))
+        out = []
+        get, bs, cap, empty = self._reqs.get, self.block_size, self.max_model_len, self.empty_kv_cache_blocks
+        fast = single and num_new_tokens > 0
+        n = num_new_tokens
+        for i, request in enumerate(requests):
+            if not single:
+                n = num_new_tokens[i]
+                fast = type(n) is int and n > 0
+            r = get(request.request_id) if fast and self._pending is None else None
+            if r is not None:
+                upto = request.num_computed_tokens + n
+                if upto <= len(r.table) * bs and upto <= cap:
+                    if upto // bs > r.cached_upto:  # a block fills (never past the request's tokens)
+                        nt = request.num_tokens
+                        self._advance(request, r, 0, upto if upto < nt else nt)
+                    out.append(empty)
+                    continue
+            out.append(self.allocate_slots(request, n))
+        return out
 
     def _refuse(self, fresh):
         if fresh and self._pending is not None:
@@ -408,7 +490,7 @@ class KVCacheManager(HybridMixin):
             return
         r = self._reqs.get(request.request_id)
         if r is not None and self.enable_caching:
-            self._append(request, r, min(num_computed_tokens, request.num_tokens))
+            self._advance(request, r, 0, min(num_computed_tokens, request.num_tokens))
 
     def create_kv_cache_blocks(self, blocks):
         if len(blocks) != self.num_kv_cache_groups:

@@ -85,7 +85,7 @@ class BadInputTest(unittest.TestCase):
             m.free(le.request_id)
         # Narrow and wide integer dtypes, and numpy integer scalars, are read by value.
         small = m.admit(np.arange(1, 6, dtype=np.uint16), tenant=np.int64(0))
-        self.assertEqual(m.tokens(np.uint32(small.request_id)), 0)
+        self.assertEqual(m.tokens(np.uint64(small.request_id)), 0)
         m.free(small.request_id)
 
     def test_request_ids(self):

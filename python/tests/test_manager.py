@@ -154,7 +154,7 @@ class BatchedStepTest(unittest.TestCase):
                 for i in range(30):
                     a = m.admit(prompt(300, 1 + 100000 * t + 1000 * i))
                     m.append(a.request_id, prompt(300, 1 + 100000 * t + 1000 * i))
-                    m.step(np.array([a.request_id], np.uint32), np.array([5], np.uint32), prompt(5))
+                    m.step(np.array([a.request_id], np.uint64), np.array([5], np.uint32), prompt(5))
                     m.free(a.request_id)
             except Exception as e:  # noqa: BLE001  (reported below)
                 errors.append(e)
@@ -167,6 +167,45 @@ class BatchedStepTest(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertEqual(m.live_requests, 0)
         self.assertEqual(m.metrics()["tessera_requests_admitted_total"]["samples"][""], 120)
+
+
+class RequestIdsTest(unittest.TestCase):
+    """Issue 27.2: an id carries its slot's generation, so a freed id never reaches the request that
+    reused its slot (before: ids were slot numbers, and a stale id acted on the new request)."""
+
+    def test_a_stale_id_is_refused_and_never_reaches_the_request_that_reused_its_slot(self):
+        m = tessera.RequestManager("tiny-mla", capacity_blocks=16, max_requests=4, hash_key_seed=3)
+        alice = m.admit(prompt(70), tenant=1)
+        m.append(alice.request_id, prompt(70), writer="pattern")
+        m.free(alice.request_id)
+        bob = m.admit(prompt(10, 9000), tenant=2)
+        m.append(bob.request_id, prompt(10, 9000), writer="pattern")
+        self.assertNotEqual(bob.request_id, alice.request_id)
+        self.assertEqual(bob.request_id & 0xFFFFFFFF, alice.request_id & 0xFFFFFFFF)  # the slot is reused
+        self.assertFalse(m.is_live(alice.request_id))
+        self.assertTrue(m.is_live(bob.request_id))
+        stale = alice.request_id
+        for name, call in (("free", lambda: m.free(stale)), ("tokens", lambda: m.tokens(stale)),
+                           ("append", lambda: m.append(stale, prompt(1), writer="pattern")),
+                           ("allocate", lambda: m.allocate(stale, 1)), ("fork", lambda: m.fork(stale)),
+                           ("block_table", lambda: m.block_table(stale)),
+                           ("record", lambda: m.record(stale, 0, 0, 0))):
+            with self.subTest(call=name):
+                with self.assertRaisesRegex(ValueError, "^request_id: no live request"):
+                    call()
+        with self.assertRaisesRegex(ValueError, "^request_ids: element 0"):
+            m.step([stale], [1], prompt(1))
+        with self.assertRaisesRegex(ValueError, "^request_ids: element 0"):
+            m.step(np.array([stale], np.uint64), np.array([1], np.uint32), prompt(1))
+        # Bob's request is as Bob left it.
+        self.assertEqual(m.live_requests, 1)
+        self.assertEqual(m.tokens(bob.request_id), 10)
+        np.testing.assert_array_equal(m.record(bob.request_id, 0, 1, 9)[0],
+                                      pattern.record(0, 1, 9, 0, m.groups[0]["record_bytes"]))
+        r = m.step(np.array([bob.request_id], np.uint64), np.array([1], np.uint32), prompt(1), writer="pattern")
+        self.assertEqual(r.failed, 0)
+        m.free(bob.request_id)
+        self.assertEqual(m.live_requests, 0)
 
 
 class ViewsTest(unittest.TestCase):
@@ -201,6 +240,39 @@ class ViewsTest(unittest.TestCase):
         self.assertFalse(m.page(m.block_table(a.request_id)[0], 0, 5).flags.writeable)
         whole = m.block(block1, 0)
         self.assertEqual(len(whole), g["page_bytes"] * g["layers"] // g["layers_per_page"])
+
+    def test_sealing_revokes_a_writable_view_and_the_next_hit_serves_the_original_bytes(self):
+        # Issue 27.7: views taken while a block fills (page, block, record) become read-only when
+        # the block is sealed, so a write through them is refused and the cached block is unchanged.
+        m = tessera.RequestManager("tiny-mla", capacity_blocks=8, max_requests=4, hash_key_seed=5)
+        p = prompt(100)
+        a = m.admit(p)
+        block0 = int(m.block_table(a.request_id)[0])
+        page = m.page(block0, 0, 1)
+        whole = m.block(block0, 0)
+        m.append(a.request_id, p[:3], writer="pattern")
+        rec = m.record(a.request_id, 0, 1, 2)[0]
+        tail = m.page(int(m.block_table(a.request_id)[1]), 0, 1)
+        for v in (page, whole, rec, tail):
+            self.assertTrue(v.flags.writeable)
+        m.append(a.request_id, p[3:], writer="pattern")  # seals block 0; block 1 still fills
+        self.assertEqual(m.block_state(block0), "sealed")
+        original = page.copy()
+        for v in (page, whole, rec):
+            self.assertFalse(v.flags.writeable)
+            with self.assertRaisesRegex(ValueError, "read-only"):
+                v[:8] = 0xEE
+        self.assertTrue(tail.flags.writeable)  # block 1 is still being filled by one request
+        c = m.fork(a.request_id)  # now shared: no longer writable
+        self.assertFalse(tail.flags.writeable)
+        m.free(c)
+        m.free(a.request_id)
+        b = m.admit(p)
+        self.assertEqual(b.cached_blocks, 1)
+        self.assertEqual(int(m.block_table(b.request_id)[0]), block0)
+        np.testing.assert_array_equal(m.page(block0, 0, 1), original)
+        np.testing.assert_array_equal(m.record(b.request_id, 0, 1, 2)[0],
+                                      pattern.record(0, 1, 2, 0, m.groups[0]["record_bytes"]))
 
     def test_view_keeps_manager_alive(self):
         m = tessera.RequestManager("tiny-mla", capacity_blocks=4, max_requests=2)

@@ -144,6 +144,27 @@ class Surface(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "use_eagle"):
             self.make(use_eagle=True)
 
+    def test_core_ids_are_handles(self):
+        # The adapter's core calls return and take the binding's handles (generation << 32 | slot,
+        # ADR 0039): an id kept past its free is refused and never reaches the request that reused
+        # its slot (before: _vllm_admit returned the slot, so both lives had id 0).
+        core = tessera.RequestManager("tiny-mla", capacity_blocks=16, max_requests=1, backed=False)
+        a, _, _, _ = core._vllm_admit(list(range(40)))
+        core._vllm_advance(a, 40, list(range(40)))
+        core.free(a)
+        b, hit, _, table = core._vllm_admit(list(range(100, 110)))
+        self.assertEqual(hit, 0)
+        self.assertNotEqual(a, b)
+        self.assertEqual(a & 0xFFFFFFFF, b & 0xFFFFFFFF)  # the one slot, reused
+        for name, call in (("_vllm_advance", lambda: core._vllm_advance(a, 16, list(range(16)))),
+                           ("free", lambda: core.free(a))):
+            with self.subTest(call=name):
+                with self.assertRaisesRegex(ValueError, "^request_id: no live request"):
+                    call()
+        self.assertEqual(core.tokens(b), 0)  # b is as it was
+        self.assertEqual(list(core.block_table(b)), table)
+        self.assertEqual(core._vllm_advance(b, 10, list(range(100, 110))), list(core.block_table(b)))
+
     def test_refused_allocation_changes_nothing(self):
         m = self.make(num_gpu_blocks=5)  # 4 blocks
         a = kv_trace.TraceRequest("a", range(60))
@@ -345,6 +366,165 @@ class WhatVllmPasses(unittest.TestCase):
         self.assertEqual(len(new.get_block_ids()[0]), 4)
         m.free(r)
         blocks, hit = m.get_computed_blocks(kv_trace.TraceRequest("b", range(49)))
+        self.assertEqual(hit, 48)
+
+
+class CountingCore:
+    """Counts the calls the adapter makes into its core (the boundary cost of issue 20 point 4)."""
+
+    def __init__(self, core):
+        self._c = core
+        self.calls = []
+
+    def __getattr__(self, name):
+        v = getattr(self._c, name)
+        self.calls.append(name)
+        return v
+
+
+class VllmRunsPinned(unittest.TestCase):
+    """Behaviours vLLM's own tests (tests/v1/core/test_prefix_caching.py at fork 28be48fa9, run with
+    only the class swapped: docs/ENGINES.md) and its scheduler's hot path showed, with vLLM's figures."""
+
+    def test_placeholder_ids(self):
+        # test_mm_prefix_caching: -1 placeholder ids behind two images; vLLM allocates blocks
+        # [1, 2, 3, 4] for 59 tokens and a request with the same images hits its 3 whole blocks.
+        # Before: ValueError "prompt[10]: must not be negative (got -1)".
+        common = list(range(10)) + [-1] * 10 + list(range(10, 20)) + [-1] * 18
+        prompt = common + [-1] * 7 + [100] * 4
+        imgs = [MultiModalFeatureSpec("aaa", PlaceholderRange(11, 10)), MultiModalFeatureSpec("bbb", PlaceholderRange(30, 18)),
+                MultiModalFeatureSpec("ccc", PlaceholderRange(48, 7))]
+        m = KVCacheManager(num_gpu_blocks=11, block_size=16, max_model_len=8192)
+        r0 = request("0", prompt, mm_features=imgs)
+        blocks, hit = m.get_computed_blocks(r0)
+        self.assertEqual(hit, 0)
+        self.assertEqual(m.allocate_slots(r0, 59, 0, blocks).get_block_ids(), ([1, 2, 3, 4],))
+        m.free(r0)
+        blocks, hit = m.get_computed_blocks(request("1", prompt, mm_features=list(imgs)))
+        self.assertEqual(hit, 48)
+        with self.assertRaisesRegex(ValueError, "prompt"):
+            m.get_computed_blocks(request("2", [1, 2, -2]))
+
+    def test_placeholder_ids_deepseek_v4(self):
+        # The same for the hybrid manager: 513 tokens with an image's -1 ids; the same request
+        # again hits 512 (the V4 figure of BlockIdentity). Before: ValueError naming all_token_ids.
+        prompt = list(range(1000, 1100)) + [-1] * 64 + list(range(2000, 2349))
+        img = [MultiModalFeatureSpec("img-1", PlaceholderRange(100, 64))]
+        m = KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536, model="deepseek-v4-flash",
+                           max_num_batched_tokens=2048)
+        for rid, want in (("a", 0), ("b", 512)):
+            r = request(rid, prompt, mm_features=list(img))
+            blocks, hit = m.get_computed_blocks(r)
+            self.assertEqual(hit, want)
+            self.assertIsNotNone(m.allocate_slots(r, r.num_tokens - hit, hit, blocks))
+            m.free(r)
+        with self.assertRaisesRegex(ValueError, "all_token_ids"):
+            m.get_computed_blocks(request("c", [1, -2] * 300))
+
+    def test_events_carry_vllms_block_hashes(self):
+        # vLLM's BlockStored names the request's own block_hashes (its hasher's, extra keys
+        # included). Before: the adapter's BLAKE2b chain, which no vLLM consumer can match.
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        r = request("a", range(49))
+        r.block_hashes = [b"vllm-%d" % i for i in range(3)]
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 49, hit, blocks)
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual([h for e in stored for h in e.block_hashes], r.block_hashes)
+
+    def test_vllms_event_classes_once_imported(self):
+        # vLLM's own kv_events, already imported (vLLM loaded as a package without a spec, as
+        # under vLLM's test runner shims): its classes, so isinstance checks hold (vLLM's
+        # test_kv_cache_events_with_lora). Before: the stand-ins.
+        import sys
+        import types
+        from tessera import _vllm_common
+        mod = types.ModuleType("vllm.distributed.kv_events")
+        for name in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
+            setattr(mod, name, type(name, (getattr(_vllm_common, name),), {}))
+        saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.distributed.kv_events")}
+        sys.modules["vllm"] = types.ModuleType("vllm")
+        sys.modules["vllm.distributed.kv_events"] = mod
+        old, _vllm_common._VLLM_EVENTS = _vllm_common._VLLM_EVENTS, None
+        try:
+            self.assertIs(_vllm_common.event_classes()[0], mod.BlockStored)
+        finally:
+            _vllm_common._VLLM_EVENTS = old
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+
+    def test_batched_decode_equals_the_per_request_calls(self):
+        # allocate_slots_batch: what vLLM's scheduler's decode loop gets from allocate_slots, one
+        # request after another — blocks, and None (nothing changed) once the pool is out.
+        def run(batched):
+            m = KVCacheManager(num_gpu_blocks=12, block_size=4, max_model_len=1024)
+            reqs = [request("r%d" % i, range(100 * i, 100 * i + 6)) for i in range(4)]
+            for r in reqs:
+                blocks, hit = m.get_computed_blocks(r)
+                m.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+                r.num_computed_tokens = r.num_tokens
+            seen = []
+            for step in range(6):
+                live = [r for r in reqs if r.request_id in m._reqs]
+                for r in live:
+                    r.append_output_token_ids(7)
+                got = m.allocate_slots_batch(live, 1) if batched else [m.allocate_slots(r, 1) for r in live]
+                for r, b in zip(live, got):
+                    seen.append(None if b is None else b.get_block_ids())
+                    if b is None:
+                        m.free(r)
+                    else:
+                        r.num_computed_tokens += 1
+            return seen, m.block_pool.get_num_free_blocks()
+        per_request, batched = run(False), run(True)
+        self.assertIn(None, per_request[0])
+        self.assertEqual(batched, per_request)
+        m = KVCacheManager(num_gpu_blocks=12, block_size=4, max_model_len=1024)
+        with self.assertRaisesRegex(ValueError, "num_new_tokens"):
+            m.allocate_slots_batch([request("a", range(4))], [1, 1])
+        with self.assertRaisesRegex(TypeError, "num_new_tokens"):
+            m.allocate_slots_batch([request("a", range(4))], "1")
+
+    def test_lookahead_for_an_empty_prompt(self):
+        # test_kv_cache_utils.py test_allocate_with_lookahead: a request with no prompt tokens,
+        # allocate_slots(num_new_tokens=3, num_lookahead_tokens=2) without a lookup: vLLM hands out
+        # ceil(5 / 4) = 2 blocks. Before: ValueError "prompt: must hold at least one token".
+        m = KVCacheManager(num_gpu_blocks=10, block_size=4, max_model_len=100)
+        self.assertEqual(len(m.allocate_slots(request("0", []), 3, num_lookahead_tokens=2).get_block_ids()[0]), 2)
+
+    def test_a_decode_step_is_at_most_one_core_call(self):
+        # vLLM's scheduler calls allocate_slots(request, 1) for every running request each step.
+        # Inside the request's last block: no core call; a step that opens a block or fills one:
+        # one. Before: an append per step, and 7 calls (block_table x3, available_blocks,
+        # allocate, append, ...) for a step that opens a block.
+        m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+        r = request("a", range(32))
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 32, hit, blocks)
+        r.num_computed_tokens = 32
+        core = m._core = CountingCore(m._core)
+        per_step = []
+        for t in range(17):
+            r.append_output_token_ids(5000 + t)
+            core.calls.clear()
+            new = m.allocate_slots(r, 1)
+            per_step.append(len(core.calls))
+            r.num_computed_tokens += 1
+            self.assertEqual(len(new.get_block_ids()[0]), 1 if t in (0, 16) else 0)
+        self.assertEqual(per_step, [1] + [0] * 14 + [1, 1])
+        # Bad counts still take the checked path on a running request, and change nothing.
+        for bad in ({"num_lookahead_tokens": False}, {"num_new_computed_tokens": "0"}, {"num_new_tokens": True}):
+            args = dict({"num_new_tokens": 1}, **bad)
+            with self.assertRaisesRegex(TypeError, next(iter(bad))):
+                m.allocate_slots(r, **args)
+        self.assertEqual(m.get_block_ids("a"), ([1, 2, 3, 4],))
+        m._core = core._c
+        m.free(r)
+        # The 16 decoded tokens sealed block 2: a prompt with them hits 48 of 49.
+        blocks, hit = m.get_computed_blocks(request("b", list(range(32)) + [5000 + t for t in range(17)]))
         self.assertEqual(hit, 48)
 
 

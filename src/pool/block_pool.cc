@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <string>
 
 #include "tessera/checked.h"
 #include "tessera/counter.h"
@@ -267,6 +268,57 @@ RecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t
     offset += uint64_t{g.page.entries_per_block} * pb;
   }
   return v;
+}
+
+Status BlockPool::CheckWritable(BlockId b, uint32_t generation) const {
+  if (b.value >= capacity_) return InvalidArgument("block", std::to_string(b.value) + " is not a block of the pool");
+  const std::string name = "block " + std::to_string(b.value);
+  if (generation_[b.value] != generation) {
+    return FailedPrecondition("block", name + " was freed since the view was taken: the view writes nothing");
+  }
+  if (state_[b.value] != BlockState::kFilling) {
+    return FailedPrecondition("block", name + " is " + std::string(BlockStateName(state_[b.value])) +
+                                           ": its bytes are final, a view taken while it filled writes nothing");
+  }
+  if (refcount_[b.value] != 1) {
+    return FailedPrecondition("block", name + " is shared by " + std::to_string(refcount_[b.value]) +
+                                           " tables (a fork): a view writes nothing until it is copied");
+  }
+  return Status::Ok();
+}
+
+Result<WritableView> BlockPool::Writable(BlockId b, uint32_t group, std::optional<uint32_t> layer) {
+  if (!backed()) return FailedPrecondition("backed", "an unbacked pool holds no KV bytes to write");
+  if (group >= groups_.size()) {
+    return InvalidArgument("group", std::to_string(group) + " is not below " + std::to_string(groups_.size()));
+  }
+  if (layer && *layer >= groups_[group].layers) {
+    return InvalidArgument("layer", std::to_string(*layer) + " is not below " + std::to_string(groups_[group].layers));
+  }
+  if (b.value >= capacity_) return InvalidArgument("block", std::to_string(b.value) + " is not a block of the pool");
+  if (Status st = CheckWritable(b, generation_[b.value]); !st.ok()) return st;
+  return WritableView(this, layer ? PageHandle(b, group, *layer) : BlockHandleOf(b, group), b, generation_[b.value]);
+}
+
+Status WritableView::Check() const {
+  if (pool_ == nullptr) return FailedPrecondition("block", "the view names no block");
+  return pool_->CheckWritable(block_, generation_);
+}
+
+Result<std::span<std::byte>> WritableView::Bytes() const {
+  if (Status st = Check(); !st.ok()) return st;
+  return pool_->MutableBytes(handle_);
+}
+
+Status WritableView::Write(uint64_t offset, std::span<const std::byte> bytes) const {
+  if (Status st = Check(); !st.ok()) return st;
+  if (offset > handle_.len || bytes.size() > handle_.len - offset) {
+    return InvalidArgument("offset", std::to_string(offset) + " + " + std::to_string(bytes.size()) +
+                                         " bytes is past the view's " + std::to_string(handle_.len));
+  }
+  std::span<std::byte> to = pool_->MutableBytes(handle_);
+  std::copy(bytes.begin(), bytes.end(), to.begin() + static_cast<std::ptrdiff_t>(offset));
+  return Status::Ok();
 }
 
 uint64_t BlockPool::bytes_held() const {
