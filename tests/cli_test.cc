@@ -206,7 +206,8 @@ TEST(Cli, ScaleFormatFlagsReachTheLedger) {
 // The indexer page layout is a named option (ADR 0043); the bytes priced do not depend on it.
 TEST(Cli, IndexerLayoutFlagReachesTheLayout) {
   auto indexer_line = [](const std::string& out) {
-    for (const nlohmann::json& c : nlohmann::json::parse(out)["caches"]) {
+    const nlohmann::json parsed = nlohmann::json::parse(out);
+    for (const nlohmann::json& c : parsed["caches"]) {
       if (c["role"] == "indexer") return c;
     }
     return nlohmann::json();
