@@ -48,7 +48,7 @@ RandomPages MakePages(const Geometry& g, const std::string& kv_format, uint64_t 
   std::mt19937 rng(seed);
   const RequestManager& mr = *p.manager;
   auto writer = [&](uint32_t group, uint32_t, uint64_t, const RecordView& view) {
-    testing::WriteRandomRecord(mr.pool().groups()[group].format, view.planes[0], rng);
+    testing::WriteRandomRecord(mr.pool().groups()[group].format, view, rng);
   };
   EXPECT_TRUE(p.manager->Append(p.id, prompt, KvWriters(writer)).ok());
   return p;
@@ -318,7 +318,7 @@ TEST(IndexerSelect, TopKByScoreTiesToLowerPosition) {
     if (f.use == FormatUse::kIndexer) {
       std::vector<float> key(128, 0.0f);
       key[0] = score_of(pos);
-      ASSERT_TRUE(QuantizeIndexerFp8(key, view.planes[0].first(132)).ok());
+      ASSERT_TRUE(WriteIndexerFp8(f, key, view).ok());  // either page layout
     } else {
       std::vector<float> lat(512, 0.5f), rope(64, 0.25f);
       ASSERT_TRUE(QuantizeFp8DsMla(lat, rope, view.planes[0].first(656)).ok());

@@ -203,6 +203,28 @@ TEST(Cli, ScaleFormatFlagsReachTheLedger) {
                    "indexer-scale-format");
 }
 
+// The indexer page layout is a named option (ADR 0043); the bytes priced do not depend on it.
+TEST(Cli, IndexerLayoutFlagReachesTheLayout) {
+  auto indexer_line = [](const std::string& out) {
+    const nlohmann::json parsed = nlohmann::json::parse(out);
+    for (const nlohmann::json& c : parsed["caches"]) {
+      if (c["role"] == "indexer") return c;
+    }
+    return nlohmann::json();
+  };
+  CommandResult d = RunTessera("ledger --model deepseek-v3.2 --context 8k --format json");
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  CommandResult p = RunTessera("ledger --model deepseek-v3.2 --context 8k --indexer-layout per-token --format json");
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(indexer_line(d.out)["packing"], "region-major");
+  EXPECT_EQ(indexer_line(p.out)["packing"], "per-token");
+  for (const char* k : {"requested_bytes", "committed_bytes", "read_bytes_per_token"}) {
+    EXPECT_EQ(nlohmann::json::parse(d.out)[k], nlohmann::json::parse(p.out)[k]) << k;
+  }
+  ExpectInputError(RunTessera("ledger --model deepseek-v3.2 --context 8k --indexer-layout planar"), "indexer-layout");
+  ExpectInputError(RunTessera("ledger --model deepseek-v3 --context 8k --indexer-layout per-token"), "indexer-layout");
+}
+
 TEST(Cli, EachCacheLinesFormulaIsPrinted) {
   CommandResult j = RunTessera("ledger --model deepseek-v3 --context 8k --format json");
   ASSERT_EQ(j.exit_code, 0) << j.err;

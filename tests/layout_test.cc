@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "tessera/block_pool.h"
 #include "test_support.h"
 
 namespace tessera {
@@ -302,6 +307,13 @@ TEST(CacheLayout, BadOptionsNameTheirField) {
   cases.push_back(
       {"deepseek-v3.2", with([](CacheLayoutOptions& o) { o.indexer_format = "mla-bf16"; }), "indexer-format"});
   cases.push_back({"deepseek-v4-pro", with([](CacheLayoutOptions& o) { o.block_tokens = 100; }), "block-tokens"});
+  cases.push_back(
+      {"deepseek-v3", with([](CacheLayoutOptions& o) { o.indexer_packing = Packing::kPerToken; }), "indexer-layout"});
+  cases.push_back({"deepseek-v4-pro", with([](CacheLayoutOptions& o) {
+                     o.indexer_format = "indexer-mxfp4";
+                     o.indexer_packing = Packing::kPerToken;
+                   }),
+                   "indexer-layout"});  // indexer-mxfp4 has one layout
   cases.push_back({"deepseek-v3", with([](CacheLayoutOptions& o) { o.tp = 0; }), "tp"});
   cases.push_back({"llama-3.1-8b", with([](CacheLayoutOptions& o) { o.tp = 3; }), "tp"});
   cases.push_back({"llama-3.1-8b", with([](CacheLayoutOptions& o) { o.tp = 12; }), "tp"});
@@ -331,6 +343,132 @@ TEST(CacheLayout, RetainNeedsBlocksOfWholeWindows) {
 }
 
 TEST(Layout, BlockMetadataCountsTokenIds) { EXPECT_EQ(BlockMetadataBytes(64), kBlockHeaderBytes + 256); }
+
+// ---- indexer-fp8 pages against vLLM's writer (ADR 0043) -----------------------------------------
+// tests/data/golden/indexer_fp8_v32.txt: 8 bf16 keys written at 8 slots of two 16-token blocks by
+// vLLM's references (tests/data/golden/PROVENANCE.md): the records of _ue8m0_reference, placed as
+// indexer_k_quant_and_cache_kernel places them (a block's keys, then its scales).
+struct IndexerGolden {
+  uint32_t block_tokens = 0;
+  std::vector<uint64_t> slots;
+  std::vector<std::vector<float>> keys;
+  std::vector<std::vector<std::byte>> records;
+  std::vector<std::byte> region_major_pages;
+};
+
+std::vector<std::byte> Unhex(const std::string& h) {
+  std::vector<std::byte> out(h.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = std::byte{static_cast<uint8_t>(std::stoi(h.substr(2 * i, 2), nullptr, 16))};
+  return out;
+}
+
+IndexerGolden ReadIndexerGolden() {
+  IndexerGolden g;
+  std::ifstream f(std::string(TESSERA_TEST_DATA) + "/golden/indexer_fp8_v32.txt");
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string word, v;
+    in >> word;
+    if (word == "block_tokens") in >> g.block_tokens;
+    if (word == "region_major_pages") {
+      in >> v;
+      g.region_major_pages = Unhex(v);
+    }
+    if (word != "token") continue;
+    uint64_t t = 0, slot = 0;
+    std::string key, rec, w1, w2, w3;
+    in >> t >> w1 >> slot >> w2 >> key >> w3 >> rec;
+    g.slots.push_back(slot);
+    std::vector<float> k;
+    const std::vector<std::byte> kb = Unhex(key);
+    for (size_t i = 0; i + 1 < kb.size(); i += 2) {
+      k.push_back(
+          Bf16ToFloat(static_cast<uint16_t>(static_cast<uint8_t>(kb[i]) | (static_cast<uint8_t>(kb[i + 1]) << 8))));
+    }
+    g.keys.push_back(std::move(k));
+    g.records.push_back(Unhex(rec));
+  }
+  return g;
+}
+
+// Two blocks of one indexer-fp8 layer in `packing`, each golden key written through the format.
+std::vector<std::byte> WriteIndexerPages(const IndexerGolden& g, std::optional<Packing> packing) {
+  FormatDims d;
+  d.model = "deepseek-v3.2";
+  d.index_head_dim = 128;
+  RecordFormat f = *BuildFormat("indexer-fp8", d, "indexer-format");
+  if (packing.has_value()) {
+    EXPECT_TRUE(SetIndexerPacking(f, *packing).ok());
+  }
+  BlockPoolOptions o;
+  o.groups.push_back({"indexer", f, 1, *ComputePageLayout(f, 1, g.block_tokens)});
+  o.capacity_blocks = 2;
+  std::unique_ptr<BlockPool> pool = std::move(*BlockPool::Create(std::move(o)));
+  std::vector<std::byte> out;
+  for (uint32_t b = 0; b < 2; ++b) {
+    std::span<std::byte> page = pool->MutableBytes(pool->BlockHandleOf(BlockId{b}, 0));
+    std::memset(page.data(), 0, page.size());
+  }
+  for (size_t t = 0; t < g.slots.size(); ++t) {
+    const RecordView v =
+        pool->Record(BlockId{static_cast<uint32_t>(g.slots[t] / g.block_tokens)}, 0, 0, g.slots[t] % g.block_tokens);
+    EXPECT_TRUE(WriteIndexerFp8(f, g.keys[t], v).ok());
+    std::vector<std::byte> back(f.record_bytes());
+    EXPECT_TRUE(CopyRecordOut(f, v, back).ok());
+    EXPECT_EQ(back, g.records[t]) << "token " << t;  // the record, whatever the layout
+  }
+  for (uint32_t b = 0; b < 2; ++b) {
+    std::span<const std::byte> page = pool->Bytes(pool->BlockHandleOf(BlockId{b}, 0));
+    out.insert(out.end(), page.begin(), page.end());
+  }
+  return out;
+}
+
+TEST(IndexerPages, DefaultPagesAreByteIdenticalToVllms) {
+  const IndexerGolden g = ReadIndexerGolden();
+  ASSERT_EQ(g.slots.size(), 8u);
+  ASSERT_EQ(g.region_major_pages.size(), 2u * 16 * 132);
+  const std::vector<std::byte> pages = WriteIndexerPages(g, std::nullopt);
+  ASSERT_EQ(pages.size(), g.region_major_pages.size());
+  size_t first_diff = pages.size();
+  for (size_t i = 0; i < pages.size() && first_diff == pages.size(); ++i) {
+    if (pages[i] != g.region_major_pages[i]) first_diff = i;
+  }
+  EXPECT_EQ(first_diff, pages.size()) << "pages differ from vLLM's first at byte " << first_diff;
+}
+
+TEST(IndexerPages, PerTokenPagesKeepEachKeyBesideItsScale) {
+  const IndexerGolden g = ReadIndexerGolden();
+  const std::vector<std::byte> pages = WriteIndexerPages(g, Packing::kPerToken);
+  ASSERT_EQ(pages.size(), g.region_major_pages.size());  // the same bytes per page, placed per token
+  for (size_t t = 0; t < g.slots.size(); ++t) {
+    const std::vector<std::byte> at(pages.begin() + static_cast<std::ptrdiff_t>(g.slots[t] * 132),
+                                    pages.begin() + static_cast<std::ptrdiff_t>((g.slots[t] + 1) * 132));
+    EXPECT_EQ(at, g.records[t]) << "token " << t;
+  }
+  EXPECT_NE(pages, g.region_major_pages);
+}
+
+TEST(IndexerPages, TheLayoutIsANamedOptionAndLedgerBytesDoNotChange) {
+  CacheLayout rm = MustLayout(Preset("deepseek-v3.2"));
+  CacheLayoutOptions o;
+  o.indexer_packing = Packing::kPerToken;
+  CacheLayout pt = MustLayout(Preset("deepseek-v3.2"), o);
+  ASSERT_EQ(rm.groups.size(), 2u);
+  ASSERT_EQ(pt.groups.size(), 2u);
+  EXPECT_EQ(rm.groups[1].format.packing, Packing::kRegionMajor);
+  EXPECT_EQ(rm.groups[1].format.plane_bytes(0), 128u);
+  EXPECT_EQ(rm.groups[1].format.plane_bytes(1), 4u);
+  EXPECT_EQ(pt.groups[1].format.packing, Packing::kPerToken);
+  EXPECT_EQ(pt.groups[1].format.plane_count(), 1u);
+  EXPECT_EQ(rm.groups[1].page.page_bytes, 64u * 132);  // vLLM's page: 64 x (128 + 4), unpadded
+  EXPECT_EQ(pt.groups[1].page.page_bytes, rm.groups[1].page.page_bytes);
+  EXPECT_EQ(*ParsePacking("region-major"), Packing::kRegionMajor);
+  EXPECT_EQ(*ParsePacking("per-token"), Packing::kPerToken);
+  EXPECT_EQ(ParsePacking("planar").status().field(), "indexer-layout");
+}
 
 }  // namespace
 }  // namespace tessera

@@ -29,7 +29,7 @@ KvWriters SeededWriters(const BlockPool& pool) {
   for (const PoolGroup& g : pool.groups()) formats.push_back(g.format);
   KvWriters w([formats](uint32_t g, uint32_t l, uint64_t p, const RecordView& r) {
     std::mt19937 rng(static_cast<uint32_t>(p * 7919 + l * 104729 + g * 13));
-    testing::WriteRandomRecord(formats[g], r.planes[0], rng);
+    testing::WriteRandomRecord(formats[g], r, rng);
   });
   // DeepSeek-V4: window rows and compressor rows are not what a mount reads; entries get bytes
   // that name their layer, kind and group.
@@ -287,6 +287,58 @@ TEST(FlashMlaSparse, RefusesWhatTheKernelCannotRead) {
   ASSERT_TRUE(wide.ok());
   EXPECT_EQ(wide->topk, 8u);
   EXPECT_EQ(wide->indices[3], -1);
+}
+
+// ---- DeepGEMM paged MQA logits (the V3.2 indexer) ---------------------------------------------
+
+// The kernel reads token t of block b at b x block stride + (t % block_tokens) x 128 (its key) and
+// + block_tokens x 128 + (t % block_tokens) x 4 (its scale): those must be the manager's record.
+TEST(IndexerKCache, TheKernelsOffsetsReadTheManagersRecords) {
+  for (const char* model : {"tiny-dsa", "deepseek-v3.2"}) {
+    Batch b = Make(model, "", {100, 70});
+    ASSERT_NE(b.manager, nullptr);
+    const uint32_t layer = 1;
+    auto a = BuildIndexerKCache(*b.manager, b.ids, layer);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    const BlockPool& pool = b.manager->pool();
+    EXPECT_EQ(a->kv_cache.dtype, TensorDtype::kUint8);
+    EXPECT_EQ(a->kv_cache.shape, (std::vector<int64_t>{pool.capacity(), 64, 1, 132}));
+    EXPECT_EQ(a->kv_cache.strides[1], 132);
+    EXPECT_EQ(a->scales_offset, 64u * 128);
+    EXPECT_EQ(a->context_lens, (std::vector<int32_t>{100, 70}));
+    uint32_t g = 0;
+    while (pool.groups()[g].format.use != FormatUse::kIndexer) ++g;
+    const RecordFormat& f = pool.groups()[g].format;
+    auto bytes = PageTensorBytes(pool, a->kv_cache);
+    ASSERT_TRUE(bytes.ok());
+    for (size_t i = 0; i < b.ids.size(); ++i) {
+      for (uint64_t p = 0; p < static_cast<uint64_t>(a->context_lens[i]); ++p) {
+        const int32_t block = a->block_table[i * a->max_blocks + p / 64];
+        const std::byte* base = bytes->data() + block * a->kv_cache.strides[0];
+        std::vector<std::byte> read(base + (p % 64) * 128, base + (p % 64) * 128 + 128);
+        read.insert(read.end(), base + a->scales_offset + (p % 64) * 4, base + a->scales_offset + (p % 64) * 4 + 4);
+        auto rec = b.manager->Record(b.ids[i], g, layer, p);
+        ASSERT_TRUE(rec.ok());
+        std::vector<std::byte> want(132);
+        ASSERT_TRUE(CopyRecordOut(f, *rec, want).ok());
+        ASSERT_EQ(read, want) << model << " request " << i << " token " << p;
+      }
+    }
+  }
+}
+
+TEST(IndexerKCache, RefusesWhatTheKernelCannotRead) {
+  ManagerOptions o;
+  o.capacity_blocks = 16;
+  o.max_requests = 2;
+  o.indexer_packing = Packing::kPerToken;
+  auto m = RequestManager::Create(Preset("tiny-dsa"), o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(BuildIndexerKCache(**m, {}, 0).status().field(), "indexer-layout");
+  Batch b = Make("tiny-dsa", "", {10});
+  EXPECT_EQ(BuildIndexerKCache(*b.manager, b.ids, 99).status().field(), "layer");
+  Batch mla = Make("tiny-mla", "mla-bf16", {10});
+  EXPECT_EQ(BuildIndexerKCache(*mla.manager, mla.ids, 0).status().field(), "indexer-format");
 }
 
 // ---- FlashInfer MLA -------------------------------------------------------------------------------

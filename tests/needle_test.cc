@@ -65,10 +65,15 @@ KvWriters NeedleWriters(uint64_t needle) {
   return KvWriters([needle](uint32_t, uint32_t, uint64_t position, const RecordView& record) {
     const bool is_needle = position == needle;
     const std::span<std::byte> bytes = record.planes[0];
-    if (bytes.size() == 132) {  // indexer-fp8 key
+    // indexer-fp8 key: region-major pages (the default) hand it as 128 + 4 bytes, per-token as 132.
+    const bool split = record.plane_count == 2 && bytes.size() == 128 && record.planes[1].size() == 4;
+    if (bytes.size() == 132 || split) {
       std::vector<float> key(128);
       for (uint32_t i = 0; i < 128; ++i) key[i] = is_needle ? kDelta * NeedleDirection(i) : NeedleNoise(position, i, 2);
-      ASSERT_TRUE(QuantizeIndexerFp8(key, bytes).ok());
+      std::vector<std::byte> rec(132);
+      ASSERT_TRUE(QuantizeIndexerFp8(key, rec).ok());
+      std::memcpy(bytes.data(), rec.data(), bytes.size());
+      if (split) std::memcpy(record.planes[1].data(), rec.data() + 128, 4);
       return;
     }
     std::vector<float> latent(512), rope(64);

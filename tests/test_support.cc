@@ -119,6 +119,14 @@ void WriteRandomRecord(const RecordFormat& f, std::span<std::byte> rec, std::mt1
   }
 }
 
+void WriteRandomRecord(const RecordFormat& f, const RecordView& rec, std::mt19937& rng) {
+  if (f.use != FormatUse::kIndexer) return WriteRandomRecord(f, rec.planes[0], rng);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> key(f.regions[0].count);
+  for (float& x : key) x = u(rng);
+  ASSERT_TRUE(WriteIndexerFp8(f, key, rec).ok());
+}
+
 TempDir::TempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "tessera-test-XXXXXX").string();
   char* made = ::mkdtemp(tmpl.data());

@@ -59,6 +59,8 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f);
 // fp8_ds_mla record quantized from 512 latent then 64 rope values; an indexer record quantized
 // (fp8) from its key; any other record filled with random bf16 values (little-endian pairs).
 void WriteRandomRecord(const RecordFormat& f, std::span<std::byte> rec, std::mt19937& rng);
+// The same through a record view of the pool (either indexer-fp8 page layout).
+void WriteRandomRecord(const RecordFormat& f, const RecordView& rec, std::mt19937& rng);
 // Admits and prefills one request per length, the prompts consecutive tokens from 1 (so that no
 // two share a prefix), through `writers`; the requests' ids, in order. Failures are test failures.
 std::vector<RequestId> AdmitPrompts(RequestManager& m, const std::vector<uint64_t>& lengths, const KvWriters& writers);

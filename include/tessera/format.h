@@ -8,7 +8,10 @@
 // Packing:
 //   kPerToken   — regions of one record are contiguous; records follow each other.
 //   kRegionMajor — within a page, all entries' plane-0 bytes come first (e.g. the 576-B rows of
-//                  v4-fp8), then all plane-1 bytes (the 8-B scale rows), and so on.
+//                  v4-fp8, the 128-B keys of indexer-fp8), then all plane-1 bytes (the 8-B scale
+//                  rows, the 4-B key scales), and so on.
+// A record's bytes in per-token order (CopyRecordOut) are its planes in plane order, whatever the
+// packing: regions are listed plane by plane.
 //
 // Thread-safety: values; const access is safe from any thread.
 #pragma once
@@ -33,7 +36,9 @@ uint32_t ElementBits(ElementType type);
 std::string_view ElementTypeName(ElementType type);
 
 enum class Packing { kPerToken, kRegionMajor };
-std::string_view PackingName(Packing packing);
+std::string_view PackingName(Packing packing);  // "per-token", "region-major"
+// Errors: kInvalidArgument on `field` for another name.
+Result<Packing> ParsePacking(std::string_view name, std::string_view field = "indexer-layout");
 
 struct Region {
   std::string name;
@@ -77,6 +82,9 @@ struct RecordFormat {
   // DeepSeek-V3.2); a writer passes it to the codec (QuantizeFp8DsMla, QuantizeIndexerFp8). The
   // record's size does not depend on it.
   std::optional<ScaleFormat> scale_format;
+  // indexer-fp8 only: the page layout is a named option (SetIndexerPacking). The default is
+  // region-major, what vLLM's indexer_k_quant_and_cache_kernel and SGLang's DSA index buffer
+  // write and DeepGEMM's paged MQA logits read (a block's keys, then its scales; ADR 0043).
 
   // Bytes of one record; every format here has whole-byte records (checked on build).
   uint64_t record_bytes() const;
@@ -151,5 +159,22 @@ struct RegionView {
 // The region `name` of a record laid out by `format` in `record`. Errors: kNotFound on
 // "region" for an unknown name; kInvalidArgument when the view is smaller than the format.
 Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record, std::string_view name);
+
+// Lays an indexer-fp8 record out `packing`: region-major puts the key in plane 0 and its fp32
+// scale in plane 1 (vLLM's and SGLang's page: a block's keys, then its scales); per-token keeps
+// key and scale together. Errors: kInvalidArgument on `field` for any other format.
+Status SetIndexerPacking(RecordFormat& format, Packing packing, std::string_view field = "indexer-layout");
+
+// One record's bytes in per-token order (its planes back to back) from a view of any packing,
+// and back. Errors: kInvalidArgument on "record" when the view's planes are smaller than the
+// format's, on "bytes" when `bytes` is not record_bytes() long.
+Status CopyRecordOut(const RecordFormat& format, const RecordView& record, std::span<std::byte> bytes);
+Status CopyRecordIn(const RecordFormat& format, std::span<const std::byte> bytes, const RecordView& record);
+
+// An indexer-fp8 key written into / read from a record view of `format` (either packing), with
+// the format's scale format (QuantizeIndexerFp8, DequantizeIndexerFp8). Errors: "indexer-format"
+// for another format, and the codec's and CopyRecord*'s errors.
+Status WriteIndexerFp8(const RecordFormat& format, std::span<const float> key, const RecordView& record);
+Status ReadIndexerFp8(const RecordFormat& format, const RecordView& record, std::span<float> key);
 
 }  // namespace tessera

@@ -135,6 +135,10 @@ struct CacheLayoutOptions {
   // refused ("kv-scale-format", "indexer-scale-format").
   std::optional<ScaleFormat> kv_scale_format;
   std::optional<ScaleFormat> indexer_scale_format;
+  // indexer-fp8's page layout; unset: the format's default, region-major (a block's keys, then its
+  // scales), what vLLM and SGLang write (ADR 0043). Set on another indexer format, or on a model
+  // without an indexer, it is refused ("indexer-layout").
+  std::optional<Packing> indexer_packing;
 };
 
 // One cache kind over the layers that hold it, e.g. "csa.compressed" over the 30 CSA layers: the

@@ -138,6 +138,27 @@ Result<FlashMlaSparseArgs> BuildV4CompressedEntries(const RequestManager& manage
 // that an engine asking gets the reason, and a test pins it.
 Status BuildV4Window(const RequestManager& manager, uint32_t layer);
 
+// ---- DeepGEMM paged MQA logits (DeepSeek-V3.2's lightning indexer) --------------------------
+// fp8_paged_mqa_logits(q_fp8, kv_cache, weights, context_lens, block_table, schedule_metadata,
+// max_model_len) as vLLM calls it (local-inference-lab/vllm 28be48fa9,
+// vllm/model_executor/layers/sparse_attn_indexer.py blob e2fd09ed: its [blocks, block_size, 132]
+// indexer cache unsqueezed to [blocks, block_size, 1, 132]). The kernel reads each block
+// region-major, as vLLM's indexer_k_quant_and_cache_kernel writes it: block_size x 128 e4m3 keys,
+// then block_size fp32 scales (ADR 0043) — Tessera's default indexer-fp8 layout, the same bytes
+// at the same offsets.
+struct IndexerKCacheArgs {
+  PageTensor kv_cache;               // uint8 [capacity, block_tokens, 1, 132], strides [block stride, 132, 132, 1]
+  uint64_t scales_offset = 0;        // bytes from a block's start to its first scale: block_tokens x 128
+  std::vector<int32_t> block_table;  // [batch, max_blocks] row-major, -1 past a request's blocks
+  uint32_t max_blocks = 0;
+  std::vector<int32_t> context_lens;  // [batch]
+};
+// Errors: "indexer-format" (no per-token indexer pages, or not indexer-fp8 of 128 dims),
+// "indexer-layout" (per-token pages: each key beside its scale is not what the kernel reads),
+// "layer", "backed", "blocks" (int32 slots or strides), and the block-table errors.
+Result<IndexerKCacheArgs> BuildIndexerKCache(const RequestManager& manager, std::span<const RequestId> requests,
+                                             uint32_t layer, const MountOptions& options = {});
+
 // ---- FlashInfer MLA ---------------------------------------------------------------------------
 // BatchMLAPagedAttentionWrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads,
 // head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale, q_data_type, kv_data_type) and

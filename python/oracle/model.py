@@ -19,7 +19,7 @@ CONFIGS = {
     "tiny-dsa": dict(
         layers=4, hidden=256, heads=4, q_lora=128, kv_lora=512, nope=64, rope=64, v=64,
         vocab=256, ffn=256, eps=1e-6, theta=10000.0, max_pos=131072,
-        indexer=dict(heads=4, dim=128, rope=64, topk=64),
+        indexer=dict(heads=4, dim=128, rope=64, topk=64, scale_fmt="ue8m0"),
     ),
 }
 
@@ -140,13 +140,15 @@ class LatentCache:
 
 
 class IndexerCache:
-    """Per layer, each position's indexer key as indexer-fp8: 128 e4m3 values and one fp32 scale."""
+    """Per layer, each position's indexer key as indexer-fp8: 128 e4m3 values and one fp32 scale,
+    in the config's scale format (scale_fmt: ue8m0, as DeepSeek-V3.2's config.json sets it)."""
 
-    def __init__(self, layers):
+    def __init__(self, layers, scale_fmt="ue8m0"):
         self.keys = [[] for _ in range(layers)]
+        self.scale_fmt = scale_fmt
 
     def append(self, layer, ik):
-        scale = nm.fp8_scale(ik.abs().max().item())
+        scale = nm.indexer_fp8_scale(ik.abs().max().item(), self.scale_fmt)
         s = torch.tensor(scale, dtype=torch.float32)
         codes = nm.e4m3_encode(ik / s)
         self.keys[layer].append((codes, s))
@@ -172,7 +174,7 @@ class Oracle:
         self.cfg = cfg = CONFIGS[model]
         self.w = {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(dtype) for k, v in tensors.items()}
         self.cache = LatentCache(kv_format, cfg["layers"], cfg["kv_lora"], cfg["rope"])
-        self.icache = IndexerCache(cfg["layers"]) if cfg["indexer"] else None
+        self.icache = IndexerCache(cfg["layers"], cfg["indexer"]["scale_fmt"]) if cfg["indexer"] else None
         self.pos = 0
         self.tokens = []  # fed so far
         self.selected = []  # per step, per layer: the positions attended (tiny-dsa)

@@ -92,14 +92,37 @@ def bf16_from_bits(bits: np.ndarray) -> torch.Tensor:
 
 
 def fp8_scale(amax: float) -> np.float32:
-    """Tile scale of ADR 0017: amax / 448 in float32; 1.0 for an all-zero tile; FLT_MIN floor."""
+    """fp8_ds_mla tile scale as vLLM's concat_and_cache_ds_mla writes it (ADR 0033): amax / 448 in
+    float32, floored at FLT_MIN (so an all-zero tile gets FLT_MIN, not 1.0)."""
     amax32 = np.float32(amax)
-    if amax32 == 0:
-        return np.float32(1.0)
     s = np.float32(amax32 / np.float32(E4M3_MAX))
     if s < np.float32(FLT_MIN):
         return np.float32(FLT_MIN)
     return s
+
+
+INDEXER_SCALE_FORMATS = ("ue8m0", "amax")
+INDEXER_SCALE_FLOOR = 1e-4
+
+
+def indexer_fp8_scale(amax: float, scale_fmt: str = "ue8m0") -> np.float32:
+    """The indexer-fp8 key scale as the engines compute it (ADR 0043), written from their rule:
+    q = max(amax, 1e-4) / 448 in float32 (vLLM's indexer_k_quant_and_cache; DeepSeek's act_quant
+    floors amax at 1e-4 the same way); scale_fmt "ue8m0" (DeepSeek-V3.2's config.json
+    `scale_fmt`, which vLLM passes on) rounds q up to a power of two, "amax" keeps q."""
+    if scale_fmt not in INDEXER_SCALE_FORMATS:
+        raise ValueError(f"scale_fmt: {scale_fmt!r} (expected one of {', '.join(INDEXER_SCALE_FORMATS)})")
+    q = np.float32(max(np.float32(amax), np.float32(INDEXER_SCALE_FLOOR)) / np.float32(E4M3_MAX))
+    if scale_fmt == "amax":
+        return q
+    return np.float32(ue8m0_value(ue8m0_ceil(q)))
+
+
+def encode_indexer_fp8(key: torch.Tensor, scale_fmt: str = "ue8m0") -> bytes:
+    """indexer-fp8 record in per-token order: n e4m3 codes of key / scale, then the fp32 scale."""
+    scale = indexer_fp8_scale(key.abs().max().item(), scale_fmt)
+    codes = e4m3_encode(key.float() / torch.tensor(scale, dtype=torch.float32))
+    return codes.numpy().astype(np.uint8).tobytes() + np.array([scale], dtype="<f4").tobytes()
 
 
 def rms_norm(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

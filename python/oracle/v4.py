@@ -18,7 +18,7 @@ from . import numerics as nm
 CONFIG = dict(
     layers=4, hidden=256, heads=4, head_dim=512, rope=64, q_lora=128, o_groups=2, o_lora=64,
     window=16, ratios=(0, 4, 128, 4), iheads=4, ihd=128, topk=8, vocab=256, ffn=256, eps=1e-6,
-    theta=10000.0, ctheta=160000.0, max_pos=131072,
+    theta=10000.0, ctheta=160000.0, max_pos=131072, scale_fmt="ue8m0",
 )
 MODEL = "tiny-v4"
 KV_FORMATS = ("v4-fp8",)
@@ -175,7 +175,8 @@ class V4Oracle:
     """One request's forward, one token at a time (positions 0, 1, ...)."""
 
     def __init__(self, tensors, metadata, kv_format="v4-fp8", indexer_format="indexer-mxfp4",
-                 dtype=torch.float32):
+                 dtype=torch.float32, scale_fmt=None):
+        """scale_fmt: indexer-fp8's scale format; None follows the config's (ue8m0)."""
         check_weights(tensors, metadata)
         if kv_format not in KV_FORMATS:
             raise ValueError(f"kv_format: {kv_format!r} (tiny-v4 pages: {', '.join(KV_FORMATS)})")
@@ -184,6 +185,9 @@ class V4Oracle:
         self.cfg = CONFIG
         self.model = MODEL
         self.indexer_format = indexer_format
+        self.scale_fmt = CONFIG["scale_fmt"] if scale_fmt is None else scale_fmt
+        if self.scale_fmt not in nm.INDEXER_SCALE_FORMATS:
+            raise ValueError(f"scale_fmt: {self.scale_fmt!r} (expected one of {', '.join(nm.INDEXER_SCALE_FORMATS)})")
         self.w = {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(dtype) for k, v in tensors.items()}
         self.layers = [Layer(r) for r in self.cfg["ratios"]]
         self.pos = 0
@@ -203,11 +207,10 @@ class V4Oracle:
         if self.indexer_format == "indexer-mxfp4":
             return bytearray(nm.encode_mxfp4(ik.float()))
         # The key is the reference's fp4-rounded key (ADR 0018 step 4) whatever stores it; indexer-fp8
-        # then stores that in ADR 0017's record: 128 e4m3, fp32 amax/448.
+        # then stores that as the engines do (ADR 0043): 128 e4m3 and one fp32 scale in the config's
+        # scale format (scale_fmt, ue8m0 as DeepSeek's configs set it).
         ik = nm.fp4_round_blocks(ik.float())
-        scale = nm.fp8_scale(ik.abs().max().item())
-        codes = nm.e4m3_encode(ik.float() / torch.tensor(scale, dtype=torch.float32))
-        return bytearray(codes.numpy().tobytes() + np.array([scale], dtype="<f4").tobytes())
+        return bytearray(nm.encode_indexer_fp8(ik, self.scale_fmt))
 
     def _decode_ikey(self, rec):
         n = self.cfg["ihd"]

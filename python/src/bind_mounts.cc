@@ -159,7 +159,7 @@ Status WriteRecord(const RecordFormat& f, uint64_t seed, uint64_t key, const Rec
                             rec.first(bytes));
   }
   if (f.use == FormatUse::kIndexer && f.regions.size() == 2 && f.regions[0].type == ElementType::kFp8E4M3) {
-    return QuantizeIndexerFp8(Draws(seed, key, f.regions[0].count), rec.first(bytes));
+    return WriteIndexerFp8(f, Draws(seed, key, f.regions[0].count), r);  // either page layout
   }
   if (f.family == FormatFamily::kMlaLatent && f.single_element_type() && f.regions[0].type == ElementType::kBf16) {
     const std::vector<float> v = Draws(seed, key, bytes / 2);

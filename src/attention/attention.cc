@@ -208,13 +208,14 @@ Status PagedLayer::ReadIndexerKey(uint64_t position, std::span<float> key, Atten
   if (indexer_format_ == nullptr) return InvalidArgument("indexer-format", "the model has no indexer pages");
   TESSERA_RETURN_IF_ERROR(CheckSpan("key", key.size(), indexer_dim_));
   const uint64_t bytes = indexer_format_->record_bytes();
-  std::span<const std::byte> rec = pending_indexer_;
   if (!pending_ || position != manager_->Tokens(request_)) {
+    // The pages' layout (region-major by default: the key in plane 0, its scale in plane 1).
     TESSERA_ASSIGN_OR_RETURN(RecordView view,
                              manager_->Record(request_, static_cast<uint32_t>(indexer_group_), layer_, position));
-    rec = view.planes[0].first(bytes);
+    TESSERA_RETURN_IF_ERROR(ReadIndexerFp8(*indexer_format_, view, key));
+  } else {
+    TESSERA_RETURN_IF_ERROR(DequantizeIndexerFp8(pending_indexer_, key));  // a per-token record
   }
-  TESSERA_RETURN_IF_ERROR(DequantizeIndexerFp8(rec, key));
   if (counters != nullptr) {
     counters->page_bytes += bytes;
     counters->records += 1;

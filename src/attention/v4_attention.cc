@@ -208,12 +208,13 @@ Status EncodeV4Entry(std::span<const float> entry, const RecordFormat& format, c
                          record.planes[1].first(kV4ScaleRowBytes));
   }
   const uint64_t bytes = format.record_bytes();
-  if (record.planes[0].size() < bytes) return InvalidArgument("record", "shorter than a " + format.name + " record");
   switch (KindOf(format)) {
     case IndexerKind::kMxfp4:
+      if (record.planes[0].size() < bytes)
+        return InvalidArgument("record", "shorter than a " + format.name + " record");
       return QuantizeIndexerMxfp4(entry, record.planes[0].first(bytes));
     case IndexerKind::kFp8:
-      return QuantizeIndexerFp8(entry, record.planes[0].first(bytes));
+      return WriteIndexerFp8(format, entry, record);  // either page layout
     case IndexerKind::kNone:
       break;
   }
@@ -392,11 +393,14 @@ Status V4PagedLayer::ReadIndexerKey(uint64_t entry, std::span<float> key, Attent
   const uint64_t bytes = indexer_format_->record_bytes();
   std::span<const std::byte> rec;
   RecordView view;
+  std::vector<std::byte> gathered;
   if (!pending_indexer_entry_.empty() && entry + 1 == entries()) {
     rec = pending_indexer_entry_;
   } else {
     TESSERA_ASSIGN_OR_RETURN(view, manager_->Entry(request_, layer_, true, entry));
-    rec = view.planes[0].first(bytes);
+    gathered.resize(bytes);  // per-token order, whatever the page layout
+    TESSERA_RETURN_IF_ERROR(CopyRecordOut(*indexer_format_, view, gathered));
+    rec = gathered;
   }
   if (KindOf(*indexer_format_) == IndexerKind::kMxfp4) {
     TESSERA_RETURN_IF_ERROR(DequantizeIndexerMxfp4(rec, key));

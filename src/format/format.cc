@@ -52,6 +52,12 @@ std::string_view ElementTypeName(ElementType type) {
 
 std::string_view PackingName(Packing packing) { return packing == Packing::kPerToken ? "per-token" : "region-major"; }
 
+Result<Packing> ParsePacking(std::string_view name, std::string_view field) {
+  if (name == "per-token") return Packing::kPerToken;
+  if (name == "region-major") return Packing::kRegionMajor;
+  return InvalidArgument(std::string(field), "unknown layout \"" + std::string(name) + "\" (per-token, region-major)");
+}
+
 std::string_view FormatUseName(FormatUse use) {
   switch (use) {
     case FormatUse::kKv:
@@ -159,7 +165,8 @@ constexpr FormatDef kFormats[] = {
      "the seed note's structural V4 record: bf16 RoPE + fp8 content, no scales (pair with indexer-fp4-seed)"},
     {"indexer-fp8", FormatId::kIndexerFp8, FormatUse::kIndexer, FormatFamily::kIndexer,
      "lightning-indexer key, e4m3 with one fp32 scale (V3.2, V4); scale a power of two as vLLM writes it for "
-     "V3.2 (scale format ue8m0; amax: the raw quotient)"},
+     "V3.2 (scale format ue8m0; amax: the raw quotient); region-major pages, a block's keys then its scales, as "
+     "vLLM and SGLang write them (layout per-token: each key beside its scale)"},
     {"indexer-mxfp4", FormatId::kIndexerMxfp4, FormatUse::kIndexer, FormatFamily::kIndexer,
      "lightning-indexer key, e2m1 with one ue8m0 scale per 32"},
     {"indexer-fp4-seed", FormatId::kIndexerFp4Seed, FormatUse::kIndexer, FormatFamily::kSeed,
@@ -259,7 +266,8 @@ Status FillIndexerRegions(FormatId id, const FormatDims& g, std::string_view fie
   }
   uint64_t d = g.index_head_dim;
   if (id == FormatId::kIndexerFp8) {
-    f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 0}};
+    f.regions = {{"key", ElementType::kFp8E4M3, d, 0}, {"scale", ElementType::kFp32, 1, 1}};
+    f.packing = Packing::kRegionMajor;
     f.scale_format = ScaleFormat::kUe8m0;
   } else if (id == FormatId::kIndexerMxfp4) {
     TESSERA_RETURN_IF_ERROR(NeedDivisible(d, 32, f.name, "index_head_dim", field));
@@ -436,6 +444,71 @@ Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record
     return RegionView{&r, plane_bytes.subspan(offset, len)};
   }
   return NotFound("region", format.name + " has no region \"" + std::string(name) + "\"");
+}
+
+Status SetIndexerPacking(RecordFormat& format, Packing packing, std::string_view field) {
+  const bool fp8 = format.family == FormatFamily::kIndexer && format.regions.size() == 2 &&
+                   format.regions[0].type == ElementType::kFp8E4M3 && format.regions[1].type == ElementType::kFp32;
+  if (!fp8) {
+    return InvalidArgument(std::string(field), format.name + " has one page layout (indexer-fp8 has two)");
+  }
+  format.packing = packing;
+  format.regions[1].plane = packing == Packing::kRegionMajor ? 1 : 0;
+  return Status::Ok();
+}
+
+namespace {
+
+// Calls f(plane bytes of the view, offset in the per-token bytes, length) for each plane.
+template <typename F>
+Status ForEachPlane(const RecordFormat& format, const RecordView& record, uint64_t size, F f) {
+  if (size != format.record_bytes()) {
+    return InvalidArgument("bytes", "a " + format.name + " record is " + std::to_string(format.record_bytes()) + " B");
+  }
+  const uint32_t planes = format.packing == Packing::kPerToken ? 1 : format.plane_count();
+  if (planes > record.plane_count || planes > record.planes.size()) {
+    return InvalidArgument("record", "the view has fewer planes than " + format.name);
+  }
+  uint64_t offset = 0;
+  for (uint32_t p = 0; p < planes; ++p) {
+    const uint64_t len = planes == 1 ? format.record_bytes() : format.plane_bytes(p);
+    if (record.planes[p].size() < len) return InvalidArgument("record", "the view is smaller than " + format.name);
+    f(record.planes[p].first(len), offset, len);
+    offset += len;
+  }
+  return Status::Ok();
+}
+
+bool IsIndexerFp8(const RecordFormat& f) {
+  return f.family == FormatFamily::kIndexer && f.regions.size() == 2 && f.regions[1].type == ElementType::kFp32;
+}
+
+}  // namespace
+
+Status CopyRecordOut(const RecordFormat& format, const RecordView& record, std::span<std::byte> bytes) {
+  return ForEachPlane(format, record, bytes.size(), [&](std::span<std::byte> plane, uint64_t off, uint64_t len) {
+    std::memcpy(bytes.data() + off, plane.data(), len);
+  });
+}
+
+Status CopyRecordIn(const RecordFormat& format, std::span<const std::byte> bytes, const RecordView& record) {
+  return ForEachPlane(format, record, bytes.size(), [&](std::span<std::byte> plane, uint64_t off, uint64_t len) {
+    std::memcpy(plane.data(), bytes.data() + off, len);
+  });
+}
+
+Status WriteIndexerFp8(const RecordFormat& format, std::span<const float> key, const RecordView& record) {
+  if (!IsIndexerFp8(format)) return InvalidArgument("indexer-format", format.name + " is not indexer-fp8");
+  std::vector<std::byte> bytes(format.record_bytes());
+  TESSERA_RETURN_IF_ERROR(QuantizeIndexerFp8(key, bytes, format.scale_format.value_or(ScaleFormat::kUe8m0)));
+  return CopyRecordIn(format, bytes, record);
+}
+
+Status ReadIndexerFp8(const RecordFormat& format, const RecordView& record, std::span<float> key) {
+  if (!IsIndexerFp8(format)) return InvalidArgument("indexer-format", format.name + " is not indexer-fp8");
+  std::vector<std::byte> bytes(format.record_bytes());
+  TESSERA_RETURN_IF_ERROR(CopyRecordOut(format, record, bytes));
+  return DequantizeIndexerFp8(bytes, key);
 }
 
 }  // namespace tessera

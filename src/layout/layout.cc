@@ -316,11 +316,14 @@ Result<RankFormats> ResolveFormats(const Geometry& g, const CacheLayoutOptions& 
     }
     RecordFormat whole = f;
     TESSERA_RETURN_IF_ERROR(ApplyScaleFormat(o.indexer_scale_format, "indexer-scale-format", whole, f));
+    if (o.indexer_packing.has_value()) TESSERA_RETURN_IF_ERROR(SetIndexerPacking(f, *o.indexer_packing));
     rank.indexer = std::move(f);
   } else if (!o.indexer_format.empty()) {
     return InvalidArgument("indexer-format", g.name + " has no indexer");
   } else if (o.indexer_scale_format.has_value()) {
     return InvalidArgument("indexer-scale-format", g.name + " has no indexer");
+  } else if (o.indexer_packing.has_value()) {
+    return InvalidArgument("indexer-layout", g.name + " has no indexer");
   }
   TESSERA_RETURN_IF_ERROR(ApplyScaleFormat(o.kv_scale_format, "kv-scale-format", map.main_format, rank.main));
   // A per-head expanded format on an MLA model replaces the latent: the whole model is then

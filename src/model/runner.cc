@@ -193,10 +193,13 @@ Status TinyRunner::Step(RequestId rid, uint32_t token, std::span<float> logits, 
   // Append: the writer copies the records attention just read.
   const uint32_t lg = c.latent_group;
   const int32_t ig = c.indexer_group;
-  auto writer = [&c, lg, ig](uint32_t group, uint32_t layer, uint64_t, const RecordView& view) {
+  const std::vector<PoolGroup>& groups = manager_->pool().groups();
+  auto writer = [&c, &groups, lg, ig](uint32_t group, uint32_t layer, uint64_t, const RecordView& view) {
     if (group != lg && static_cast<int32_t>(group) != ig) return;  // the tiny models have no other group
     const std::vector<std::byte>& src = group == lg ? c.latent_records[layer] : c.indexer_records[layer];
-    std::memcpy(view.planes[0].data(), src.data(), std::min(src.size(), view.planes[0].size()));
+    // Per-token records into the group's page layout (indexer-fp8 pages are region-major).
+    if (!CopyRecordIn(groups[group].format, src, view).ok())
+      std::memset(view.planes[0].data(), 0, view.planes[0].size());
   };
   const uint32_t tok[1] = {token};
   return manager_->Append(rid, tok, KvWriters(writer));

@@ -286,6 +286,48 @@ Status BuildV4Window(const RequestManager& manager, uint32_t layer) {
       "sparse_attn reads a dense bf16 kv per request. Mounting them needs a window in pages (ADR 0035)");
 }
 
+Result<IndexerKCacheArgs> BuildIndexerKCache(const RequestManager& manager, std::span<const RequestId> requests,
+                                             uint32_t layer, const MountOptions& options) {
+  const BlockPool& pool = manager.pool();
+  int32_t g = -1;
+  for (size_t i = 0; i < pool.groups().size() && g < 0; ++i) {
+    const PoolGroup& pg = pool.groups()[i];
+    if (pg.format.use == FormatUse::kIndexer && pg.page.compress_ratio == 1) g = static_cast<int32_t>(i);
+  }
+  if (g < 0) return InvalidArgument("indexer-format", "the manager holds no per-token indexer pages");
+  const PoolGroup& group = pool.groups()[static_cast<uint32_t>(g)];
+  const RecordFormat& f = group.format;
+  constexpr uint64_t kKey = 128, kRecord = kKey + 4;
+  if (f.family != FormatFamily::kIndexer || f.record_bytes() != kRecord || f.regions.size() != 2 ||
+      f.regions[0].type != ElementType::kFp8E4M3) {
+    return InvalidArgument("indexer-format", f.name +
+                                                 ": DeepGEMM's paged MQA logits read indexer-fp8 keys of 128 "
+                                                 "e4m3 with one fp32 scale (132 B)");
+  }
+  if (f.packing != Packing::kRegionMajor) {
+    return InvalidArgument("indexer-layout", f.name +
+                                                 " pages are per-token; the kernel reads a block's keys, then its "
+                                                 "scales (region-major, the default)");
+  }
+  if (layer >= group.layers) return InvalidArgument("layer", "no layer " + std::to_string(layer));
+  const BlockHandle slice = pool.PageHandle(BlockId{0}, static_cast<uint32_t>(g), layer);
+  const uint64_t block_stride = pool.BlockHandleOf(BlockId{0}, static_cast<uint32_t>(g)).len;
+  TESSERA_RETURN_IF_ERROR(NeedBytes(pool, slice.region));
+  TESSERA_RETURN_IF_ERROR(CheckInt32Slots(pool, group.page.block_tokens, block_stride));
+  TESSERA_ASSIGN_OR_RETURN(cuda::PackedBlockTables t, cuda::PackBlockTables(manager, requests, options.pending));
+  IndexerKCacheArgs a;
+  cuda::DevicePageView v;
+  v.group = static_cast<uint32_t>(g);
+  v.region = slice.region;
+  a.kv_cache = View(v, pool, slice.offset, TensorDtype::kUint8, {pool.capacity(), group.page.block_tokens, 1, kRecord},
+                    {static_cast<int64_t>(block_stride), kRecord, kRecord, 1});
+  a.scales_offset = uint64_t{group.page.block_tokens} * kKey;
+  a.block_table = std::move(t.table);
+  a.max_blocks = t.stride;
+  a.context_lens = std::move(t.seq_lens);
+  return a;
+}
+
 Result<FlashInferMlaArgs> BuildFlashInferMla(const RequestManager& manager, std::span<const RequestId> requests,
                                              uint32_t layer, uint32_t q_len, const MountOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(cuda::DevicePageView v, LatentView(manager, layer));

@@ -101,6 +101,7 @@ struct ModelArgs {
   std::string max_model_len;
   std::string kv_scale_format;
   std::string indexer_scale_format;
+  std::string indexer_layout;
 
   void Register(CLI::App* app) {
     app->add_option("--model", model, "preset name (see `tessera models`)");
@@ -129,6 +130,9 @@ struct ModelArgs {
                     "scales of the fp32-scaled main record: amax | ue8m0 (default: what the engine writes)");
     app->add_option("--indexer-scale-format", indexer_scale_format,
                     "scales of the indexer record: amax | ue8m0 (default: what the engine writes)");
+    app->add_option(
+        "--indexer-layout", indexer_layout,
+        "indexer-fp8 pages: region-major | per-token (default region-major, as vLLM and SGLang write them)");
   }
 
   Result<Geometry> LoadGeometry() const { return LoadModelOrConfig(model, config); }
@@ -169,6 +173,10 @@ struct ModelArgs {
     if (!indexer_scale_format.empty()) {
       TESSERA_ASSIGN_OR_RETURN(ScaleFormat f, ParseScaleFormat(indexer_scale_format, "indexer-scale-format"));
       o.indexer_scale_format = f;
+    }
+    if (!indexer_layout.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(Packing p, ParsePacking(indexer_layout, "indexer-layout"));
+      o.indexer_packing = p;
     }
     return o;
   }

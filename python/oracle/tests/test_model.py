@@ -92,13 +92,13 @@ class CacheTest(unittest.TestCase):
     def test_fp8_record(self):
         g = torch.Generator().manual_seed(2)
         c, k_pe = torch.randn(512, generator=g) * 3, torch.randn(64, generator=g)
-        c[128:256] = 0.0  # an all-zero tile: scale 1.0
+        c[128:256] = 0.0  # an all-zero tile: scale FLT_MIN, as vLLM writes it (ADR 0033)
         cache = om.LatentCache("fp8_ds_mla", 1, 512, 64)
         cache.append(0, c, k_pe)
         rec = bytes(cache.records[0][0])
         self.assertEqual(len(rec), 656)
         scales = np.frombuffer(rec[512:528], dtype="<f4")
-        self.assertEqual(scales[1], np.float32(1.0))
+        self.assertEqual(scales[1], np.float32(nm.FLT_MIN))
         for t in (0, 2, 3):
             tile = c[t * 128 : (t + 1) * 128]
             self.assertEqual(scales[t], np.float32(tile.abs().max().item()) / np.float32(448))

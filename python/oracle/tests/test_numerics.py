@@ -1,6 +1,7 @@
 """The oracle's own number formats and building blocks, against their definitions."""
 
 import math
+import os
 import unittest
 
 import numpy as np
@@ -111,10 +112,46 @@ class Bf16Test(unittest.TestCase):
 
 class Fp8ScaleTest(unittest.TestCase):
     def test_rules(self):
-        self.assertEqual(nm.fp8_scale(0.0), np.float32(1.0))
+        self.assertEqual(nm.fp8_scale(0.0), np.float32(nm.FLT_MIN))  # vLLM's all-zero tile (ADR 0033)
         self.assertEqual(nm.fp8_scale(448.0), np.float32(1.0))
         self.assertEqual(nm.fp8_scale(1.0), np.float32(1.0) / np.float32(448.0))
         self.assertEqual(nm.fp8_scale(1e-40), np.float32(nm.FLT_MIN))  # amax/448 below FLT_MIN
+
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "data", "golden", "indexer_fp8_v32.txt")
+
+
+def indexer_golden():
+    """(bf16 key, record) pairs of tests/data/golden/indexer_fp8_v32.txt (PROVENANCE.md there)."""
+    out = []
+    with open(GOLDEN) as f:
+        for line in f:
+            w = line.split()
+            if w and w[0] == "token":
+                bits = np.frombuffer(bytes.fromhex(w[5]), dtype="<u2").astype(np.uint32) << np.uint32(16)
+                out.append((torch.from_numpy(bits.view(np.float32).copy()), bytes.fromhex(w[7])))
+    return out
+
+
+class IndexerFp8Test(unittest.TestCase):
+    def test_scale_rules(self):
+        self.assertEqual(nm.indexer_fp8_scale(0.0, "ue8m0"), np.float32(2.0**-22))  # 1e-4 / 448 -> 2^-22
+        self.assertEqual(nm.indexer_fp8_scale(0.0, "amax"), np.float32(np.float32(1e-4) / np.float32(448)))
+        self.assertEqual(nm.indexer_fp8_scale(3.5, "ue8m0"), np.float32(2.0**-7))  # exactly a power of two
+        self.assertEqual(nm.indexer_fp8_scale(3.6, "ue8m0"), np.float32(2.0**-6))
+        with self.assertRaisesRegex(ValueError, "scale_fmt"):
+            nm.indexer_fp8_scale(1.0, "e8m0")
+
+    def test_records_equal_vllms_and_deepseeks(self):
+        """The golden records: vLLM's _ue8m0_reference (what its CUDA writer computes) and DeepSeek-V3.2-Exp's
+        act_quant with the config's scale_fmt "ue8m0" wrote the same bytes; the oracle must too."""
+        golden = indexer_golden()
+        self.assertEqual(len(golden), 8)
+        for t, (key, rec) in enumerate(golden):
+            self.assertEqual(nm.encode_indexer_fp8(key, "ue8m0"), rec, f"token {t}")
+        # amax/448 (the old rule, 1.0 for zero) differs: the scale of the all-zero and the 1e-6 keys at least.
+        differ = [t for t, (key, rec) in enumerate(golden) if nm.encode_indexer_fp8(key, "amax") != rec]
+        self.assertGreaterEqual(len(differ), 2)
 
 
 class RopeTest(unittest.TestCase):
