@@ -23,7 +23,7 @@
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
 #include "tessera/metrics.h"
-#include "tessera/render.h"
+#include "tessera_tools/render.h"
 #include "tessera/status.h"
 #include "tessera/tiered_store.h"
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "tessera/render.h"
+#include "tessera_tools/render.h"
 #include "tessera/status.h"
 
 namespace tessera {

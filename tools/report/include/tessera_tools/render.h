@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "tessera/claims.h"
+#include "tessera_tools/claims.h"
 #include "tessera/ledger.h"
 #include "tessera/reconcile.h"
 #include "tessera/status.h"

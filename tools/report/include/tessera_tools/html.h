@@ -16,7 +16,7 @@
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
 #include "tessera/plan.h"
-#include "tessera/receipt.h"
+#include "tessera_tools/receipt.h"
 #include "tessera/status.h"
 #include "tessera/weights.h"
 
