@@ -122,8 +122,8 @@ TEST(ServeFrame, ParseSplitsAtTheHeaderLengthAndNamesEachBadLength) {
   f = serve_detail::ParseFrame(empty);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(f->records, "");
-  auto field = [](const std::string& body) {
-    Result<serve_detail::Frame> r = serve_detail::ParseFrame(body);
+  auto field = [](const std::string& framed) {
+    Result<serve_detail::Frame> r = serve_detail::ParseFrame(framed);
     return r.ok() ? std::string("ok") : r.status().field();
   };
   EXPECT_EQ(field("TKV1"), "body");                                // shorter than magic + length
