@@ -1,12 +1,7 @@
 // The bearer token (serve_auth.cc): file modes, the compare, the API guarded end to end.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstring>
-#include <functional>
-#include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "serve_test_support.h"

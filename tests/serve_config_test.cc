@@ -1,12 +1,7 @@
 // `tessera serve` configuration (serve_config.cc): keys, environment overrides, bad input named.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstring>
-#include <functional>
-#include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "serve_test_support.h"

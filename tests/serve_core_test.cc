@@ -1,12 +1,9 @@
 // The core (serve_core.cc, serve_api.cc): ids and tenants, engine KV per model, DeepSeek-V4.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstring>
-#include <functional>
-#include <numeric>
+#include <algorithm>
+#include <cctype>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "serve_test_support.h"

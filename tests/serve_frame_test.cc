@@ -1,12 +1,7 @@
 // The API's bodies (serve_frame.cc): strict JSON, framed bodies refused naming the field.
 #include <gtest/gtest.h>
 
-#include <chrono>
-#include <cstring>
-#include <functional>
-#include <numeric>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "serve_internal.h"
