@@ -10,7 +10,7 @@
 #include "tessera/ledger.h"
 #include "tessera/plan.h"
 #include "tessera/price.h"
-#include "tessera/report.h"
+#include "tessera_tools/report.h"
 
 namespace {
 

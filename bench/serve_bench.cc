@@ -35,7 +35,7 @@
 
 #include "tessera/geometry.h"
 #include "tessera/request_manager.h"
-#include "tessera/serve.h"
+#include "tessera_tools/serve.h"
 
 namespace tessera {
 namespace {

@@ -17,7 +17,7 @@
 #include "tessera/checked.h"
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
-#include "tessera/render.h"
+#include "tessera_tools/render.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "tessera/claims.h"
+#include "tessera_tools/claims.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The HTML receipt's writer: escaping of hostile text, the SVG charts' elements and coordinates,
 // and the page `tessera receipt --format html` writes (tests/browser_test.cc renders it).
-#include "tessera/html.h"
+#include "tessera_tools/html.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <regex>
 #include <sstream>
 
-#include "tessera/version.h"
+#include "tessera_tools/version.h"
 #include "test_support.h"
 
 namespace tessera {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tessera/ledger.h"
-#include "tessera/render.h"
+#include "tessera_tools/render.h"
 #include "test_support.h"
 
 namespace tessera {

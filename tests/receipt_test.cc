@@ -1,4 +1,4 @@
-#include "tessera/receipt.h"
+#include "tessera_tools/receipt.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "tessera/render.h"
+#include "tessera_tools/render.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "tessera/report.h"
+#include "tessera_tools/report.h"
 
 #include <gtest/gtest.h>
 

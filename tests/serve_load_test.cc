@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "tessera/serve.h"
+#include "tessera_tools/serve.h"
 #include "test_support.h"
 
 namespace tessera {

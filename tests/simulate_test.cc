@@ -1,4 +1,4 @@
-#include "tessera/simulate.h"
+#include "tessera_tools/simulate.h"
 
 #include <gtest/gtest.h>
 

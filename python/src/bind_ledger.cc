@@ -6,7 +6,7 @@
 #include "common.h"
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
-#include "tessera/render.h"
+#include "tessera/ledger_json.h"
 #include "tessera/units.h"
 
 namespace tessera::py_bind {
@@ -52,7 +52,7 @@ std::string LedgerJson(const py::object& model, const py::object& config, const 
   {
     py::gil_scoped_release nogil;
     l.emplace(ComputeLedger(g, o));
-    if (l->ok()) text = RenderLedger(**l, OutputFormat::kJson);
+    if (l->ok()) text = LedgerJsonText(**l);
   }
   if (!l->ok()) ThrowStatus(l->status());
   return text;

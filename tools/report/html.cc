@@ -1,12 +1,12 @@
-#include "tessera/html.h"
+#include "tessera_tools/html.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "tessera/plan_render.h"
 #include "tessera/units.h"
-#include "tessera/version.h"
+#include "tessera_tools/plan_render.h"
+#include "tessera_tools/version.h"
 
 namespace tessera {
 namespace html {
@@ -407,55 +407,58 @@ constexpr const char* kStyle =
     ".pass{color:#1a7f37}.fail{color:#c62828;font-weight:bold}svg.chart{display:block;margin:10px 0;"
     "border:1px solid #ddd}code{font-size:12px}";
 
-}  // namespace
-
-Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest& req) {
-  if (req.engines.empty()) return InvalidArgument("engine", "no engine to chart");
-  if (req.plan && !req.shapes) return InvalidArgument("gpu", "a plan needs the model's weight shapes");
-  HtmlReceipt out;
-  TESSERA_ASSIGN_OR_RETURN(out.receipt, BuildReceipt(g, req.receipt));
-  const LedgerOptions& base = req.receipt.options;
-  TESSERA_ASSIGN_OR_RETURN(Ledger main, ComputeLedger(g, base));
-  std::vector<std::string> notes;
-
-  // The charted contexts: powers of two from 1K (or the maximum, if smaller) to the maximum.
+// The charted contexts: powers of two from 1K (or the maximum, if smaller) to the maximum.
+std::vector<uint64_t> ChartedContexts(const Geometry& g, const LedgerOptions& base) {
+  std::vector<uint64_t> contexts;
   uint64_t max_ctx = g.max_position_embeddings != 0 ? g.max_position_embeddings : base.context_tokens;
   for (uint64_t c = std::min<uint64_t>(1024, max_ctx); c != 0 && c <= max_ctx; c *= 2) {
-    out.contexts.push_back(c);
+    contexts.push_back(c);
     if (c > max_ctx / 2) break;
   }
-  if (out.contexts.empty() || out.contexts.back() != max_ctx) out.contexts.push_back(max_ctx);
+  if (contexts.empty() || contexts.back() != max_ctx) contexts.push_back(max_ctx);
+  return contexts;
+}
 
-  // One ledger per engine at the receipt's context (terms), and per engine per charted context
-  // (curves); batch 1, the receipt's other options.
-  // Requested bytes are the request's logical cache, one copy (the latent is replicated on every
-  // tensor-parallel rank; all ranks together hold tp copies, which this chart does not plot).
-  html::LineChart requested{
-      "Requested bytes per request (one copy of its cache)", "bytes (one copy)", "context (tokens)", {}};
-  html::LineChart committed{"Committed bytes per request (one rank)", "bytes per rank", "context (tokens)", {}};
-  html::LineChart read{"Cache bytes read per generated token (one rank)", "bytes per token", "context (tokens)", {}};
+// What the page charts per engine: the three curves, the committed terms as bars, the ledger at
+// the receipt's context.
+struct EngineFigures {
+  html::LineChart requested, committed, read;
   std::vector<html::Bar> bars;
   std::vector<std::pair<Engine, Ledger>> at_context;
+};
+
+// One ledger per engine at the receipt's context (terms), and per engine per charted context
+// (curves); batch 1, the receipt's other options. An engine or a context without a ledger is a
+// note. Requested bytes are the request's logical cache, one copy (the latent is replicated on
+// every tensor-parallel rank; all ranks together hold tp copies, which this chart does not plot).
+EngineFigures ComputeEngineFigures(const Geometry& g, const HtmlReceiptRequest& req,
+                                   const std::vector<uint64_t>& contexts, std::vector<std::string>* notes) {
+  const LedgerOptions& base = req.receipt.options;
+  EngineFigures f{{"Requested bytes per request (one copy of its cache)", "bytes (one copy)", "context (tokens)", {}},
+                  {"Committed bytes per request (one rank)", "bytes per rank", "context (tokens)", {}},
+                  {"Cache bytes read per generated token (one rank)", "bytes per token", "context (tokens)", {}},
+                  {},
+                  {}};
   for (Engine e : req.engines) {
     std::string name(EngineName(e));
     LedgerOptions o = base;
     o.engine = e;
     Result<Ledger> here = ComputeLedger(g, o);
     if (!here.ok()) {
-      notes.push_back(name + ": no ledger at the receipt's options: " + here.status().ToString());
+      notes->push_back(name + ": no ledger at the receipt's options: " + here.status().ToString());
       continue;
     }
     html::Bar bar{name, {}};
     for (const Term& t : here->terms) bar.segments.push_back({TermLabel(t.term), TermColor(t.term), t.bytes});
-    bars.push_back(std::move(bar));
-    at_context.emplace_back(e, std::move(*here));
+    f.bars.push_back(std::move(bar));
+    f.at_context.emplace_back(e, std::move(*here));
     html::Series rq{name, EngineColor(e), {}}, cm{name, EngineColor(e), {}}, rd{name, EngineColor(e), {}};
-    for (uint64_t c : out.contexts) {
+    for (uint64_t c : contexts) {
       o.context_tokens = c;
       o.batch = 1;
       Result<Ledger> l = ComputeLedger(g, o);
       if (!l.ok()) {
-        notes.push_back(name + " at " + WithThousands(c) + " tokens: " + l.status().ToString());
+        notes->push_back(name + " at " + WithThousands(c) + " tokens: " + l.status().ToString());
         continue;
       }
       double x = static_cast<double>(c);
@@ -463,32 +466,25 @@ Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest
       cm.points.emplace_back(x, static_cast<double>(l->committed_bytes));
       rd.points.emplace_back(x, static_cast<double>(l->read_bytes_per_token));
     }
-    requested.series.push_back(std::move(rq));
-    committed.series.push_back(std::move(cm));
-    read.series.push_back(std::move(rd));
+    f.requested.series.push_back(std::move(rq));
+    f.committed.series.push_back(std::move(cm));
+    f.read.series.push_back(std::move(rd));
   }
 
-  if (req.plan) {
-    PlanOptions po = *req.plan;
-    po.ledger = base;
-    po.context_tokens = base.context_tokens;
-    po.tp = base.tp;
-    po.engines = req.engines;
-    TESSERA_ASSIGN_OR_RETURN(Plan p, ComputePlan(g, *req.shapes, po));
-    out.plan = std::move(p);
-  }
+  return f;
+}
 
+// The page, section by section: `h` the HTML so far.
+struct HtmlPage {
   std::string h;
-  const std::string title = "Cache receipt: " + main.model + " at " + WithThousands(base.context_tokens) + " tokens";
-  h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">";
-  // Nothing on this page loads or runs anything.
-  h += "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">";
-  h += "<title>" + Escape(title) + "</title><style>" + kStyle + "</style></head>\n<body>\n";
-  h += "<h1>" + Escape(title) + "</h1>\n";
+  void Row(const std::string& k, const std::string& v) { h += "<tr><th>" + Escape(k) + "</th>" + Cell(v) + "</tr>"; }
+};
+
+void InputsSection(const Geometry& g, const HtmlReceiptRequest& req, const Ledger& main, HtmlPage* page) {
+  const LedgerOptions& base = req.receipt.options;
+  std::string& h = page->h;
+  auto row = [&](const std::string& k, const std::string& v) { page->Row(k, v); };
   h += "<table class=\"inputs\">";
-  auto row = [&](const std::string& k, const std::string& v) {
-    h += "<tr><th>" + Escape(k) + "</th>" + Cell(v) + "</tr>";
-  };
   row("software", "tessera " + std::string(TesseraVersion()));
   row("model source", req.receipt.model_source);
   row("model type", g.model_type);
@@ -506,30 +502,36 @@ Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest
                         (req.receipt.observed_all_ranks ? "all ranks" : "per rank") + ")");
   }
   h += "</table>\n";
+}
 
-  if (out.plan) {
-    const GpuSpec& gpu = out.plan->gpu;
-    h += "<h2>Accelerator</h2>\n<table class=\"gpu\">";
-    row("gpu", gpu.name + " (" + gpu.description + ")");
-    row("memory", FormatBytes(gpu.memory_bytes));
-    row("HBM bandwidth", WithThousands(gpu.hbm_bytes_per_s) + " B/s");
-    row("dense bf16 / fp8",
-        WithThousands(gpu.dense_bf16_flops) + " / " + WithThousands(gpu.dense_fp8_flops) + " FLOP/s");
-    row("tp, gpu-memory-utilization", std::to_string(out.plan->tp) + ", " + out.plan->utilization.ToDecimal());
-    h += "</table>\n";
-  }
+void AcceleratorSection(const Plan& plan, HtmlPage* page) {
+  std::string& h = page->h;
+  auto row = [&](const std::string& k, const std::string& v) { page->Row(k, v); };
+  const GpuSpec& gpu = plan.gpu;
+  h += "<h2>Accelerator</h2>\n<table class=\"gpu\">";
+  row("gpu", gpu.name + " (" + gpu.description + ")");
+  row("memory", FormatBytes(gpu.memory_bytes));
+  row("HBM bandwidth", WithThousands(gpu.hbm_bytes_per_s) + " B/s");
+  row("dense bf16 / fp8", WithThousands(gpu.dense_bf16_flops) + " / " + WithThousands(gpu.dense_fp8_flops) + " FLOP/s");
+  row("tp, gpu-memory-utilization", std::to_string(plan.tp) + ", " + plan.utilization.ToDecimal());
+  h += "</table>\n";
+}
 
+void ContextSection(const std::vector<uint64_t>& contexts, const EngineFigures& f, const LedgerOptions& base,
+                    HtmlPage* page) {
+  std::string& h = page->h;
   h += "<h2>Bytes against context</h2>\n<p>Batch 1, every engine with the receipt's other options; log scales. "
        "Contexts: ";
-  for (size_t i = 0; i < out.contexts.size(); ++i) h += (i ? ", " : "") + WithThousands(out.contexts[i]);
+  for (size_t i = 0; i < contexts.size(); ++i) h += (i ? ", " : "") + WithThousands(contexts[i]);
   h += ".</p>\n";
-  h += html::LineChartSvg(requested) + "\n" + html::LineChartSvg(committed) + "\n" + html::LineChartSvg(read) + "\n";
+  h += html::LineChartSvg(f.requested) + "\n" + html::LineChartSvg(f.committed) + "\n" + html::LineChartSvg(f.read) +
+       "\n";
 
   h += "<h2>Committed bytes by term at " + WithThousands(base.context_tokens) + " tokens</h2>\n";
-  h += html::StackedBarsSvg("Committed bytes per rank, by term", bars) + "\n";
+  h += html::StackedBarsSvg("Committed bytes per rank, by term", f.bars) + "\n";
   h += "<table class=\"ledger\">" +
        Head({"engine", "requested", "committed (one rank)", "read per token", "admission", "prefill peak", "decode"});
-  for (const auto& [e, l] : at_context) {
+  for (const auto& [e, l] : f.at_context) {
     h += "<tr>" + Cell(std::string(EngineName(e))) + Cell(WithThousands(l.requested_bytes), true) +
          Cell(WithThousands(l.committed_bytes), true) + Cell(WithThousands(l.read_bytes_per_token), true) +
          Cell(WithThousands(PhaseOf(l, LedgerPhase::kAdmission)), true) +
@@ -537,51 +539,54 @@ Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest
          Cell(WithThousands(PhaseOf(l, LedgerPhase::kDecode)), true) + "</tr>";
   }
   h += "</table>\n<table class=\"terms\">" + Head({"engine", "term", "bytes (one rank)"});
-  for (const auto& [e, l] : at_context) {
+  for (const auto& [e, l] : f.at_context) {
     for (const Term& t : l.terms) {
       h += "<tr>" + Cell(std::string(EngineName(e))) + Cell(TermLabel(t.term)) + Cell(WithThousands(t.bytes), true) +
            "</tr>";
     }
   }
   h += "</table>\n";
+}
 
-  if (out.plan) {
-    const Plan& p = *out.plan;
-    h += "<h2>Capacity plan: " + Escape(std::to_string(p.tp) + " x " + p.gpu.name) + "</h2>\n<table class=\"budget\">";
-    row("usable per rank", FormatBytes(p.usable_bytes));
-    row("weights per rank (" + std::string(WeightDtypeName(p.weights.dtype)) + ")",
-        FormatBytes(p.weights.bytes_per_rank));
-    row("reserve per rank", FormatBytes(p.reserve_bytes));
-    row("KV budget per rank", FormatBytes(p.kv_budget_bytes) + (p.weights_fit ? "" : " (the weights do not fit)"));
-    h +=
-        "</table>\n<table class=\"plan\">" + Head({"engine", "phase", "bytes per request (one rank)", "max concurrency",
-                                                   p.concurrency ? "max context at the concurrency" : "max context"});
-    for (const EnginePlan& e : p.engines) {
-      for (const PhasePlan& ph : e.phases) {
-        h += "<tr>" + Cell(std::string(EngineName(e.engine))) + Cell(std::string(LedgerPhaseName(ph.phase))) +
-             Cell(WithThousands(ph.bytes_per_request), true) + Cell(Count(ph.max_concurrency), true) +
-             Cell(ph.max_context ? WithThousands(*ph.max_context) : "-", true) + "</tr>";
-      }
+void PlanSection(const Plan& p, HtmlPage* page, std::vector<std::string>* notes) {
+  std::string& h = page->h;
+  auto row = [&](const std::string& k, const std::string& v) { page->Row(k, v); };
+  h += "<h2>Capacity plan: " + Escape(std::to_string(p.tp) + " x " + p.gpu.name) + "</h2>\n<table class=\"budget\">";
+  row("usable per rank", FormatBytes(p.usable_bytes));
+  row("weights per rank (" + std::string(WeightDtypeName(p.weights.dtype)) + ")",
+      FormatBytes(p.weights.bytes_per_rank));
+  row("reserve per rank", FormatBytes(p.reserve_bytes));
+  row("KV budget per rank", FormatBytes(p.kv_budget_bytes) + (p.weights_fit ? "" : " (the weights do not fit)"));
+  h += "</table>\n<table class=\"plan\">" + Head({"engine", "phase", "bytes per request (one rank)", "max concurrency",
+                                                  p.concurrency ? "max context at the concurrency" : "max context"});
+  for (const EnginePlan& e : p.engines) {
+    for (const PhasePlan& ph : e.phases) {
+      h += "<tr>" + Cell(std::string(EngineName(e.engine))) + Cell(std::string(LedgerPhaseName(ph.phase))) +
+           Cell(WithThousands(ph.bytes_per_request), true) + Cell(Count(ph.max_concurrency), true) +
+           Cell(ph.max_context ? WithThousands(*ph.max_context) : "-", true) + "</tr>";
     }
-    h += "</table>\n<h2>Gates</h2>\n<table class=\"gates\">";
-    row("max committed bytes per rank", p.max_committed_bytes ? WithThousands(*p.max_committed_bytes) : "none");
-    row("min concurrency", p.min_concurrency ? WithThousands(*p.min_concurrency) : "none");
-    h += "</table>\n<h2>Rejected configurations</h2>\n";
-    bool any = false;
-    h += "<ul class=\"rejected\">";
-    for (const EnginePlan& e : p.engines) {
-      if (!e.rejected) continue;
-      any = true;
-      std::string why;
-      for (const std::string& r : e.reasons) why += (why.empty() ? "" : "; ") + r;
-      h += "<li class=\"fail\">" + Escape(std::string(EngineName(e.engine)) + ": " + why) + "</li>";
-    }
-    h += any ? "</ul>\n" : "<li>none</li></ul>\n";
-    for (const std::string& n : p.notes) notes.push_back("plan: " + n);
   }
+  h += "</table>\n<h2>Gates</h2>\n<table class=\"gates\">";
+  row("max committed bytes per rank", p.max_committed_bytes ? WithThousands(*p.max_committed_bytes) : "none");
+  row("min concurrency", p.min_concurrency ? WithThousands(*p.min_concurrency) : "none");
+  h += "</table>\n<h2>Rejected configurations</h2>\n";
+  bool any = false;
+  h += "<ul class=\"rejected\">";
+  for (const EnginePlan& e : p.engines) {
+    if (!e.rejected) continue;
+    any = true;
+    std::string why;
+    for (const std::string& r : e.reasons) why += (why.empty() ? "" : "; ") + r;
+    h += "<li class=\"fail\">" + Escape(std::string(EngineName(e.engine)) + ": " + why) + "</li>";
+  }
+  h += any ? "</ul>\n" : "<li>none</li></ul>\n";
+  for (const std::string& n : p.notes) notes->push_back("plan: " + n);
+}
 
+void ChecksAndNotesSection(const Receipt& receipt, const Ledger& main, std::vector<std::string> notes, HtmlPage* page) {
+  std::string& h = page->h;
   h += "<h2>Checks</h2>\n<ul class=\"checks\">";
-  for (const ReceiptCheck& c : out.receipt.checks) {
+  for (const ReceiptCheck& c : receipt.checks) {
     h += std::string("<li class=\"") + (c.passed ? "pass\">passed" : "fail\">FAILED") + ": " + Escape(c.name) + " — " +
          Escape(c.detail) + "</li>";
   }
@@ -592,8 +597,44 @@ Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest
     for (const std::string& n : notes) h += "<li>" + Escape(n) + "</li>";
     h += "</ul>\n";
   }
-  h += "</body></html>\n";
-  out.html = std::move(h);
+}
+
+}  // namespace
+
+Result<HtmlReceipt> BuildHtmlReceipt(const Geometry& g, const HtmlReceiptRequest& req) {
+  if (req.engines.empty()) return InvalidArgument("engine", "no engine to chart");
+  if (req.plan && !req.shapes) return InvalidArgument("gpu", "a plan needs the model's weight shapes");
+  HtmlReceipt out;
+  TESSERA_ASSIGN_OR_RETURN(out.receipt, BuildReceipt(g, req.receipt));
+  const LedgerOptions& base = req.receipt.options;
+  TESSERA_ASSIGN_OR_RETURN(Ledger main, ComputeLedger(g, base));
+  std::vector<std::string> notes;
+  out.contexts = ChartedContexts(g, base);
+  const EngineFigures figures = ComputeEngineFigures(g, req, out.contexts, &notes);
+  if (req.plan) {
+    PlanOptions po = *req.plan;
+    po.ledger = base;
+    po.context_tokens = base.context_tokens;
+    po.tp = base.tp;
+    po.engines = req.engines;
+    TESSERA_ASSIGN_OR_RETURN(Plan p, ComputePlan(g, *req.shapes, po));
+    out.plan = std::move(p);
+  }
+
+  HtmlPage page;
+  const std::string title = "Cache receipt: " + main.model + " at " + WithThousands(base.context_tokens) + " tokens";
+  page.h += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">";
+  // Nothing on this page loads or runs anything.
+  page.h += "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">";
+  page.h += "<title>" + Escape(title) + "</title><style>" + kStyle + "</style></head>\n<body>\n";
+  page.h += "<h1>" + Escape(title) + "</h1>\n";
+  InputsSection(g, req, main, &page);
+  if (out.plan) AcceleratorSection(*out.plan, &page);
+  ContextSection(out.contexts, figures, base, &page);
+  if (out.plan) PlanSection(*out.plan, &page, &notes);
+  ChecksAndNotesSection(out.receipt, main, std::move(notes), &page);
+  page.h += "</body></html>\n";
+  out.html = std::move(page.h);
   return out;
 }
 

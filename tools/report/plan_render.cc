@@ -1,4 +1,4 @@
-#include "tessera/plan_render.h"
+#include "tessera_tools/plan_render.h"
 
 #include <cstdio>
 

@@ -1,23 +1,22 @@
-// JSON builders shared by render.cc and receipt.cc. Internal to the ledger module.
+// JSON builders shared by render.cc and receipt.cc (private to tools/report).
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tessera/claims.h"
 #include "tessera/ledger.h"
+#include "tessera/ledger_json.h"
 #include "tessera/reconcile.h"
+#include "tessera_tools/claims.h"
 
 namespace tessera::detail {
 
-// j as text. Strings that are not UTF-8 (a config path is whatever bytes the file system holds)
-// have their invalid bytes replaced by U+FFFD instead of making dump() throw.
-inline std::string DumpJson(const nlohmann::ordered_json& j, int indent = 2) {
-  return j.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
+// The ledger's own JSON (ExactJson, LedgerToJson, DumpJson) is the ledger library's:
+// tessera/ledger_json.h.
+using tessera::DumpJson;
+using tessera::ExactJson;
+using tessera::LedgerToJson;
 
-nlohmann::ordered_json ExactJson(const Fraction& f);
-nlohmann::ordered_json LedgerToJson(const Ledger& ledger, const Reconciliation* reconciliation);
 nlohmann::ordered_json ClaimsToJson(const ClaimCheck& check);
 
 }  // namespace tessera::detail

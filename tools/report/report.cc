@@ -1,13 +1,13 @@
-#include "tessera/report.h"
+#include "tessera_tools/report.h"
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "render_json.h"
-#include "tessera/claims.h"
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
 #include "tessera/units.h"
+#include "tessera_tools/claims.h"
 
 namespace tessera {
 

@@ -1,4 +1,4 @@
-#include "tessera/simulate.h"
+#include "tessera_tools/simulate.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,10 +13,10 @@
 #include "tessera/checked.h"
 #include "tessera/disk_tier.h"
 #include "tessera/request_manager.h"
-#include "tessera/serve.h"
 #include "tessera/tier_adapters.h"
 #include "tessera/tier_key.h"
 #include "tessera/units.h"
+#include "tessera_tools/serve.h"
 
 namespace tessera {
 
@@ -725,6 +725,7 @@ Result<SimulationResult> RunAgentScenario(const Geometry& g, const AgentScenario
   return out;
 }
 
+// Long (~95 lines): a flat list, one line per figure of the run, in each output form.
 std::string RenderSimulation(const SimulationResult& r, OutputFormat format) {
   nlohmann::ordered_json j;
   j["scenario"] = "agents";

@@ -1,4 +1,4 @@
-#include "tessera/version.h"
+#include "tessera_tools/version.h"
 
 #include "tessera_version.h"
 

@@ -34,29 +34,29 @@
 
 extern char** environ;
 
-#include "tessera/claims.h"
 #include "tessera/codec.h"
 #include "tessera/disk_tier.h"
 #include "tessera/file_io.h"
 #include "tessera/geometry.h"
 #include "tessera/gpu.h"
-#include "tessera/html.h"
 #include "tessera/layout.h"
 #include "tessera/ledger.h"
 #include "tessera/model.h"
 #include "tessera/plan.h"
-#include "tessera/plan_render.h"
 #include "tessera/price.h"
-#include "tessera/receipt.h"
 #include "tessera/reconcile.h"
-#include "tessera/render.h"
-#include "tessera/report.h"
-#include "tessera/serve.h"
-#include "tessera/simulate.h"
 #include "tessera/units.h"
 #include "tessera/v4_model.h"
-#include "tessera/version.h"
 #include "tessera/weights.h"
+#include "tessera_tools/claims.h"
+#include "tessera_tools/html.h"
+#include "tessera_tools/plan_render.h"
+#include "tessera_tools/receipt.h"
+#include "tessera_tools/render.h"
+#include "tessera_tools/report.h"
+#include "tessera_tools/serve.h"
+#include "tessera_tools/simulate.h"
+#include "tessera_tools/version.h"
 
 namespace {
 
@@ -76,6 +76,35 @@ Result<Geometry> LoadModelOrConfig(const std::string& model, const std::string& 
   if (!config.empty()) return LoadConfigFile(config);
   if (model.empty()) return InvalidArgument("model", "missing: give --model NAME or --config PATH");
   return LoadPreset(model);
+}
+
+// The layout flags (--kv-format, --indexer-format, --block-tokens, --kernel): each registered
+// here once, for every subcommand that takes them; a null target leaves the flag out, and a
+// subcommand whose flag means something narrower (run's tiny models) passes its own help.
+struct LayoutFlags {
+  std::string* kv_format = nullptr;
+  std::string* indexer_format = nullptr;
+  std::string* block_tokens = nullptr;
+  std::string* kernel = nullptr;
+  const char* kv_format_help = "main record format (see `tessera formats`)";
+  const char* indexer_format_help = "indexer record format";
+  const char* block_tokens_help = "tokens per block (default: derived)";
+  const char* kernel_help =
+      "flashmla | cutlass-mla | flashinfer-mla | generic (tessera and vllm engines; default flashmla)";
+};
+
+void AddLayoutOptions(CLI::App* app, const LayoutFlags& f) {
+  if (f.kv_format != nullptr) app->add_option("--kv-format", *f.kv_format, f.kv_format_help);
+  if (f.indexer_format != nullptr) app->add_option("--indexer-format", *f.indexer_format, f.indexer_format_help);
+  if (f.block_tokens != nullptr) app->add_option("--block-tokens", *f.block_tokens, f.block_tokens_help);
+  if (f.kernel != nullptr) app->add_option("--kernel", *f.kernel, f.kernel_help);
+}
+
+// --block-tokens' text: unset (empty) or a count (errors name block-tokens).
+Result<std::optional<uint64_t>> ParseBlockTokens(const std::string& text) {
+  if (text.empty()) return std::optional<uint64_t>();
+  TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(text, "block-tokens"));
+  return std::optional<uint64_t>(bt);
 }
 
 // Options shared by ledger and receipt, kept as text so that errors name the option.
@@ -108,16 +137,14 @@ struct ModelArgs {
     app->add_option("--config", config, "path to a Hugging Face config.json");
     app->add_option("--context", context, "tokens per request: 8192, 128k (=131072), 1m (=1048576)");
     app->add_option("--batch", batch, "requests (default 1)");
-    app->add_option("--kv-format", kv_format, "main record format (see `tessera formats`)");
-    app->add_option("--indexer-format", indexer_format, "indexer record format");
-    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived)");
+    AddLayoutOptions(
+        app,
+        {.kv_format = &kv_format, .indexer_format = &indexer_format, .block_tokens = &block_tokens, .kernel = &kernel});
     app->add_option("--tp", tp, "tensor-parallel ranks (default 1)");
     app->add_option("--dcp", dcp, "decode-context-parallel ranks (default 1)");
     app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
     app->add_flag("--include-mtp", include_mtp, "count the MTP layer(s) as holding cache");
     app->add_option("--engine", engine, "tessera | vllm | sglang (default tessera)");
-    app->add_option("--kernel", kernel,
-                    "flashmla | cutlass-mla | flashinfer-mla | generic (tessera and vllm engines; default flashmla)");
     app->add_option("--observed", observed, "bytes an engine really allocated, to reconcile");
     app->add_option("--observed-trace", observed_trace, "allocation trace file: one \"<bytes> [label]\" per line");
     app->add_option("--observed-scope", observed_scope, "rank | all (default rank)");
@@ -144,10 +171,7 @@ struct ModelArgs {
     TESSERA_ASSIGN_OR_RETURN(o.batch, ParseUnsigned(batch, "batch"));
     o.kv_format = kv_format;
     o.indexer_format = indexer_format;
-    if (!block_tokens.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(block_tokens, "block-tokens"));
-      o.block_tokens = bt;
-    }
+    TESSERA_ASSIGN_OR_RETURN(o.block_tokens, ParseBlockTokens(block_tokens));
     auto small = [](const std::string& text, const char* field) -> Result<uint32_t> {
       TESSERA_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(text, field));
       if (v > 65536) return OutOfRange(field, std::to_string(v) + " is above 65536");
@@ -316,12 +340,11 @@ struct SimulateArgs {
     app->add_option("--scenario", scenario, "agents (the only scenario so far)");
     app->add_option("--model", model, "preset name (default deepseek-v3)");
     app->add_option("--config", config, "path to a Hugging Face config.json");
-    app->add_option("--kv-format", kv_format, "main record format");
+    AddLayoutOptions(app, {.kv_format = &kv_format, .block_tokens = &block_tokens});
     app->add_option("--agents", agents, "agents forked from the orchestrator (default 16)");
     app->add_option("--independent", independent, "agents arriving on their own (default agents/2)");
     app->add_option("--shared-tokens", shared_tokens, "system prompt + documents + tools (default 1024)");
     app->add_option("--unique-tokens", unique_tokens, "each agent's own tokens (default 128)");
-    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived)");
     app->add_option("--capacity-blocks", capacity_blocks, "pool capacity (default: enough for the first wave)");
     app->add_option("--tenants", tenants, "tenant domains (default 1)");
     app->add_option("--hash", hash, "xxh3 | sha256 (content key)");
@@ -360,10 +383,7 @@ struct SimulateArgs {
     }
     TESSERA_ASSIGN_OR_RETURN(s.shared_tokens, ParseTokenCount(shared_tokens, "shared-tokens"));
     TESSERA_ASSIGN_OR_RETURN(s.unique_tokens, ParseTokenCount(unique_tokens, "unique-tokens"));
-    if (!block_tokens.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(block_tokens, "block-tokens"));
-      s.block_tokens = bt;
-    }
+    TESSERA_ASSIGN_OR_RETURN(s.block_tokens, ParseBlockTokens(block_tokens));
     TESSERA_ASSIGN_OR_RETURN(s.capacity_blocks, u32(capacity_blocks, "capacity-blocks"));
     TESSERA_ASSIGN_OR_RETURN(s.tenants, u32(tenants, "tenants"));
     TESSERA_ASSIGN_OR_RETURN(s.hash, ParseHashAlgorithm(hash));
@@ -544,7 +564,7 @@ struct PlanArgs {
     app->add_option("--gpu-spec", gpu_spec, "a GPU spec JSON file (fields as data/gpus/*.json)");
     app->add_option("--tp", tp, "tensor-parallel ranks (default 1)");
     app->add_option("--context", context, "tokens per request: 8192, 128k, 1m");
-    app->add_option("--kv-format", kv_format, "main record format (see `tessera formats`)");
+    AddLayoutOptions(app, {.kv_format = &kv_format});
     app->add_option("--format", format, "text | json | markdown");
   }
   void RegisterPlan(CLI::App* app) {
@@ -558,8 +578,7 @@ struct PlanArgs {
                     "per rank, kept out of the KV budget: activations, CUDA graphs (default 0)");
     app->add_option("--max-committed-bytes", max_committed, "gate: reject a configuration committing more per rank");
     app->add_option("--min-concurrency", min_concurrency, "gate: reject a configuration sustaining fewer requests");
-    app->add_option("--indexer-format", indexer_format, "indexer record format");
-    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived)");
+    AddLayoutOptions(app, {.indexer_format = &indexer_format, .block_tokens = &block_tokens});
     app->add_option("--spec-tokens", spec_tokens, "speculative draft tokens per step (default 0)");
     app->add_option("--prefill-chunk", prefill_chunk, "tokens per prefill step (default 8192)");
     app->add_flag("--include-mtp", include_mtp, "load the MTP layer(s) and count their cache");
@@ -639,10 +658,7 @@ struct PlanArgs {
     }
     o.ledger.kv_format = kv_format;
     o.ledger.indexer_format = indexer_format;
-    if (!block_tokens.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(uint64_t bt, ParseUnsigned(block_tokens, "block-tokens"));
-      o.ledger.block_tokens = bt;
-    }
+    TESSERA_ASSIGN_OR_RETURN(o.ledger.block_tokens, ParseBlockTokens(block_tokens));
     TESSERA_ASSIGN_OR_RETURN(uint64_t spec, ParseUnsigned(spec_tokens, "spec-tokens"));
     if (spec > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
     o.ledger.spec_tokens = static_cast<uint32_t>(spec);
@@ -797,16 +813,20 @@ struct GenerateArgs {
     app->add_option("--model", model, "tiny-mla | tiny-dsa | tiny-v4");
     app->add_option("--prompt-tokens", prompt_tokens, "comma-separated token ids");
     app->add_option("--steps", steps, "tokens to generate");
-    app->add_option("--kv-format", kv_format, "mla-bf16 (default) | fp8_ds_mla");
+
     app->add_option("--attention", attention, "absorbed (default) | naive");
     app->add_option("--weights", weights, "safetensors weight file (ADR 0017)");
     app->add_flag("--init-weights", init_weights, "generate the weights from --seed and write them to --weights");
     app->add_option("--seed", seed, "weight seed for --init-weights (default 0)");
     app->add_option("--dump", dump, "write tokens and logits as JSON to this file");
     app->add_option("--flip-page-byte", flip, "LAYER,POSITION,BYTE: after prefill, XOR 0x01 into that record byte");
-    app->add_option("--block-tokens", block_tokens, "tokens per block (default: derived, 64)");
+    AddLayoutOptions(app, {.kv_format = &kv_format,
+                           .indexer_format = &indexer_format,
+                           .block_tokens = &block_tokens,
+                           .kv_format_help = "mla-bf16 (default) | fp8_ds_mla",
+                           .indexer_format_help = "tiny-v4: indexer-mxfp4 (default) | indexer-fp8",
+                           .block_tokens_help = "tokens per block (default: derived, 64)"});
     app->add_option("--swa-strategy", window_strategy, "tiny-v4: recompute | snapshot (default) | retain");
-    app->add_option("--indexer-format", indexer_format, "tiny-v4: indexer-mxfp4 (default) | indexer-fp8");
   }
 };
 
@@ -1101,11 +1121,11 @@ int Main(int argc, char** argv) {
   CLI::App* layout = app.add_subcommand("layout", "block span and page bytes per cache group, with the reasons");
   layout->add_option("--model", layout_args.model, "preset name");
   layout->add_option("--config", layout_args.config, "path to a Hugging Face config.json");
-  layout->add_option("--block-tokens", layout_args.block_tokens, "tokens per block (default: derived)");
-  layout->add_option("--kernel", layout_args.kernel,
-                     "flashmla | cutlass-mla | flashinfer-mla | generic (default flashmla)");
-  layout->add_option("--kv-format", layout_args.kv_format, "main record format");
-  layout->add_option("--indexer-format", layout_args.indexer_format, "indexer record format");
+  AddLayoutOptions(layout, {.kv_format = &layout_args.kv_format,
+                            .indexer_format = &layout_args.indexer_format,
+                            .block_tokens = &layout_args.block_tokens,
+                            .kernel = &layout_args.kernel,
+                            .kernel_help = "flashmla | cutlass-mla | flashinfer-mla | generic (default flashmla)"});
   layout->add_option("--format", format, "table | json | markdown");
   std::string tier_dir;
   CLI::App* tier = app.add_subcommand("tier", "the disk tier: fsck DIR | stats DIR");

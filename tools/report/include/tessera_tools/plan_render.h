@@ -5,7 +5,7 @@
 
 #include "tessera/plan.h"
 #include "tessera/price.h"
-#include "tessera/render.h"
+#include "tessera_tools/render.h"
 
 namespace tessera {
 

@@ -23,9 +23,9 @@
 #include "tessera/hash.h"
 #include "tessera/ledger.h"
 #include "tessera/metrics.h"
-#include "tessera/render.h"
 #include "tessera/status.h"
 #include "tessera/tiered_store.h"
+#include "tessera_tools/render.h"
 
 namespace tessera {
 

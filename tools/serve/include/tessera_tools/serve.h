@@ -76,7 +76,9 @@ struct ServeConfig {
   std::string kv_format;              // empty: the model's default
   std::optional<uint64_t> block_tokens;
   uint32_t capacity_blocks = 4096;
-  uint32_t max_requests = 1024;
+  // Live requests at once: no ceiling by default (the manager's tables grow on demand); a set
+  // ceiling (1 .. 2^20) refuses the admission past it (503 on "requests", naming max_requests).
+  uint32_t max_requests = kNoRequestLimit;
   // "host": the pool holds (synthetic) KV bytes, which the tiers store; "unbacked": bookkeeping
   // only, for blocks an engine keeps on its device (events say medium GPU; no tiers).
   bool pool_unbacked = false;
@@ -136,7 +138,10 @@ Result<std::vector<std::byte>> ReadSecretFile(const std::string& path, std::stri
 // A Redis tier (`url`: redis://host:port) or a Redis Cluster tier (`cluster`: host:port seeds;
 // exactly one of the two), checked to answer now: kIoError on "redis" / "redis-cluster" when it
 // does not (a server lost later degrades to misses, as the tiers do). Keys live in
-// RedisNamespace(model, format, 0), prefixed with `key_namespace` instead of "tessera".
+// RedisNamespace(model, format, 0) with `key_namespace` (tiers.redis_namespace: 1..64 bytes of
+// [A-Za-z0-9._-]) in place of its leading "tessera". Domain 0 on purpose: one namespace per
+// server configuration; tenants are kept apart by the keys themselves (both a block's keys hash
+// its tenant domain), not by the namespace.
 Result<std::unique_ptr<Tier>> OpenReachableRedisTier(const std::string& url, const std::vector<std::string>& cluster,
                                                      const std::vector<std::byte>& secret,
                                                      const std::string& key_namespace, std::string_view model,
@@ -226,11 +231,14 @@ class ServeCore {
 
  private:
   ServeCore() = default;
+  // record_offset_ and record_bytes_ from the manager's pool groups (engine KV's frame).
+  Status PlanRecords();
   void PublishLocked() REQUIRES(mu_);
   std::pair<int, std::string> HandleAdmit(std::string_view body);
   std::pair<int, std::string> HandleStep(std::string_view body);
   std::pair<int, std::string> HandleFree(std::string_view body);
   std::pair<int, std::string> HandleReset();
+  std::pair<int, std::string> LayoutReply() const;
   std::pair<int, std::string> HandleAdmitFramed(std::string_view body);
   std::pair<int, std::string> HandleStepFramed(std::string_view body);
   std::pair<int, std::string> AdmitReply(const Admission& a);

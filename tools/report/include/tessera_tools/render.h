@@ -4,10 +4,10 @@
 #include <string>
 #include <string_view>
 
-#include "tessera/claims.h"
 #include "tessera/ledger.h"
 #include "tessera/reconcile.h"
 #include "tessera/status.h"
+#include "tessera_tools/claims.h"
 
 namespace tessera {
 

@@ -16,9 +16,9 @@
 #include "tessera/geometry.h"
 #include "tessera/ledger.h"
 #include "tessera/plan.h"
-#include "tessera/receipt.h"
 #include "tessera/status.h"
 #include "tessera/weights.h"
+#include "tessera_tools/receipt.h"
 
 namespace tessera {
 namespace html {

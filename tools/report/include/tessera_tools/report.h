@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "tessera/render.h"
 #include "tessera/status.h"
+#include "tessera_tools/render.h"
 
 namespace tessera {
 
