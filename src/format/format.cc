@@ -421,7 +421,7 @@ float RegionView::Get(uint64_t i) const {
   return 0.0f;
 }
 
-Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record, std::string_view name) {
+Result<RegionView> RegionOf(const RecordFormat& format, const ConstRecordView& record, std::string_view name) {
   std::array<uint64_t, 4> bits_in_plane{};
   for (const Region& r : format.regions) {
     const uint32_t plane = format.packing == Packing::kPerToken ? 0 : r.plane;
@@ -431,7 +431,7 @@ Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record
     if (r.name != name) continue;
     if (offset_bits % 8 != 0) return InvalidArgument("region", "region " + r.name + " does not start on a byte");
     const uint64_t offset = offset_bits / 8, len = (r.bits() + 7) / 8;
-    std::span<std::byte> plane_bytes = record.planes[plane];
+    std::span<const std::byte> plane_bytes = record.planes[plane];
     if (offset + len > plane_bytes.size()) return InvalidArgument("record", "the view is smaller than " + format.name);
     return RegionView{&r, plane_bytes.subspan(offset, len)};
   }

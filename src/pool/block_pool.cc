@@ -249,11 +249,10 @@ BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {
   return {group_region_[group], b.value * group_block_bytes_[group], group_block_bytes_[group]};
 }
 
-RecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
+RecordView BlockPool::RecordAt(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
   RecordView v;
   const PoolGroup& g = groups_[group];
-  // A RecordView is the writers' view (its planes writable), handed out by a const pool as the
-  // manager's Record is: see docs/adr/0036-status-const-options.md.
+  // Writable planes: Record hands them out read-only, MutableRecord (non-const pool) writable.
   std::span<std::byte> page = regions_.Resolve(PageHandle(b, group, layer));
   if (g.format.packing == Packing::kPerToken) {
     const uint64_t rb = g.format.record_bytes();
