@@ -567,7 +567,7 @@ TEST(BlockPool, PackedPagesPlaceEveryLayersSliceAtItsStride) {
       EXPECT_EQ(page.offset, b.value * 36288ULL + l * 1168ULL);
       EXPECT_EQ(page.len, 1168u);
       for (uint64_t e = 0; e < 2; ++e) {
-        RecordView r = pool->Record(b, 0, l, e);
+        RecordView r = pool->MutableRecord(b, 0, l, e);
         ASSERT_EQ(r.plane_count, 2u);
         const uint64_t slice = b.value * 36288ULL + l * 1168ULL;
         EXPECT_EQ(r.planes[0].data() - base, static_cast<std::ptrdiff_t>(slice + e * 576));

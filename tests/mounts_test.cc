@@ -162,7 +162,7 @@ TEST(FlashMlaDense, AliasesThePool) {
   Batch b = Make("tiny-mla", "mla-bf16", {70});
   auto a = BuildFlashMlaDense(*b.manager, b.ids, 1);
   ASSERT_TRUE(a.ok());
-  auto rec = b.manager->Record(b.ids[0], LatentGroup(*b.manager), 1, 69);
+  auto rec = b.manager->MutableRecord(b.ids[0], LatentGroup(*b.manager), 1, 69);  // block 1 fills
   ASSERT_TRUE(rec.ok());
   const int32_t block = a->block_table[1];
   auto view = PageTensorBytes(b.manager->pool(), a->k_cache);

@@ -154,7 +154,7 @@ TEST(PositionIndependence, ReusingAChunkAcrossPrefixesCorruptsTheLogits) {
     const uint32_t g = LatentGroup(m);
     for (uint32_t l = 0; l < runner->config().layers; ++l) {
       for (uint32_t t = 0; t < kChunk; ++t) {
-        Result<RecordView> v = m.Record(*runner->request(), g, l, kChunk + t);
+        Result<ConstRecordView> v = m.Record(*runner->request(), g, l, kChunk + t);
         ASSERT_TRUE(v.ok());
         reused.emplace_back(v->planes[0].begin(), v->planes[0].end());
       }
@@ -169,12 +169,12 @@ TEST(PositionIndependence, ReusingAChunkAcrossPrefixesCorruptsTheLogits) {
   // The prompt's last token was computed over the right chunk; every decode step after it reads
   // the reused one.
   auto swap_in = [&](RequestId r) -> Status {
-    const RequestManager& m = wrong->manager();
+    RequestManager& m = wrong->manager();
     const uint32_t g = LatentGroup(m);
     size_t i = 0;
     for (uint32_t l = 0; l < wrong->config().layers; ++l) {
       for (uint32_t t = 0; t < kChunk; ++t, ++i) {
-        TESSERA_ASSIGN_OR_RETURN(RecordView v, m.Record(r, g, l, kChunk + t));
+        TESSERA_ASSIGN_OR_RETURN(RecordView v, m.FaultInjectionRecord(r, g, l, kChunk + t));
         std::memcpy(v.planes[0].data(), reused[i].data(), reused[i].size());
       }
     }

@@ -586,7 +586,7 @@ TEST(RedisClusterTier, TieredStoreSharesBlocksAcrossHostsThroughTheCluster) {
   EXPECT_EQ(store->stats().tier_hits, 40u);
   EXPECT_EQ(store->stats().verify_failures, 0u);
   for (uint64_t pos = 0; pos < b.cached_tokens; ++pos) {
-    Result<RecordView> v = m->Record(b.id, 0, 1, pos);
+    Result<ConstRecordView> v = m->Record(b.id, 0, 1, pos);
     ASSERT_TRUE(v.ok());
     for (uint32_t p = 0; p < v->plane_count; ++p) {
       for (size_t i = 0; i < v->planes[p].size(); i += 97) {
@@ -749,7 +749,7 @@ class SingleWriterCluster : public ::testing::TestWithParam<uint32_t> {
     for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
       for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
         for (uint32_t l = 0; l < m.pool().groups()[g].layers; ++l) {
-          Result<RecordView> v = m.Record(r, g, l, pos);
+          Result<ConstRecordView> v = m.Record(r, g, l, pos);
           if (!v.ok()) return false;
           for (uint32_t p = 0; p < v->plane_count; ++p) {
             want.resize(v->planes[p].size());

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <numeric>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kv_stream.h"
@@ -73,10 +75,10 @@ void Fill(RequestManager& m, RequestId r, const KvStream& stream, size_t upto) {
     for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
       const uint32_t layers = m.pool().groups()[g].layers;
       for (uint32_t l : {0u, layers / 2, layers - 1}) {
-        Result<RecordView> v = m.Record(r, g, l, pos);
+        Result<ConstRecordView> v = m.Record(r, g, l, pos);
         if (!v.ok()) return ::testing::AssertionFailure() << "Record: " << v.status().ToString();
         for (uint32_t p = 0; p < v->plane_count; ++p) {
-          std::span<std::byte> got = v->planes[p];
+          std::span<const std::byte> got = v->planes[p];
           want.resize(got.size());
           stream.Expected(g, l, pos, p, want);
           if (got.empty() || std::memcmp(got.data(), want.data(), got.size()) != 0) {
@@ -350,6 +352,59 @@ TEST(RequestManagerViews, SealingRevokesAWritableViewAndAHitServesTheOriginalByt
   EXPECT_EQ(m->Writable(BlockId{99}, 0).status().field(), "block");
   EXPECT_EQ(m->Writable(t[2], 5).status().field(), "group");
   EXPECT_EQ(m->Writable(t[2], 0, 61).status().field(), "layer");
+}
+
+// The const accessors hand out read-only records (a sealed block's bytes are final): a write
+// through Record, Entry or the pool's Record does not compile (issue 27.7, ADR 0039).
+template <typename R>
+using PlaneElement = typename std::remove_cvref_t<decltype(std::declval<R>().planes[0])>::element_type;
+using ManagerRecord = decltype(*std::declval<const RequestManager&>().Record(RequestId{}, 0, 0, 0));
+using ManagerEntry = decltype(*std::declval<const RequestManager&>().Entry(RequestId{}, 0, false, 0));
+using PoolRecord = decltype(std::declval<const BlockPool&>().Record(BlockId{}, 0, 0, 0));
+static_assert(std::is_const_v<PlaneElement<ManagerRecord>>, "RequestManager::Record is read-only");
+static_assert(std::is_const_v<PlaneElement<ManagerEntry>>, "RequestManager::Entry is read-only");
+static_assert(std::is_const_v<PlaneElement<PoolRecord>>, "BlockPool::Record is read-only");
+static_assert(!std::is_assignable_v<decltype(std::declval<ManagerRecord>().planes[0][0]), std::byte>,
+              "no byte of a record read through the const accessor can be assigned");
+static_assert(!std::is_convertible_v<ConstRecordView, RecordView>, "a read-only record never becomes writable");
+static_assert(
+    !std::is_const_v<PlaneElement<decltype(*std::declval<RequestManager&>().MutableRecord(RequestId{}, 0, 0, 0))>>,
+    "the checked accessor is the writable one");
+
+TEST(RequestManagerViews, MutableRecordRefusesASealedOrSharedBlockNamingIt) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), V3Fp8(8));
+  KvStream s;
+  s.Add(Range(300, 150));  // two full blocks and 22 tokens
+  const Admission a = MustAdmit(*m, s.tokens());
+  Fill(*m, a.id, s, 150);  // seals the first two
+  const std::vector<BlockId> t = Table(*m, a.id);
+  ASSERT_EQ(m->pool().state(t[0]), BlockState::kSealed);
+
+  const Result<RecordView> sealed = m->MutableRecord(a.id, 0, 0, 10);
+  EXPECT_EQ(sealed.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(sealed.status().field(), "block");
+  EXPECT_NE(sealed.status().message().find("block " + std::to_string(t[0].value) + " is sealed"), std::string::npos)
+      << sealed.status().ToString();
+  EXPECT_EQ(m->MutableRecord(a.id, 0, 30, 100).status().field(), "block");  // second sealed block
+  EXPECT_EQ(m->MutableRecord(a.id, 0, 0, 150).status().field(), "position");
+  EXPECT_EQ(m->MutableRecord(a.id, 0, 61, 140).status().field(), "layer");
+
+  // The filling tail is writable, at the bytes Record reads.
+  const Result<RecordView> tail = m->MutableRecord(a.id, 0, 0, 140);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_EQ(tail->planes[0].data(), m->Record(a.id, 0, 0, 140)->planes[0].data());
+  // Shared by a fork: refused until it is copied.
+  const Result<RequestId> child = m->Fork(a.id);
+  ASSERT_TRUE(child.ok());
+  EXPECT_NE(m->MutableRecord(a.id, 0, 0, 140).status().message().find("shared"), std::string::npos);
+  ASSERT_TRUE(m->Free(*child).ok());
+  EXPECT_TRUE(m->MutableRecord(a.id, 0, 0, 140).ok());
+  ASSERT_TRUE(m->Free(a.id).ok());
+
+  // Nothing was written through a refused call: the next hit serves the request's bytes.
+  const Admission b = MustAdmit(*m, s.tokens());
+  EXPECT_EQ(b.cached_blocks, 2u);
+  EXPECT_TRUE(RecordsMatch(*m, b.id, s));
 }
 
 TEST(RequestManager, RecordErrorsNameTheirField) {

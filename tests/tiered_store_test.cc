@@ -32,7 +32,7 @@ using Stream = testing::KvStream;
   for (uint64_t pos = 0; pos < m.Tokens(r); ++pos) {
     for (uint32_t g = 0; g < m.pool().groups().size(); ++g) {
       for (uint32_t l = 0; l < m.pool().groups()[g].layers; ++l) {
-        Result<RecordView> v = m.Record(r, g, l, pos);
+        Result<ConstRecordView> v = m.Record(r, g, l, pos);
         if (!v.ok()) return ::testing::AssertionFailure() << v.status().ToString();
         for (uint32_t p = 0; p < v->plane_count; ++p) {
           want.resize(v->planes[p].size());

@@ -345,7 +345,7 @@ TEST(V4Attention, ACorruptedEntryByteIsSeen) {
   for (uint64_t p = 0; p < 300; ++p) ASSERT_TRUE(AppendOne(*f, p).ok());
   std::mt19937 rng(3), rng2(3);
   EXPECT_LE(CompareLayer(*f, 2, rng).max_diff, 1e-4f);
-  Result<RecordView> e = f->manager->Entry(f->id, 2, false, 1);
+  Result<RecordView> e = f->manager->FaultInjectionEntry(f->id, 2, false, 1);
   ASSERT_TRUE(e.ok());
   e->planes[0][kNope + 1] ^= std::byte{0x40};  // a bf16 RoPE byte's exponent bit
   EXPECT_GT(CompareLayer(*f, 2, rng2).max_diff, 1e-3f);

@@ -216,7 +216,7 @@ TEST(TinyV4, ACorruptedCachedEntryChangesTheResumedLogits) {
   Result<TinyV4Generation> first = r->Generate(prompt, 4);
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE(r->request().has_value());
-  Result<RecordView> e = r->manager().Entry(*r->request(), 2, false, 0);
+  Result<RecordView> e = r->manager().FaultInjectionEntry(*r->request(), 2, false, 0);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   e->planes[0][448 + 1] ^= std::byte{0x40};  // a RoPE bf16's exponent bit, in a sealed block
   Result<TinyV4Generation> again = r->Generate(prompt, 4);

@@ -58,7 +58,7 @@ std::unique_ptr<RequestManager> Make(const Geometry& g, ManagerOptions o) {
 // The expected entry of group g of a layer: column means of the rows of the group (and of the
 // previous group for the overlapping ratio-4 compressor), as bytes.
 std::vector<std::byte> ExpectedEntry(uint32_t layer, bool indexer, uint32_t ratio, uint64_t g, uint32_t floats,
-                                     const RecordView& shape) {
+                                     const ConstRecordView& shape) {
   uint32_t coff = ratio == 4 ? 2 : 1;
   uint64_t first = g * ratio >= (coff - 1) * ratio ? g * ratio - (coff - 1) * ratio : 0;
   std::vector<float> rows;
@@ -80,7 +80,7 @@ std::vector<std::byte> ExpectedEntry(uint32_t layer, bool indexer, uint32_t rati
   return storage;
 }
 
-std::vector<std::byte> Flatten(const RecordView& v) {
+std::vector<std::byte> Flatten(const ConstRecordView& v) {
   std::vector<std::byte> out;
   for (uint32_t p = 0; p < v.plane_count; ++p) out.insert(out.end(), v.planes[p].begin(), v.planes[p].end());
   return out;
@@ -126,7 +126,7 @@ TEST(Hybrid, EntriesLandAtTheRightBlockAndOffsetForLengthsOneToAThousand) {
       for (bool indexer : {false, true}) {
         if (indexer && r != 4) continue;
         uint64_t g = n / r - 1;
-        Result<RecordView> e = m->Entry(a.id, layer, indexer, g);
+        Result<ConstRecordView> e = m->Entry(a.id, layer, indexer, g);
         ASSERT_TRUE(e.ok()) << e.status().ToString();
         uint32_t floats = indexer ? 2 * 2 * 32 : 2 * (r == 4 ? 2 : 1) * 128;
         EXPECT_EQ(Flatten(*e), ExpectedEntry(layer, indexer, r, g, floats, *e)) << "layer " << layer << " group " << g;
@@ -147,7 +147,7 @@ TEST(Hybrid, EntriesLandAtTheRightBlockAndOffsetForLengthsOneToAThousand) {
   }
   // Entries written long ago are still in place.
   for (uint64_t g = 0; g < 1000 / 4; g += 17) {
-    Result<RecordView> e = m->Entry(a.id, 1, false, g);
+    Result<ConstRecordView> e = m->Entry(a.id, 1, false, g);
     ASSERT_TRUE(e.ok());
     EXPECT_EQ(Flatten(*e), ExpectedEntry(1, false, 4, g, 2 * 2 * 128, *e));
   }
@@ -293,7 +293,7 @@ TEST_P(HybridResume, ResumesFromADiskTierInAColdManager) {
     for (bool indexer : {false, true}) {
       if (indexer && r != 4) continue;
       for (uint64_t e = 0; e < toks.size() / r; ++e) {
-        Result<RecordView> got = m->Entry(second.id, layer, indexer, e);
+        Result<ConstRecordView> got = m->Entry(second.id, layer, indexer, e);
         ASSERT_TRUE(got.ok()) << got.status().ToString();
         uint32_t floats = indexer ? 2 * 2 * 32 : 2 * (r == 4 ? 2 : 1) * 128;
         EXPECT_EQ(Flatten(*got), ExpectedEntry(layer, indexer, r, e, floats, *got))

@@ -155,8 +155,13 @@ class BlockPool {
   BlockHandle PageHandle(BlockId b, uint32_t group, uint32_t layer) const;
   BlockHandle BlockHandleOf(BlockId b, uint32_t group) const;
   // Entry `slot` of the page of (b, group, layer), one span per plane of the group's format
-  // (region-major formats keep each plane's rows together in the page). REQUIRES: backed().
-  RecordView Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const;
+  // (region-major formats keep each plane's rows together in the page), read-only: the block may
+  // be sealed (issue 27.7, ADR 0039). REQUIRES: backed().
+  ConstRecordView Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const;
+  // The same record writable, only through a pool the caller may change (as MutableBytes): for
+  // the manager's writers while the block fills. Unchecked; a caller outside the manager takes a
+  // checked WritableView (Writable) or RequestManager::MutableRecord. REQUIRES: backed().
+  RecordView MutableRecord(BlockId b, uint32_t group, uint32_t layer, uint64_t slot);
   const RegionTable& regions() const { return regions_; }
   bool backed() const { return kind_ == RegionKind::kHost; }
   // The bytes of a page or block, read-only; MutableBytes, the same bytes writable, only through

@@ -141,15 +141,28 @@ RecordFormat LinearStateFormat(uint64_t conv, ElementType conv_type, uint64_t re
 
 // Where one record lives: a span per plane of its format (one plane for per-token formats; for
 // region-major formats each plane's bytes sit in that plane's row of the page).
+// Writable: handed to the KV writers while a block fills (RequestManager::Append) and by
+// RequestManager::MutableRecord, which checks the block is still filling and not shared.
 struct RecordView {
   std::array<std::span<std::byte>, 2> planes;
   uint32_t plane_count = 1;
 };
 
-// A typed view of one region of one record.
+// A read-only record: what RequestManager::Record and Entry return, since the block may be sealed
+// (its bytes are final: the index, the tiers and later prefix hits serve them; issue 27.7, ADR
+// 0039). The planes' element type is const, so a write through it does not compile.
+struct ConstRecordView {
+  std::array<std::span<const std::byte>, 2> planes;
+  uint32_t plane_count = 1;
+  ConstRecordView() = default;
+  // NOLINTNEXTLINE(google-explicit-constructor): a writable view reads as a read-only one.
+  ConstRecordView(const RecordView& v) : planes{v.planes[0], v.planes[1]}, plane_count(v.plane_count) {}
+};
+
+// A typed, read-only view of one region of one record.
 struct RegionView {
   const Region* region = nullptr;
-  std::span<std::byte> bytes;
+  std::span<const std::byte> bytes;
   uint64_t count() const { return region == nullptr ? 0 : region->count; }
   // Element i decoded to float (bf16, fp16, fp32, e4m3, ue8m0, e2m1 — packed two per byte, low
   // nibble first; pad reads 0). REQUIRES: i < count().
@@ -158,7 +171,7 @@ struct RegionView {
 
 // The region `name` of a record laid out by `format` in `record`. Errors: kNotFound on
 // "region" for an unknown name; kInvalidArgument when the view is smaller than the format.
-Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record, std::string_view name);
+Result<RegionView> RegionOf(const RecordFormat& format, const ConstRecordView& record, std::string_view name);
 
 // Lays an indexer-fp8 record out `packing`: region-major puts the key in plane 0 and its fp32
 // scale in plane 1 (vLLM's and SGLang's page: a block's keys, then its scales); per-token keeps
@@ -168,13 +181,13 @@ Status SetIndexerPacking(RecordFormat& format, Packing packing, std::string_view
 // One record's bytes in per-token order (its planes back to back) from a view of any packing,
 // and back. Errors: kInvalidArgument on "record" when the view's planes are smaller than the
 // format's, on "bytes" when `bytes` is not record_bytes() long.
-Status CopyRecordOut(const RecordFormat& format, const RecordView& record, std::span<std::byte> bytes);
+Status CopyRecordOut(const RecordFormat& format, const ConstRecordView& record, std::span<std::byte> bytes);
 Status CopyRecordIn(const RecordFormat& format, std::span<const std::byte> bytes, const RecordView& record);
 
 // An indexer-fp8 key written into / read from a record view of `format` (either packing), with
 // the format's scale format (QuantizeIndexerFp8, DequantizeIndexerFp8). Errors: "indexer-format"
 // for another format, and the codec's and CopyRecord*'s errors.
 Status WriteIndexerFp8(const RecordFormat& format, std::span<const float> key, const RecordView& record);
-Status ReadIndexerFp8(const RecordFormat& format, const RecordView& record, std::span<float> key);
+Status ReadIndexerFp8(const RecordFormat& format, const ConstRecordView& record, std::span<float> key);
 
 }  // namespace tessera

@@ -220,10 +220,22 @@ class RequestManager {
 
   std::span<const BlockId> BlockTable(RequestId r) const;
   uint64_t Tokens(RequestId r) const;
-  // The page record of token `position` of request `r` (per-token groups).
-  Result<RecordView> Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const;
-  // Windows: a compressed entry of request r — model layer, indexer or main, entry index.
-  Result<RecordView> Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const;
+  // The page record of token `position` of request `r` (per-token groups), read-only: its block
+  // may be sealed, and a sealed block's bytes are final (issue 27.7, ADR 0039).
+  Result<ConstRecordView> Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const;
+  // The same record writable, for a caller that fills the request's block itself: refused with
+  // kFailedPrecondition on "block", naming it, unless the block is filling and held by this
+  // request alone (not sealed, not shared by a fork). Take it per write: the span is not checked
+  // again (a checked handle that outlives a seal is Writable's WritableView).
+  Result<RecordView> MutableRecord(RequestId r, uint32_t group, uint32_t layer, uint64_t position);
+  // Windows: a compressed entry of request r — model layer, indexer or main, entry index;
+  // read-only, as Record.
+  Result<ConstRecordView> Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const;
+  // Fault injection only (`tessera run --flip-page-byte`, the corruption tests): the record of
+  // Record / Entry writable whatever its block's state, to damage a sealed block on purpose and
+  // see that the damage is detected. Never a writer's path (writers take MutableRecord/Writable).
+  Result<RecordView> FaultInjectionRecord(RequestId r, uint32_t group, uint32_t layer, uint64_t position);
+  Result<RecordView> FaultInjectionEntry(RequestId r, uint32_t layer, bool indexer, uint64_t entry);
   // Windows: the live window and compressor rows (RequestStates::LiveState).
   std::vector<std::byte> LiveState(RequestId r) const;
   size_t live_requests() const { return live_; }

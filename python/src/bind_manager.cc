@@ -92,7 +92,7 @@ py::array View(const std::shared_ptr<PyManager>& pm, std::span<const std::byte> 
   return a;
 }
 
-py::list Planes(const std::shared_ptr<PyManager>& pm, const RecordView& v, BlockId b) {
+py::list Planes(const std::shared_ptr<PyManager>& pm, const ConstRecordView& v, BlockId b) {
   py::list out;
   for (uint32_t k = 0; k < v.plane_count; ++k) out.append(View(pm, v.planes[k], b));
   return out;
@@ -633,7 +633,7 @@ void BindManager(py::module_& m) {
             const uint32_t g = CheckGroup(*pm, group);
             const uint32_t l = ToU32(layer, "layer");
             const uint64_t p = ToU64(position, "position");
-            const RecordView v = Take(pm->m->Record(r, g, l, p));
+            const ConstRecordView v = Take(pm->m->Record(r, g, l, p));
             return Planes(pm, v, pm->m->BlockTable(r)[p / pm->m->block_tokens()]);
           },
           py::arg("request_id"), py::arg("group"), py::arg("layer"), py::arg("position"),
@@ -648,7 +648,7 @@ void BindManager(py::module_& m) {
             const uint32_t l = ToU32(layer, "layer");
             const bool ix = ToBool(indexer, "indexer");
             const uint64_t e = ToU64(entry, "entry");
-            const RecordView v = Take(pm->m->Entry(r, l, ix, e));
+            const ConstRecordView v = Take(pm->m->Entry(r, l, ix, e));
             BlockId block;  // invalid: read-only
             for (const StateLayer& s : pm->m->states()->layers()) {
               if (s.layer != l) continue;

@@ -156,10 +156,10 @@ uint64_t PagedLayer::tokens() const { return manager_->Tokens(request_) + (pendi
 
 namespace {
 
-// A read-only view of pending bytes as the RecordView the region helpers take.
-RecordView PendingView(std::span<const std::byte> bytes) {
-  RecordView v;
-  v.planes[0] = std::span(const_cast<std::byte*>(bytes.data()), bytes.size());  // NOLINT: never written
+// Pending bytes as the read-only record the region helpers take.
+ConstRecordView PendingView(std::span<const std::byte> bytes) {
+  ConstRecordView v;
+  v.planes[0] = bytes;
   return v;
 }
 
@@ -170,7 +170,7 @@ Status PagedLayer::ReadLatent(uint64_t position, std::span<float> latent, std::s
   TESSERA_RETURN_IF_ERROR(CheckSpan("latent", latent.size(), latent_dim_));
   TESSERA_RETURN_IF_ERROR(CheckSpan("rope", rope.size(), rope_dim_));
   const RecordFormat& f = *latent_format_;
-  RecordView view;
+  ConstRecordView view;
   if (pending_ && position == manager_->Tokens(request_)) {
     if (pending_latent_.size() != f.record_bytes()) return InvalidArgument("record", "pending record size differs");
     view = PendingView(pending_latent_);
@@ -210,7 +210,7 @@ Status PagedLayer::ReadIndexerKey(uint64_t position, std::span<float> key, Atten
   const uint64_t bytes = indexer_format_->record_bytes();
   if (!pending_ || position != manager_->Tokens(request_)) {
     // The pages' layout (region-major by default: the key in plane 0, its scale in plane 1).
-    TESSERA_ASSIGN_OR_RETURN(RecordView view,
+    TESSERA_ASSIGN_OR_RETURN(ConstRecordView view,
                              manager_->Record(request_, static_cast<uint32_t>(indexer_group_), layer_, position));
     TESSERA_RETURN_IF_ERROR(ReadIndexerFp8(*indexer_format_, view, key));
   } else {

@@ -374,7 +374,7 @@ Status V4PagedLayer::ReadEntry(uint64_t entry, std::span<float> row, AttentionCo
     TESSERA_RETURN_IF_ERROR(DequantizeV4Fp8(rec.first(kV4DataRowBytes), rec.subspan(kV4DataRowBytes), row.first(nope_),
                                             row.subspan(nope_)));
   } else {
-    TESSERA_ASSIGN_OR_RETURN(RecordView view, manager_->Entry(request_, layer_, false, entry));
+    TESSERA_ASSIGN_OR_RETURN(ConstRecordView view, manager_->Entry(request_, layer_, false, entry));
     TESSERA_RETURN_IF_ERROR(DequantizeV4Fp8(view.planes[0].first(kV4DataRowBytes),
                                             view.planes[1].first(kV4ScaleRowBytes), row.first(nope_),
                                             row.subspan(nope_)));
@@ -392,7 +392,7 @@ Status V4PagedLayer::ReadIndexerKey(uint64_t entry, std::span<float> key, Attent
   if (entry >= entries()) return InvalidArgument("entry", std::to_string(entry) + " is not complete");
   const uint64_t bytes = indexer_format_->record_bytes();
   std::span<const std::byte> rec;
-  RecordView view;
+  ConstRecordView view;
   std::vector<std::byte> gathered;
   if (!pending_indexer_entry_.empty() && entry + 1 == entries()) {
     rec = pending_indexer_entry_;

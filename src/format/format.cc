@@ -429,7 +429,7 @@ float RegionView::Get(uint64_t i) const {
   return 0.0f;
 }
 
-Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record, std::string_view name) {
+Result<RegionView> RegionOf(const RecordFormat& format, const ConstRecordView& record, std::string_view name) {
   std::array<uint64_t, 4> bits_in_plane{};
   for (const Region& r : format.regions) {
     const uint32_t plane = format.packing == Packing::kPerToken ? 0 : r.plane;
@@ -439,7 +439,7 @@ Result<RegionView> RegionOf(const RecordFormat& format, const RecordView& record
     if (r.name != name) continue;
     if (offset_bits % 8 != 0) return InvalidArgument("region", "region " + r.name + " does not start on a byte");
     const uint64_t offset = offset_bits / 8, len = (r.bits() + 7) / 8;
-    std::span<std::byte> plane_bytes = record.planes[plane];
+    std::span<const std::byte> plane_bytes = record.planes[plane];
     if (offset + len > plane_bytes.size()) return InvalidArgument("record", "the view is smaller than " + format.name);
     return RegionView{&r, plane_bytes.subspan(offset, len)};
   }
@@ -460,8 +460,8 @@ Status SetIndexerPacking(RecordFormat& format, Packing packing, std::string_view
 namespace {
 
 // Calls f(plane bytes of the view, offset in the per-token bytes, length) for each plane.
-template <typename F>
-Status ForEachPlane(const RecordFormat& format, const RecordView& record, uint64_t size, F f) {
+template <typename View, typename F>
+Status ForEachPlane(const RecordFormat& format, const View& record, uint64_t size, F f) {
   if (size != format.record_bytes()) {
     return InvalidArgument("bytes", "a " + format.name + " record is " + std::to_string(format.record_bytes()) + " B");
   }
@@ -485,8 +485,8 @@ bool IsIndexerFp8(const RecordFormat& f) {
 
 }  // namespace
 
-Status CopyRecordOut(const RecordFormat& format, const RecordView& record, std::span<std::byte> bytes) {
-  return ForEachPlane(format, record, bytes.size(), [&](std::span<std::byte> plane, uint64_t off, uint64_t len) {
+Status CopyRecordOut(const RecordFormat& format, const ConstRecordView& record, std::span<std::byte> bytes) {
+  return ForEachPlane(format, record, bytes.size(), [&](std::span<const std::byte> plane, uint64_t off, uint64_t len) {
     std::memcpy(bytes.data() + off, plane.data(), len);
   });
 }
@@ -504,7 +504,7 @@ Status WriteIndexerFp8(const RecordFormat& format, std::span<const float> key, c
   return CopyRecordIn(format, bytes, record);
 }
 
-Status ReadIndexerFp8(const RecordFormat& format, const RecordView& record, std::span<float> key) {
+Status ReadIndexerFp8(const RecordFormat& format, const ConstRecordView& record, std::span<float> key) {
   if (!IsIndexerFp8(format)) return InvalidArgument("indexer-format", format.name + " is not indexer-fp8");
   std::vector<std::byte> bytes(format.record_bytes());
   TESSERA_RETURN_IF_ERROR(CopyRecordOut(format, record, bytes));

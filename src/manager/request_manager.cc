@@ -446,7 +446,7 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
         for (uint32_t g = 0; g < pool_->groups().size(); ++g) {
           if (pool_->groups()[g].page.compress_ratio != 1) continue;
           for (uint32_t l = 0; l < pool_->groups()[g].layers; ++l) {
-            w.page(g, l, p, pool_->Record(b, g, l, p % block_tokens_));
+            w.page(g, l, p, pool_->MutableRecord(b, g, l, p % block_tokens_));
           }
         }
       }
@@ -458,7 +458,7 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
           return FailedPrecondition("tokens",
                                     "no page for entry " + std::to_string(entry) + ": call AllocateSlots first");
         }
-        return pool_->Record(q.table[entry / epb], group, layer, entry % epb);
+        return pool_->MutableRecord(q.table[entry / epb], group, layer, entry % epb);
       };
       std::copy(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n), span + SpanOffset(p0));
       for (uint64_t p = p0; p < p0 + n; ++p) {
@@ -813,7 +813,7 @@ uint64_t RequestManager::Tokens(RequestId r) const {
   return q == nullptr ? 0 : q->tokens;
 }
 
-Result<RecordView> RequestManager::Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const {
+Result<ConstRecordView> RequestManager::Record(RequestId r, uint32_t group, uint32_t layer, uint64_t position) const {
   const Request* q = GetConst(r);
   if (q == nullptr) return NoRequest(r);
   if (position >= q->tokens) return InvalidArgument("position", "token " + std::to_string(position) + " not written");
@@ -825,7 +825,16 @@ Result<RecordView> RequestManager::Record(RequestId r, uint32_t group, uint32_t 
   return pool_->Record(q->table[position / block_tokens_], group, layer, position % block_tokens_);
 }
 
-Result<RecordView> RequestManager::Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const {
+Result<RecordView> RequestManager::MutableRecord(RequestId r, uint32_t group, uint32_t layer, uint64_t position) {
+  TESSERA_RETURN_IF_ERROR(Record(r, group, layer, position).status());  // the reader's checks
+  const BlockId b = GetConst(r)->table[position / block_tokens_];
+  // A sealed block's bytes are final (the index, the tiers and prefix hits serve them), a shared
+  // one is another table's too: neither is handed out writable (issue 27.7, ADR 0039).
+  TESSERA_RETURN_IF_ERROR(pool_->CheckWritable(b, pool_->generation(b)));
+  return pool_->MutableRecord(b, group, layer, position % block_tokens_);
+}
+
+Result<ConstRecordView> RequestManager::Entry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) const {
   const Request* q = GetConst(r);
   if (q == nullptr) return NoRequest(r);
   if (!pool_->backed()) return InvalidArgument("pool", "an unbacked pool has no bytes to read");
@@ -841,6 +850,32 @@ Result<RecordView> RequestManager::Entry(RequestId r, uint32_t layer, bool index
                          entry % epb);
   }
   return InvalidArgument("layer", "no layer " + std::to_string(layer));
+}
+
+namespace {
+
+// The pool's bytes (writable memory) of a read-only record, for fault injection only.
+RecordView FaultInjectionView(const ConstRecordView& v) {
+  RecordView w;
+  w.plane_count = v.plane_count;
+  for (size_t k = 0; k < w.planes.size(); ++k) {
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): pool memory, damaged on purpose
+    w.planes[k] = std::span<std::byte>(const_cast<std::byte*>(v.planes[k].data()), v.planes[k].size());
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<RecordView> RequestManager::FaultInjectionRecord(RequestId r, uint32_t group, uint32_t layer,
+                                                        uint64_t position) {
+  TESSERA_ASSIGN_OR_RETURN(ConstRecordView v, Record(r, group, layer, position));
+  return FaultInjectionView(v);
+}
+
+Result<RecordView> RequestManager::FaultInjectionEntry(RequestId r, uint32_t layer, bool indexer, uint64_t entry) {
+  TESSERA_ASSIGN_OR_RETURN(ConstRecordView v, Entry(r, layer, indexer, entry));
+  return FaultInjectionView(v);
 }
 
 std::vector<std::byte> RequestManager::LiveState(RequestId r) const {

@@ -249,11 +249,15 @@ BlockHandle BlockPool::BlockHandleOf(BlockId b, uint32_t group) const {
   return {group_region_[group], b.value * group_block_bytes_[group], group_block_bytes_[group]};
 }
 
-RecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
+ConstRecordView BlockPool::Record(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) const {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): MutableRecord only computes spans
+  return const_cast<BlockPool*>(this)->MutableRecord(b, group, layer, slot);
+}
+
+// Out of line, as Record was: the writers' call on the decode step costs what it did.
+RecordView BlockPool::MutableRecord(BlockId b, uint32_t group, uint32_t layer, uint64_t slot) {
   RecordView v;
   const PoolGroup& g = groups_[group];
-  // A RecordView is the writers' view (its planes writable), handed out by a const pool as the
-  // manager's Record is: see docs/adr/0036-status-const-options.md.
   std::span<std::byte> page = regions_.Resolve(PageHandle(b, group, layer));
   if (g.format.packing == Packing::kPerToken) {
     const uint64_t rb = g.format.record_bytes();

@@ -80,7 +80,7 @@ void FillRecord(uint64_t prefix_hash, uint32_t group, uint32_t layer, const Reco
   }
 }
 
-bool CheckRecord(uint64_t prefix_hash, uint32_t group, uint32_t layer, const RecordView& view,
+bool CheckRecord(uint64_t prefix_hash, uint32_t group, uint32_t layer, const ConstRecordView& view,
                  std::vector<std::byte>& scratch) {
   RecordView expect;
   expect.plane_count = view.plane_count;
@@ -256,7 +256,7 @@ class Simulation {
       for (uint32_t g = 0; g < pool.groups().size(); ++g) {
         if (pool.groups()[g].page.compress_ratio != 1) continue;
         for (uint32_t l = 0; l < pool.groups()[g].layers; ++l) {
-          Result<RecordView> view = m_->Record(a.id, g, l, pos);
+          Result<ConstRecordView> view = m_->Record(a.id, g, l, pos);
           ++run_->records_verified;
           if (!view.ok() || !CheckRecord(a.prefix_hash[pos], g, l, *view, scratch)) {
             ++run_->verify_failures;
@@ -326,7 +326,7 @@ void Simulation::VerifyWindows(const Agent& a, SimulationResult& out) {
       }
       for (uint64_t e = 0; e < n / r; ++e) {
         if (e % 8 != 0 && (e + 1) * r <= last_span) continue;
-        Result<RecordView> got = m.Entry(a.id, spec.index, indexer, e);
+        Result<ConstRecordView> got = m.Entry(a.id, spec.index, indexer, e);
         ++run_->records_verified;
         if (!got.ok()) {
           ++run_->verify_failures;

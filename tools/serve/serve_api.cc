@@ -292,7 +292,7 @@ std::pair<int, std::string> ServeCore::HandleGet(std::string_view path, bool* bi
     for (uint32_t g = 0; g < pg.size(); ++g) {
       if (pg[g].page.compress_ratio != 1) continue;
       for (uint32_t l = 0; l < pg[g].layers; ++l) {
-        Result<RecordView> v = manager_->Record(r, g, l, p);
+        Result<ConstRecordView> v = manager_->Record(r, g, l, p);
         if (!v.ok()) return {500, Error(v.status()).dump()};
         char* dst = out.data() + (p - first) * record_bytes_ + static_cast<uint64_t>(record_offset_[g][l]);
         for (uint32_t k = 0; k < v->plane_count; ++k) {

@@ -937,7 +937,7 @@ int RunGenerateV4(const GenerateArgs& a) {
     const std::array<uint64_t, 3> at{(*f)[0], (*f)[1], (*f)[2]};
     run.after_prefill = [at](TinyV4Runner& r, RequestId id) -> Status {
       if (at[0] >= r.config().layers) return InvalidArgument("flip-page-byte", "no such layer");
-      Result<RecordView> v = r.manager().Entry(id, static_cast<uint32_t>(at[0]), false, at[1]);
+      Result<RecordView> v = r.manager().FaultInjectionEntry(id, static_cast<uint32_t>(at[0]), false, at[1]);
       if (!v.ok()) {
         return InvalidArgument("flip-page-byte", "layer " + std::to_string(at[0]) + " has no compressed entry " +
                                                      std::to_string(at[1]) + " after the prompt");
@@ -1037,7 +1037,8 @@ int RunGenerate(const GenerateArgs& a) {
     const auto& groups = r.manager().pool().groups();
     for (uint32_t gi = 0; gi < groups.size(); ++gi) {
       if (groups[gi].format.use != FormatUse::kLatent) continue;
-      TESSERA_ASSIGN_OR_RETURN(RecordView v, r.manager().Record(id, gi, static_cast<uint32_t>((*flip)[0]), (*flip)[1]));
+      TESSERA_ASSIGN_OR_RETURN(RecordView v,
+                               r.manager().FaultInjectionRecord(id, gi, static_cast<uint32_t>((*flip)[0]), (*flip)[1]));
       v.planes[0][(*flip)[2]] ^= std::byte{0x01};
       return Status::Ok();
     }
