@@ -412,8 +412,8 @@ std::vector<std::byte> WriteIndexerPages(const IndexerGolden& g, std::optional<P
     std::memset(page.data(), 0, page.size());
   }
   for (size_t t = 0; t < g.slots.size(); ++t) {
-    const RecordView v =
-        pool->Record(BlockId{static_cast<uint32_t>(g.slots[t] / g.block_tokens)}, 0, 0, g.slots[t] % g.block_tokens);
+    const RecordView v = pool->MutableRecord(BlockId{static_cast<uint32_t>(g.slots[t] / g.block_tokens)}, 0, 0,
+                                             g.slots[t] % g.block_tokens);
     EXPECT_TRUE(WriteIndexerFp8(f, g.keys[t], v).ok());
     std::vector<std::byte> back(f.record_bytes());
     EXPECT_TRUE(CopyRecordOut(f, v, back).ok());
