@@ -109,6 +109,9 @@ class HostTier {
   void InsertFree(uint64_t offset, uint64_t len);
   void EvictOne();
   void Drop(std::list<Entry>::iterator it);
+  // Copies the entry's bytes into out (sizes summing to its length, checked by the caller) in one
+  // checksummed pass; a mismatch zeroes out, drops the entry and counts it quarantined.
+  Status CopyOut(std::list<Entry>::iterator entry, std::span<const std::span<std::byte>> out, uint16_t* format_id);
 
   uint64_t capacity_;
   uint64_t bytes_ = 0;

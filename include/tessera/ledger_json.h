@@ -16,7 +16,8 @@
 
 namespace tessera {
 
-// An exact figure: the integer, or {"fraction", "decimal" (12 places)}.
+// An exact figure: the integer, or {"fraction", "decimal"} (the decimal exact when it ends within
+// 12 places, else rounded to 6 and marked "~": Fraction::ToDecimal).
 nlohmann::ordered_json ExactJson(const Fraction& f);
 // The ledger, and the reconciliation when given (under "reconciliation").
 nlohmann::ordered_json LedgerToJson(const Ledger& ledger, const Reconciliation* reconciliation);

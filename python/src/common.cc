@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -128,8 +129,9 @@ bool ToBool(py::handle obj, std::string_view arg) {
 
 namespace {
 
-template <typename T>
-void ReadStrided(const char* base, ssize_t stride, size_t n, std::string_view arg, std::vector<uint32_t>* out) {
+// out[i] = element i of a strided integer array of T, refusing negatives and values past Out.
+template <typename T, typename Out>
+void ReadStrided(const char* base, ssize_t stride, size_t n, std::string_view arg, std::vector<Out>* out) {
   out->resize(n);
   for (size_t i = 0; i < n; ++i) {
     T v;
@@ -138,10 +140,42 @@ void ReadStrided(const char* base, ssize_t stride, size_t n, std::string_view ar
       if (v < 0) ThrowValue(arg, "element " + std::to_string(i) + " is negative (" + std::to_string(v) + ")");
     }
     const auto u = static_cast<uint64_t>(static_cast<std::make_unsigned_t<T>>(v));  // v >= 0 here
-    if (u > UINT32_MAX) {
-      ThrowValue(arg, "element " + std::to_string(i) + " is above 4294967295 (" + std::to_string(v) + ")");
+    if constexpr (sizeof(T) > sizeof(Out)) {
+      constexpr uint64_t kMax = std::numeric_limits<Out>::max();
+      if (u > kMax) {
+        ThrowValue(
+            arg, "element " + std::to_string(i) + " is above " + std::to_string(kMax) + " (" + std::to_string(v) + ")");
+      }
     }
-    (*out)[i] = static_cast<uint32_t>(u);
+    (*out)[i] = static_cast<Out>(u);
+  }
+}
+
+// ReadStrided of the unsigned type U or the signed type S of the same size.
+template <typename U, typename S, typename Out>
+void ReadSized(bool is_signed, const char* base, ssize_t stride, size_t n, std::string_view arg,
+               std::vector<Out>* out) {
+  static_assert(sizeof(U) == sizeof(S));
+  if (is_signed) return ReadStrided<S>(base, stride, n, arg, out);
+  ReadStrided<U>(base, stride, n, arg, out);
+}
+
+// ReadStrided for the array's integer dtype (kind 'u' or 'i', 1, 2, 4 or 8 bytes).
+template <typename Out>
+void ReadIntArray(const py::dtype& dt, const char* base, ssize_t stride, size_t n, std::string_view arg,
+                  std::vector<Out>* out) {
+  const bool is_signed = dt.kind() == 'i';
+  switch (dt.itemsize()) {
+    case 1:
+      return ReadSized<uint8_t, int8_t>(is_signed, base, stride, n, arg, out);
+    case 2:
+      return ReadSized<uint16_t, int16_t>(is_signed, base, stride, n, arg, out);
+    case 4:
+      return ReadSized<uint32_t, int32_t>(is_signed, base, stride, n, arg, out);
+    case 8:
+      return ReadSized<uint64_t, int64_t>(is_signed, base, stride, n, arg, out);
+    default:
+      ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
   }
 }
 
@@ -176,24 +210,7 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
       out->holder = a;
       return;
     }
-    if (kind == 'u' && size == 1)
-      ReadStrided<uint8_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'u' && size == 2)
-      ReadStrided<uint16_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'u' && size == 4)
-      ReadStrided<uint32_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'u' && size == 8)
-      ReadStrided<uint64_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 1)
-      ReadStrided<int8_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 2)
-      ReadStrided<int16_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 4)
-      ReadStrided<int32_t>(base, stride, n, arg, &out->storage);
-    else if (kind == 'i' && size == 8)
-      ReadStrided<int64_t>(base, stride, n, arg, &out->storage);
-    else
-      ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
+    ReadIntArray(dt, base, stride, n, arg, &out->storage);
   } else if (PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
              !PyByteArray_Check(obj.ptr())) {
     // A list, tuple or range, or any other Sequence of ints (vLLM's ConstantList, array.array):
@@ -223,23 +240,6 @@ void ToU32Array(py::handle obj, std::string_view arg, U32Array* out) {
   out->size = out->storage.size();
 }
 
-namespace {
-
-template <typename T>
-void ReadStrided64(const char* base, ssize_t stride, size_t n, std::string_view arg, std::vector<uint64_t>* out) {
-  out->resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    T v;
-    std::memcpy(&v, base + static_cast<ssize_t>(i) * stride, sizeof(T));
-    if constexpr (std::is_signed_v<T>) {
-      if (v < 0) ThrowValue(arg, "element " + std::to_string(i) + " is negative (" + std::to_string(v) + ")");
-    }
-    (*out)[i] = static_cast<uint64_t>(static_cast<std::make_unsigned_t<T>>(v));
-  }
-}
-
-}  // namespace
-
 void ToU64Array(py::handle obj, std::string_view arg, std::vector<uint64_t>* out) {
   out->clear();
   if (py::isinstance<py::array>(obj)) {
@@ -260,33 +260,7 @@ void ToU64Array(py::handle obj, std::string_view arg, std::vector<uint64_t>* out
       if (n > 0) std::memcpy(out->data(), base, n * sizeof(uint64_t));
       return;
     }
-    if (kind == 'u' && dt.itemsize() == 4 && (n <= 1 || stride == 4)) {
-      const auto* v = reinterpret_cast<const uint32_t*>(base);
-      out->resize(n);
-      uint64_t* d = out->data();
-      for (size_t i = 0; i < n; ++i) d[i] = v[i];
-      return;
-    }
-    switch ((kind == 'i' ? 16 : 0) + dt.itemsize()) {
-      case 1:
-        return ReadStrided64<uint8_t>(base, stride, n, arg, out);
-      case 2:
-        return ReadStrided64<uint16_t>(base, stride, n, arg, out);
-      case 4:
-        return ReadStrided64<uint32_t>(base, stride, n, arg, out);
-      case 8:
-        return ReadStrided64<uint64_t>(base, stride, n, arg, out);
-      case 17:
-        return ReadStrided64<int8_t>(base, stride, n, arg, out);
-      case 18:
-        return ReadStrided64<int16_t>(base, stride, n, arg, out);
-      case 20:
-        return ReadStrided64<int32_t>(base, stride, n, arg, out);
-      case 24:
-        return ReadStrided64<int64_t>(base, stride, n, arg, out);
-      default:
-        ThrowType(arg, "unsupported integer dtype " + DtypeName(dt));
-    }
+    ReadIntArray(dt, base, stride, n, arg, out);
   } else if (PySequence_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
              !PyByteArray_Check(obj.ptr())) {
     py::object fast = py::reinterpret_steal<py::object>(PySequence_Fast(obj.ptr(), "not a sequence"));

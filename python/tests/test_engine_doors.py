@@ -142,6 +142,15 @@ VLLM_ABSTRACT = ["build_connector_meta", "get_num_new_matched_tokens", "save_kv_
                  "update_state_after_alloc", "wait_for_layer_load", "wait_for_save"]
 
 
+def assert_equal_pages(test, doc, caches, names):
+    """Each page pair the trace names ("expect_equal_pages": engine A's block, engine B's) holds
+    the same bytes in every cache of `names`."""
+    want = doc["expect_equal_pages"]
+    for n in names:
+        for a, b in zip(want["A"], want["B"]):
+            test.assertTrue(torch.equal(page_bytes(caches["A"][n], a), page_bytes(caches["B"][n], b)), (n, a, b))
+
+
 class VllmDoor(unittest.TestCase):
     def test_stand_in_base_has_vllms_members(self):
         b = _vllm_base.KVConnectorBase_V1
@@ -823,10 +832,7 @@ class VllmCallTrace(unittest.TestCase):
                 metas[e] = got
             if not _has_ref(c["result"]):
                 self.assertEqual(_enc(got), c["result"], (i, c["call"]))
-        want = doc["expect_equal_pages"]
-        for n in names:
-            for a, b in zip(want["A"], want["B"]):
-                self.assertTrue(torch.equal(page_bytes(caches["A"][n], a), page_bytes(caches["B"][n], b)), (n, a, b))
+        assert_equal_pages(self, doc, caches, names)
         return len(doc["calls"])
 
     def test_host(self):
@@ -944,10 +950,7 @@ class VllmSchedulerTrace(unittest.TestCase):
             elif not _has_ref(want):
                 self.assertEqual(_enc(got), want, (i, c["call"]))
         self.assertEqual(stored, 3)
-        pages = doc["expect_equal_pages"]
-        for n in names:
-            for a, b in zip(pages["A"], pages["B"]):
-                self.assertTrue(torch.equal(page_bytes(caches["A"][n], a), page_bytes(caches["B"][n], b)), (n, a, b))
+        assert_equal_pages(self, doc, caches, names)
         return len(doc["calls"])
 
     def test_host(self):

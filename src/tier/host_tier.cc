@@ -179,21 +179,13 @@ Status HostTier::GetInto(const Hash128& key, std::span<std::byte> out, uint16_t*
     ++misses_;
     return NotFound("key", "not in the host tier");
   }
-  Entry& e = *it->second;
+  const Entry& e = *it->second;
   if (out.size() < e.len) {
     return InvalidArgument("out", "a " + std::to_string(out.size()) + "-byte buffer cannot hold the " +
                                       std::to_string(e.len) + "-byte record");
   }
-  if (ChecksumAndCopy(out.data(), arena_.get() + e.offset, e.len) != e.checksum) {
-    if (e.len > 0) std::memset(out.data(), 0, e.len);
-    ++quarantined_;
-    Drop(it->second);
-    return DataLoss("key", "host record failed verification and was dropped");
-  }
-  lru_.splice(lru_.begin(), lru_, it->second);
-  ++hits_;
-  if (format_id != nullptr) *format_id = e.format_id;
-  return Status::Ok();
+  const std::span<std::byte> whole = out.first(e.len);
+  return CopyOut(it->second, std::span<const std::span<std::byte>>(&whole, 1), format_id);
 }
 
 Status HostTier::GetScattered(const Hash128& key, std::span<const std::span<std::byte>> out, uint16_t* format_id) {
@@ -202,34 +194,45 @@ Status HostTier::GetScattered(const Hash128& key, std::span<const std::span<std:
     ++misses_;
     return NotFound("key", "not in the host tier");
   }
-  Entry& e = *it->second;
   uint64_t total = 0;
   for (std::span<std::byte> o : out) total += o.size();
-  if (total != e.len) {
-    return InvalidArgument(
-        "out", std::to_string(total) + " bytes of buffers do not match the " + std::to_string(e.len) + "-byte record");
+  if (total != it->second->len) {
+    return InvalidArgument("out", std::to_string(total) + " bytes of buffers do not match the " +
+                                      std::to_string(it->second->len) + "-byte record");
   }
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
+  return CopyOut(it->second, out, format_id);
+}
+
+Status HostTier::CopyOut(std::list<Entry>::iterator entry, std::span<const std::span<std::byte>> out,
+                         uint16_t* format_id) {
+  const Entry& e = *entry;
   const std::byte* src = arena_.get() + e.offset;
-  for (std::span<std::byte> o : out) {
-    for (size_t off = 0; off < o.size(); off += kChunk) {
-      const size_t n = std::min(kChunk, o.size() - off);
-      XXH3_64bits_update(&state, src, n);
-      std::memcpy(o.data() + off, src, n);
-      src += n;
+  uint64_t checksum = 0;
+  if (out.size() == 1) {
+    checksum = ChecksumAndCopy(out[0].data(), src, out[0].size());
+  } else {
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    for (std::span<std::byte> o : out) {
+      for (size_t off = 0; off < o.size(); off += kChunk) {
+        const size_t n = std::min(kChunk, o.size() - off);
+        XXH3_64bits_update(&state, src, n);
+        std::memcpy(o.data() + off, src, n);
+        src += n;
+      }
     }
+    checksum = XXH3_64bits_digest(&state);
   }
-  if (XXH3_64bits_digest(&state) != e.checksum) {
+  if (checksum != e.checksum) {
     for (std::span<std::byte> o : out) {
       if (!o.empty()) std::memset(o.data(), 0, o.size());
     }
     ++quarantined_;
-    Drop(it->second);
+    Drop(entry);
     return DataLoss("key", "host record failed verification and was dropped");
   }
-  lru_.splice(lru_.begin(), lru_, it->second);
+  lru_.splice(lru_.begin(), lru_, entry);
   ++hits_;
   if (format_id != nullptr) *format_id = e.format_id;
   return Status::Ok();
