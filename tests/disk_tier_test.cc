@@ -97,6 +97,48 @@ TEST(DiskTier, PutGetAndReopen) {
   EXPECT_EQ(ExpectAllVerified(*t, 300), 300u);
 }
 
+// ReadInto hands the verified payload to buffers filled in order (a block's head, its pages, its
+// state), across the 256 KiB read chunks, as Get returns it.
+TEST(DiskTier, ReadIntoScattersTheVerifiedPayload) {
+  TempDir dir;
+  auto t = MustOpen(Opts(dir.path()));
+  TierRecord big{Key(900), 3, std::vector<std::byte>(600'001)};
+  for (size_t i = 0; i < big.payload.size(); ++i) big.payload[i] = static_cast<std::byte>((i * 131) >> 3);
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), big}).ok());
+  ASSERT_EQ(t->PayloadSize(Key(900)), 600'001u);
+  EXPECT_FALSE(t->PayloadSize(Key(901)).has_value());
+  std::vector<std::byte> a(104), b(300'000), c(600'001 - 104 - 300'000);
+  const std::span<std::byte> parts[] = {a, b, c};
+  uint16_t format_id = 0;
+  ASSERT_TRUE(t->ReadInto(Key(900), parts, &format_id).ok());
+  EXPECT_EQ(format_id, 3);
+  std::vector<std::byte> joined(a);
+  joined.insert(joined.end(), b.begin(), b.end());
+  joined.insert(joined.end(), c.begin(), c.end());
+  EXPECT_EQ(joined, big.payload);
+  // One buffer of a small record; the same bytes as Get.
+  std::vector<std::byte> one(PayloadOf(1).size());
+  const std::span<std::byte> whole(one);
+  ASSERT_TRUE(t->ReadInto(Key(1), {&whole, 1}, nullptr).ok());
+  EXPECT_EQ(one, t->Get(Key(1))->payload);
+  EXPECT_EQ(t->ReadInto(Key(901), {&whole, 1}, nullptr).code(), StatusCode::kNotFound);
+}
+
+// Buffers that do not add up to the record are refused naming "out", before anything is read.
+TEST(DiskTier, ReadIntoRefusesBuffersOfTheWrongSize) {
+  TempDir dir;
+  auto t = MustOpen(Opts(dir.path()));
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1)}).ok());
+  std::vector<std::byte> short_buf(PayloadOf(1).size() - 1, std::byte{0x5a});
+  const std::span<std::byte> one(short_buf);
+  Status st = t->ReadInto(Key(1), {&one, 1}, nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.field(), "out");
+  EXPECT_EQ(short_buf, std::vector<std::byte>(short_buf.size(), std::byte{0x5a}));
+  EXPECT_EQ(t->stats().reads, 0u);
+  EXPECT_TRUE(t->Contains(Key(1)));
+}
+
 TEST(DiskTier, NewerVersionWinsAndErasureSurvivesReopen) {
   TempDir dir;
   {
@@ -266,6 +308,27 @@ TEST(DiskTierFaults, CorruptionAfterOpenIsCaughtOnRead) {
   EXPECT_EQ(t->Get(Key(1)).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(t->Get(Key(2))->payload, PayloadOf(2));
   EXPECT_EQ(t->stats().read_failures, 1u);
+}
+
+TEST(DiskTierFaults, CorruptionAfterOpenIsCaughtOnReadInto) {
+  TempDir dir;
+  DiskTierOptions o = Opts(dir.path());
+  auto t = MustOpen(o);
+  ASSERT_TRUE(t->PutBatch(std::vector<TierRecord>{Rec(1), Rec(2)}).ok());
+  Poke(Segments(dir.path()).at(0), 4096 + 10, 0x40);  // record 1's payload
+  std::vector<std::byte> out(PayloadOf(1).size(), std::byte{0x5a});
+  const std::span<std::byte> whole(out);
+  EXPECT_EQ(t->ReadInto(Key(1), {&whole, 1}, nullptr).code(), StatusCode::kDataLoss);
+  EXPECT_EQ(out, std::vector<std::byte>(out.size()));  // zeroed: no unverified byte is left
+  EXPECT_FALSE(t->Contains(Key(1)));                   // quarantined
+  EXPECT_EQ(t->ReadInto(Key(1), {&whole, 1}, nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(t->Get(Key(2))->payload, PayloadOf(2));
+  EXPECT_EQ(t->stats().read_failures, 1u);
+  // The region is quarantined on disk too: a reopen does not serve it.
+  t.reset();
+  auto again = MustOpen(o);
+  EXPECT_FALSE(again->Contains(Key(1)));
+  EXPECT_EQ(again->Get(Key(2))->payload, PayloadOf(2));
 }
 
 TEST(DiskTierFaults, FullDiskIsAClearErrorAndServingContinues) {

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -123,6 +124,13 @@ class DiskTier {
   // The verified record, or kNotFound; a record that fails verification is quarantined and
   // reported as kDataLoss (never returned).
   Result<TierRecord> Get(const Hash128& key);
+  // The payload length of the record the index holds for `key`; nullopt when absent.
+  std::optional<uint64_t> PayloadSize(const Hash128& key) const;
+  // As Get, but reads the payload straight into `out` (buffers filled in order, e.g. a pool
+  // block's pages), authenticating it chunk by chunk as it is read. The sizes must add up to
+  // PayloadSize(key), else kInvalidArgument on "out" and nothing is read. kNotFound when absent;
+  // a record that fails verification is quarantined, `out` zeroed, and kDataLoss returned.
+  Status ReadInto(const Hash128& key, std::span<const std::span<std::byte>> out, uint16_t* format_id);
   bool Contains(const Hash128& key) const { return index_.count(key) > 0; }
   Status Erase(const Hash128& key);
   // Moves a record that verified here but failed a check above (e.g. its stored tokens did not
@@ -167,6 +175,13 @@ class DiskTier {
   // What is at `off`; `expect_len` (a record the index knows): the length its header must have.
   Probe ProbeAt(const Segment& seg, uint64_t off, std::vector<std::byte>& payload,
                 uint64_t expect_len = UINT64_MAX) const;
+  // ProbeAt with the payload read into `into` (sizes adding up to expect_len).
+  Probe ProbeInto(const Segment& seg, uint64_t off, std::span<const std::span<std::byte>> into,
+                  uint64_t expect_len) const;
+  // The header checks of ProbeAt; `payload_next` set when a payload is to be read and verified.
+  Probe ProbeHeader(const Segment& seg, uint64_t off, uint64_t expect_len, bool* payload_next) const;
+  // A verification failure on read: the record leaves the index, is quarantined, kDataLoss.
+  Status FailRead(const Hash128& key, Segment* seg, uint64_t offset, uint64_t payload_len);
   Status Quarantine(Segment& seg, uint64_t offset, uint64_t len, const std::string& why, bool mark_dead);
   Status RollIfNeeded(uint64_t incoming);
   Status AppendRecords(std::span<const TierRecord* const> records, uint32_t flags);

@@ -76,7 +76,7 @@ class Tier {
   // record may then still be held, and the caller must not count on its absence.
   virtual Status Quarantine(const Hash128& key, const std::string& why) = 0;
   virtual TierCounters counters() const = 0;
-  // A tier that can hand a record straight into caller memory (host memory) says its payload
+  // A tier that can hand a record straight into caller memory (host memory, a disk directory) says its payload
   // size here; nullopt: absent, or a tier that cannot (then only GetBatch reads it).
   virtual std::optional<uint64_t> PayloadSize(const Hash128& /*key*/) const { return std::nullopt; }
   // Copies the verified payload into `out`, buffers filled in order whose sizes add up to

@@ -123,6 +123,16 @@ class DiskTierAdapter final : public Tier {
     }
     return out;
   }
+  std::optional<uint64_t> PayloadSize(const Hash128& key) const override { return disk_->PayloadSize(key); }
+  Status ReadInto(const Hash128& key, std::span<const std::span<std::byte>> out, uint16_t* format_id) override {
+    Status st = disk_->ReadInto(key, out, format_id);
+    if (st.ok()) {
+      Touch(key, *disk_->PayloadSize(key));
+    } else if (st.code() == StatusCode::kDataLoss) {
+      Forget(key);  // quarantined by the disk tier
+    }
+    return st;
+  }
   std::vector<bool> ContainsBatch(std::span<const Hash128> keys) override {
     std::vector<bool> out(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) out[i] = disk_->Contains(keys[i]);

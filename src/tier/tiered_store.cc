@@ -342,7 +342,7 @@ size_t TieredStore::FetchInPlace(BlockPool& pool, std::span<const ChainLink> lin
   size_t stop = links.size();
   for (size_t i = 0; i < links.size() && stop == links.size(); ++i) {
     if (queued[i]) continue;
-    for (size_t t = 0; t < tiers_.size() && tiers_[t]->in_memory && !direct[i] && stop == links.size(); ++t) {
+    for (size_t t = 0; t < tiers_.size() && !direct[i] && stop == links.size(); ++t) {
       Status st = ReadIntoBlock(t, pool, links[i], blocks[i], &states[i]);
       direct[i] = st.ok();
       if (st.ok()) from[i] = t;
