@@ -353,7 +353,7 @@ class RequestManager {
   std::vector<BlockId> step_slots_;                  // StepOne's scratch: the ids of the slots a step may replace
   std::array<StepSeal, kStepAhead + 1> step_seals_;  // LookAhead's keys, by batch position
   const StepSeal* step_seal_ = nullptr;              // the one of the request StepOne is on, if any
-  std::vector<uint32_t> step_block_;                 // LookAhead's scratch: a block's tokens
+  uint64_t seals_ = 0;                               // SealSlot calls (Step: whether a request sealed)
   // block_tokens_ per request slot: the tokens of its unsealed span (SpanOffset(tokens) of them),
   // one array in slot order rather than a vector per request (a step reads them in batch order).
   std::vector<uint32_t> span_arena_;
