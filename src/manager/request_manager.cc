@@ -485,7 +485,7 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
 // source (its state, if any, came with it; nothing is written back to the source).
 void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
                               std::optional<Promoted> promoted) {
-  ++seals_;
+  step_sealed_ = true;
   const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
   const Hash128* key = PromptKey(q, slot, parent, tokens);
   if (key == nullptr) key = StepSealKey(q, slot);
@@ -629,11 +629,6 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   for (StepSeal& s : step_seals_) s.index = SIZE_MAX;
   // Prefetching the request lines pays once they outgrow the core's caches; below, it only costs.
   const bool prefetch = requests_.size() > kPrefetchFrom;
-  // The seals' look-ahead runs from the start past kPrefetchFrom, and below from the first seal
-  // of the step on (ADR 0044): a step where one request seals is usually one where many do (a
-  // batch admitted together crosses its block boundaries together), and a step with no seal
-  // pays one comparison per request for it.
-  bool seal_ahead = prefetch;
   // Looks ahead for request a (its span's line; its seal's key and index lines if it seals).
   auto look = [&](size_t a, size_t offset) {
     const RequestId ra = batch.requests[a];
@@ -643,31 +638,41 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
     __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
     if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(offset, count));
   };
-  for (size_t i = 0; i < n; ++i) {
+  size_t i = 0;
+  if (!prefetch) {
+    // Below kPrefetchFrom the seals' look-ahead starts at the step's first seal (ADR 0044): a
+    // step where one request seals is usually one where many do (a batch admitted together
+    // crosses its block boundaries together), and until then the loop is the plain one.
+    step_sealed_ = false;
+    for (; i < n; ++i) {
+      const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
+      next += batch.counts[i];
+      out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
+      if (out->codes[i] != StatusCode::kOk) ++out->failed;
+      out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
+      if (step_sealed_) [[unlikely]] {
+        // Look at the requests the look-ahead loop starts past (i + 1 .. i + kStepAhead).
+        ahead_next = next;
+        for (size_t a = ++i; a < i + kStepAhead && a < n; ++a) {
+          look(a, ahead_next);
+          ahead_next += batch.counts[a];
+        }
+        break;
+      }
+    }
+  }
+  for (; i < n; ++i) {
     if (prefetch && i + kStepLines < n) PrefetchRequest(batch.requests[i + kStepLines]);
-    if (const size_t a = i + kStepAhead; seal_ahead && a < n) {
+    if (const size_t a = i + kStepAhead; a < n) {
       look(a, ahead_next);
       ahead_next += batch.counts[a];
     }
-    if (seal_ahead) {
-      const StepSeal& seal = step_seals_[i % step_seals_.size()];
-      step_seal_ = seal.index == i ? &seal : nullptr;
-    }
+    const StepSeal& seal = step_seals_[i % step_seals_.size()];
+    step_seal_ = seal.index == i ? &seal : nullptr;
     const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
     next += batch.counts[i];
-    const uint64_t seals = seals_;
     out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
     step_seal_ = nullptr;
-    if (!seal_ahead && seals_ != seals) {
-      // The first seal of the step: look ahead from here on, starting with the requests the
-      // loop's look-ahead has passed (i + 1 .. i + kStepAhead).
-      seal_ahead = true;
-      ahead_next = next;
-      for (size_t a = i + 1; a <= i + kStepAhead && a < n; ++a) {
-        look(a, ahead_next);
-        ahead_next += batch.counts[a];
-      }
-    }
     if (out->codes[i] != StatusCode::kOk) ++out->failed;
     out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
   }
@@ -721,6 +726,13 @@ const Hash128* RequestManager::StepSealKey(const Request& q, size_t slot) const 
   return &s->key;
 }
 
+// The seal of the span the request's last token completed (StepOne's fast path; out of line, so
+// that the path's other calls keep their registers).
+__attribute__((noinline)) void RequestManager::SealSpan(Request& q) {
+  const uint32_t* span = span_arena_.data() + static_cast<size_t>(&q - requests_.data()) * block_tokens_;
+  SealSlot(q, SpanOf(q.tokens) - 1, {span, block_tokens_}, std::nullopt);
+}
+
 // One request of a Step: Reserve (which also unshares what the tokens land in), then the
 // append; the request is left unchanged when the reservation is refused.
 StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const uint32_t> tokens,
@@ -739,11 +751,11 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
   if (tokens.size() == 1 && !may_replace && !states_ && !(writers.page && pool_->backed() && token_groups_)) {
     const uint64_t filled = SpanOffset(q->tokens);
     if (q->tokens < (UINT64_MAX >> 1) && BlocksNeeded(q->tokens + 1 + options_.spec_tokens) <= before) {
-      uint32_t* const span = span_arena_.data() + size_t{r.value} * block_tokens_;
-      span[filled] = tokens[0];
+      span_arena_[size_t{r.value} * block_tokens_ + filled] = tokens[0];
       ++q->tokens;
       // The token completes the block: its seal, as AppendReserved would (ADR 0044).
-      if (filled + 1 == block_tokens_) SealSlot(*q, SpanOf(q->tokens) - 1, {span, block_tokens_}, std::nullopt);
+      if (filled + 1 == block_tokens_) [[unlikely]]
+        SealSpan(*q);
       return StatusCode::kOk;
     }
   }
