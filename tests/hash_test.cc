@@ -5,6 +5,9 @@
 
 #include <cstring>
 #include <random>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <set>
 #include <vector>
 
@@ -176,6 +179,62 @@ TEST(ContentHasher, BitsOutsideOneTo128AreRejectedOnHashBits) {
 }
 
 // --- Prefix keys ----------------------------------------------------------------------------
+
+#if defined(__x86_64__)
+// XGETBV with ECX = 1 (XINUSE): the state components not in their initial configuration. Bit 2:
+// the upper halves of ymm0-15; bit 6: the upper halves of zmm0-15 — what legacy SSE code pays a
+// transition for (ADR 0044). zmm16-31 (bit 7) are not SSE's and are left out.
+constexpr uint64_t kUpperState = (uint64_t{1} << 2) | (uint64_t{1} << 6);
+bool HasXinuse() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(0xD, 1, &a, &b, &c, &d) && (a & (1u << 2)) != 0 && __builtin_cpu_supports("avx");
+}
+uint64_t Xinuse() {
+  uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(1));
+  return (uint64_t{hi} << 32) | lo;
+}
+
+// libxxhash's x86 dispatch returns from its AVX2 / AVX-512 kernels with the vector registers'
+// upper halves dirty; the hasher clears them, so the SSE code after a hash does not pay for it.
+TEST(ContentHasher, LeavesTheUpperVectorStateClean) {
+  if (!HasXinuse()) GTEST_SKIP() << "no AVX or no XGETBV(1) here";
+  __asm__ volatile("vzeroupper");
+  if ((Xinuse() & kUpperState) != 0) GTEST_SKIP() << "this CPU does not report a cleared upper state";
+  ContentHasher h = MustHasher(HashAlgorithm::kXxh3, 128, 7);
+  std::vector<uint32_t> tokens(64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7919);
+  const Hash128 parent{3, 4};
+  (void)h.PrefixKey(parent, tokens, 1);
+  EXPECT_EQ(Xinuse() & kUpperState, 0u) << "after PrefixKey";
+  const std::span<const uint32_t> all(tokens);
+  (void)h.PrefixKey(parent, all.first(63), all.subspan(63), 1);
+  EXPECT_EQ(Xinuse() & kUpperState, 0u) << "after the two-part PrefixKey";
+  std::vector<std::byte> bytes(1 << 14, std::byte{5});
+  ContentHasher::Stream s = h.Begin();
+  s.Update(bytes);
+  EXPECT_EQ(Xinuse() & kUpperState, 0u) << "after Stream::Update";
+  (void)s.Digest();
+  EXPECT_EQ(Xinuse() & kUpperState, 0u) << "after Stream::Digest";
+}
+#endif
+
+// The two-part form (a span written so far, the tokens completing it) is the key of the joined
+// tokens, byte for byte: at every split of a 64-token block, and past the 256-token buffer.
+TEST(PrefixKey, TwoPartsGiveTheJoinedKey) {
+  ContentHasher h = MustHasher(HashAlgorithm::kXxh3, 128, 7);
+  const Hash128 parent{0x1234, 0x5678};
+  for (size_t n : {size_t{64}, size_t{256}, size_t{300}}) {
+    std::vector<uint32_t> tokens(n);
+    for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<uint32_t>(i * 2654435761u);
+    const Hash128 joined = h.PrefixKey(parent, tokens, 9);
+    for (size_t split = 0; split <= n; ++split) {
+      const std::span<const uint32_t> all(tokens);
+      EXPECT_EQ(h.PrefixKey(parent, all.first(split), all.subspan(split), 9), joined) << n << " split " << split;
+    }
+    EXPECT_NE(h.PrefixKey(parent, std::span<const uint32_t>(tokens).first(n - 1), {}, 9), joined) << n;
+  }
+}
 
 TEST(PrefixKey, DependsOnParentTokensAndExtra) {
   ContentHasher h = MustHasher(HashAlgorithm::kXxh3, 128, 5);

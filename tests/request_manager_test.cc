@@ -1000,6 +1000,47 @@ TEST(RequestManagerScheduler, LookAheadKeysAreTheBlocksOwn) {
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
 
+// Below the prefetch threshold (2,048 request slots) the look-ahead starts at a step's first seal
+// (ADR 0044): the requests the loop has passed by then are looked at once (a repeated request in
+// that window is hashed ahead and stale at its second turn), and every later one as the loop goes
+// (another repeat, further on). Without it: a key per seal, 300. The keys are the blocks' own
+// (the debug build's Seal asserts each key given), and the blocks are found again.
+TEST(RequestManagerScheduler, SealLookAheadStartsAtTheFirstSeal) {
+  constexpr uint32_t kRequests = 300;
+  ManagerOptions o = V3Fp8(3 * kRequests + 64);
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < kRequests; ++r) ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
+  for (RequestId id : ids) ASSERT_TRUE(m->Append(id, Range(id.value * 1000, kBlock - 1), nullptr).ok());
+  std::vector<RequestId> batch = ids;
+  batch.insert(batch.begin() + 152, ids[150]);  // looked ahead at by the loop
+  batch.insert(batch.begin() + 3, ids[1]);      // looked ahead at when the first seal (batch[0]'s) turns it on
+  ASSERT_TRUE(m->AllocateSlots(ids[1], 2).ok());
+  ASSERT_TRUE(m->AllocateSlots(ids[150], 2).ok());
+  const std::vector<uint32_t> counts(batch.size(), 1), tokens(batch.size(), 7);
+  StepResult result;
+  const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
+  const uint64_t hashed_before = hashed.load();
+  ASSERT_TRUE(m->Step(StepBatch{batch, counts, tokens}, nullptr, &result).ok());
+  EXPECT_EQ(result.failed, 0u);
+  EXPECT_EQ(m->Tokens(ids[1]), kBlock + 1);
+  EXPECT_EQ(m->Tokens(ids[150]), kBlock + 1);
+  EXPECT_EQ(hashed.load() - hashed_before, kRequests + 2u);
+  for (uint32_t r = 0; r < kRequests; r += 13) {
+    std::vector<uint32_t> prompt = Range(r * 1000, kBlock - 1);
+    prompt.push_back(7);
+    EXPECT_EQ(MustAdmit(*m, AndOneMore(prompt)).cached_blocks, 1u) << r;
+  }
+  // A step without a seal looks ahead at nothing: no key hashed.
+  const uint64_t hashed_after = hashed.load();
+  ASSERT_TRUE(m->Step(StepBatch{ids, std::vector<uint32_t>(ids.size(), 1), std::vector<uint32_t>(ids.size(), 8)},
+                      nullptr, &result)
+                  .ok());
+  EXPECT_EQ(hashed.load(), hashed_after);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
 // Two requests in one step: each reserves its tokens and appends them; the result names the
 // blocks each took, and the records read back.
 TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {

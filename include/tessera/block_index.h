@@ -140,6 +140,12 @@ class BlockIndex {
     Bump(stats_.prefix_keys_hashed, 1);
     return hasher_.PrefixKey(parent_key, tokens, Extra(domain, salt));
   }
+  // The same key for tokens given as head then tail (ContentHasher::PrefixKey's two-part form).
+  Hash128 PrefixKey(const Hash128& parent_key, std::span<const uint32_t> head, std::span<const uint32_t> tail,
+                    uint32_t domain, uint64_t salt) const {
+    Bump(stats_.prefix_keys_hashed, 1);
+    return hasher_.PrefixKey(parent_key, head, tail, Extra(domain, salt));
+  }
   // Hints for a scheduler that knows ahead which blocks it seals (no effect on what is stored):
   // fetch the index lines a Seal of `candidate` writes (its identity and token ids), and the
   // prefix-table slot a key probes first.

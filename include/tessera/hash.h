@@ -58,6 +58,10 @@ class ContentHasher {
   Stream Begin() const { return Stream(this); }
   // The prefix key of a block: H(parent, tokens, extra). Always keyed xxh3-128, full width.
   Hash128 PrefixKey(const Hash128& parent, std::span<const uint32_t> tokens, uint64_t extra) const;
+  // The same key for the block's tokens given in two parts, head then tail (a span written so
+  // far and the tokens that complete it), without first joining them.
+  Hash128 PrefixKey(const Hash128& parent, std::span<const uint32_t> head, std::span<const uint32_t> tail,
+                    uint64_t extra) const;
 
   HashAlgorithm algorithm() const { return algorithm_; }
   uint32_t bits() const { return bits_; }

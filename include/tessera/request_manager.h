@@ -311,6 +311,7 @@ class RequestManager {
     const std::vector<std::byte>* state = nullptr;
   };
   void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, std::optional<Promoted> promoted);
+  void SealSpan(Request& q);
   const Hash128* PromptKey(const Request& q, size_t slot, const PrefixRef& parent,
                            std::span<const uint32_t> tokens) const;
   // Step's look-ahead (ADR 0040): the lines of the request kStepLines ahead; for the request
@@ -353,7 +354,7 @@ class RequestManager {
   std::vector<BlockId> step_slots_;                  // StepOne's scratch: the ids of the slots a step may replace
   std::array<StepSeal, kStepAhead + 1> step_seals_;  // LookAhead's keys, by batch position
   const StepSeal* step_seal_ = nullptr;              // the one of the request StepOne is on, if any
-  std::vector<uint32_t> step_block_;                 // LookAhead's scratch: a block's tokens
+  bool step_sealed_ = false;                         // set by SealSlot (Step: whether a request sealed)
   // block_tokens_ per request slot: the tokens of its unsealed span (SpanOffset(tokens) of them),
   // one array in slot order rather than a vector per request (a step reads them in batch order).
   std::vector<uint32_t> span_arena_;

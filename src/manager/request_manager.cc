@@ -485,6 +485,7 @@ Status RequestManager::AppendReserved(Request& q, std::span<const uint32_t> toke
 // source (its state, if any, came with it; nothing is written back to the source).
 void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens,
                               std::optional<Promoted> promoted) {
+  step_sealed_ = true;
   const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
   const Hash128* key = PromptKey(q, slot, parent, tokens);
   if (key == nullptr) key = StepSealKey(q, slot);
@@ -626,24 +627,48 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   size_t next = 0, ahead_next = 0;  // the tokens of request i, of request i + kStepAhead
   for (size_t i = 0; i < std::min(n, kStepAhead); ++i) ahead_next += batch.counts[i];
   for (StepSeal& s : step_seals_) s.index = SIZE_MAX;
-  // Prefetching pays once the requests' lines outgrow the core's caches; below, it only costs.
+  // Prefetching the request lines pays once they outgrow the core's caches; below, it only costs.
   const bool prefetch = requests_.size() > kPrefetchFrom;
-  for (size_t i = 0; i < n; ++i) {
-    if (prefetch && i + kStepLines < n) PrefetchRequest(batch.requests[i + kStepLines]);
-    if (const size_t a = i + kStepAhead; prefetch && a < n) {
-      const RequestId ra = batch.requests[a];
-      const uint32_t count = batch.counts[a];
-      if (ra.value < requests_.size()) {
-        const uint64_t filled = SpanOffset(requests_[ra.value].tokens);
-        __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
-        if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(ahead_next, count));
+  // Looks ahead for request a (its span's line; its seal's key and index lines if it seals).
+  auto look = [&](size_t a, size_t offset) {
+    const RequestId ra = batch.requests[a];
+    const uint32_t count = batch.counts[a];
+    if (ra.value >= requests_.size()) return;
+    const uint64_t filled = SpanOffset(requests_[ra.value].tokens);
+    __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
+    if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(offset, count));
+  };
+  size_t i = 0;
+  if (!prefetch) {
+    // Below kPrefetchFrom the seals' look-ahead starts at the step's first seal (ADR 0044): a
+    // step where one request seals is usually one where many do (a batch admitted together
+    // crosses its block boundaries together), and until then the loop is the plain one.
+    step_sealed_ = false;
+    for (; i < n; ++i) {
+      const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
+      next += batch.counts[i];
+      out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
+      if (out->codes[i] != StatusCode::kOk) ++out->failed;
+      out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
+      if (step_sealed_) [[unlikely]] {
+        // Look at the requests the look-ahead loop starts past (i + 1 .. i + kStepAhead).
+        ahead_next = next;
+        for (size_t a = ++i; a < i + kStepAhead && a < n; ++a) {
+          look(a, ahead_next);
+          ahead_next += batch.counts[a];
+        }
+        break;
       }
-      ahead_next += count;
     }
-    if (prefetch) {
-      const StepSeal& seal = step_seals_[i % step_seals_.size()];
-      step_seal_ = seal.index == i ? &seal : nullptr;
+  }
+  for (; i < n; ++i) {
+    if (prefetch && i + kStepLines < n) PrefetchRequest(batch.requests[i + kStepLines]);
+    if (const size_t a = i + kStepAhead; a < n) {
+      look(a, ahead_next);
+      ahead_next += batch.counts[a];
     }
+    const StepSeal& seal = step_seals_[i % step_seals_.size()];
+    step_seal_ = seal.index == i ? &seal : nullptr;
     const std::span<const uint32_t> tokens = batch.tokens.subspan(next, batch.counts[i]);
     next += batch.counts[i];
     out->codes[i] = StepOne(static_cast<uint32_t>(i), batch.requests[i], tokens, writers, out);
@@ -683,11 +708,11 @@ void RequestManager::LookAhead(size_t index, RequestId r, std::span<const uint32
   const size_t room = block_tokens_ - filled;
   // No seal in this step, or one whose key the prompt's keys give (PromptKey).
   if (tokens.size() < room || slot >= q.table.size() || slot < q.prompt_keys.size()) return;
-  step_block_.assign(span, span + filled);
-  step_block_.insert(step_block_.end(), tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(room));
   const Hash128& parent_key = q.chain.empty() ? index_->root_key() : q.chain.back().key;
   StepSeal& s = step_seals_[index % step_seals_.size()];
-  s = StepSeal{&q, q.tokens, q.chain.size(), slot, index, index_->PrefixKey(parent_key, step_block_, q.domain, q.salt)};
+  // The key of the span's tokens and the ones completing it, hashed without joining them first.
+  const Hash128 key = index_->PrefixKey(parent_key, {span, filled}, tokens.first(room), q.domain, q.salt);
+  s = StepSeal{&q, q.tokens, q.chain.size(), slot, index, key};
   index_->PrefetchKey(s.key);
   index_->PrefetchSeal(q.table[slot]);
   __builtin_prefetch(q.chain.data() + q.chain.size(), 1);
@@ -699,6 +724,13 @@ const Hash128* RequestManager::StepSealKey(const Request& q, size_t slot) const 
   const StepSeal* s = step_seal_;
   if (s == nullptr || s->request != &q || s->slot != slot || s->chain != q.chain.size()) return nullptr;
   return &s->key;
+}
+
+// The seal of the span the request's last token completed (StepOne's fast path; out of line, so
+// that the path's other calls keep their registers).
+__attribute__((noinline)) void RequestManager::SealSpan(Request& q) {
+  const uint32_t* span = span_arena_.data() + static_cast<size_t>(&q - requests_.data()) * block_tokens_;
+  SealSlot(q, SpanOf(q.tokens) - 1, {span, block_tokens_}, std::nullopt);
 }
 
 // One request of a Step: Reserve (which also unshares what the tokens land in), then the
@@ -713,14 +745,17 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
   // seal finds an equal block (content dedup, backed pools). Without either nothing is replaced
   // and the step skips the copy and the comparison.
   const bool may_replace = forked_ || index_->dedups();
-  // A decode step's usual case: one token into a block reserved already, not completing it, with
-  // nothing to write into pages or state rows. Reserve and AppendReserved would do just this.
+  // A decode step's usual case: one token into a block reserved already (sealing it when the
+  // token completes it), with nothing to write into pages or state rows. Reserve and
+  // AppendReserved would do just this.
   if (tokens.size() == 1 && !may_replace && !states_ && !(writers.page && pool_->backed() && token_groups_)) {
     const uint64_t filled = SpanOffset(q->tokens);
-    if (filled + 1 < block_tokens_ && q->tokens < (UINT64_MAX >> 1) &&
-        BlocksNeeded(q->tokens + 1 + options_.spec_tokens) <= before) {
+    if (q->tokens < (UINT64_MAX >> 1) && BlocksNeeded(q->tokens + 1 + options_.spec_tokens) <= before) {
       span_arena_[size_t{r.value} * block_tokens_ + filled] = tokens[0];
       ++q->tokens;
+      // The token completes the block: its seal, as AppendReserved would (ADR 0044).
+      if (filled + 1 == block_tokens_) [[unlikely]]
+        SealSpan(*q);
       return StatusCode::kOk;
     }
   }
