@@ -1,6 +1,7 @@
 """What tessera.vllm's one-group and hybrid managers share: vLLM's value types (KVCacheBlocks,
 PrefixCacheStats, the KV events), a request's identity (the salt of its prefix keys, the extra
-keys of its blocks) and the one int check. Imports neither manager."""
+keys of its blocks), the one int check (``_int``) and the one BLAKE2b block chain (``chain_hash``,
+``extend_chain``; the connector's tier keys too). Imports neither manager."""
 
 import hashlib
 import importlib.util
@@ -191,19 +192,47 @@ def identity_salt(request):
     return int.from_bytes(h, "little") or 1
 
 
-def _int(v, arg, lo=0):
+def _int(v, arg, lo=0, hi=None):
+    """The one int check of the vLLM adapters: `v` if it is an int (not a bool) in [lo, hi] (hi None:
+    no bound), else a TypeError / ValueError naming `arg`."""
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError("%s: must be an int (got %s)" % (arg, type(v).__name__))
-    if v < lo:
+    if hi is not None:
+        if not lo <= v <= hi:
+            raise ValueError("%s: must be %d..%d (got %d)" % (arg, lo, hi, v))
+    elif v < lo:
         raise ValueError("%s: must be >= %d (got %d)" % (arg, lo, v))
     return v
 
 
-def chain_hash(parent, tokens):
-    """The key of a block of `tokens` after the block keyed `parent` (b"" or the request's salt for
-    the first): BLAKE2b-128 of the parent's key and the tokens as little-endian u32.
-    struct.error for a token outside [0, 2^32)."""
-    return hashlib.blake2b(parent + struct.pack("<%dI" % len(tokens), *tokens), digest_size=16).digest()
+def chain_hash(parent, tokens, extra=b"", key=b"", person=b""):
+    """The one BLAKE2b chain of the vLLM adapters: the 16-byte key of a block of `tokens` after the
+    block keyed `parent` (bytes; b"" or the request's salt for the first), over the parent's key,
+    the tokens as little-endian u32 and `extra`. The managers' prefix keys are unkeyed; the
+    connector's tier keys are keyed (`key`: its secret, `person`: its domain) so that nobody
+    without the secret can aim a record at a key. struct.error for a token outside [0, 2^32)."""
+    return hashlib.blake2b(parent + struct.pack("<%dI" % len(tokens), *tokens) + extra, digest_size=16,
+                           key=key, person=person).digest()
+
+
+def extend_chain(hashes, tokens, size, upto, salt):
+    """Appends to `hashes` (the chain keys of the first ``len(hashes)`` blocks of `size` tokens) the
+    keys of the blocks up to `upto`; the first block's parent is the request's identity `salt`
+    (identity_salt: 8 bytes little-endian, b"" for 0), as vLLM roots its chain in the request's
+    extra keys. vLLM's placeholder id -1 is hashed as the u32 2^32-1 (PLACEHOLDER_TOKEN); any
+    other token outside [0, 2^32) is a ValueError naming the block's tokens. Returns `hashes`."""
+    for k in range(len(hashes), upto):
+        parent = (hashes[k - 1] or b"") if k else (salt.to_bytes(8, "little") if salt else b"")
+        chunk = tokens[k * size:(k + 1) * size]
+        try:
+            try:
+                hashes.append(chain_hash(parent, chunk))
+            except struct.error:  # vLLM's placeholder id -1
+                hashes.append(chain_hash(parent, with_placeholders(chunk)))
+        except struct.error:
+            raise ValueError("request.all_token_ids: tokens must be ints in [0, 2^32) (tokens %d..%d)"
+                             % (k * size, (k + 1) * size - 1)) from None
+    return hashes
 
 
 PLACEHOLDER_TOKEN = 0xFFFFFFFF  # vLLM's placeholder id -1 (image tokens in its tests), as the core's u32

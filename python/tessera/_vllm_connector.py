@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import _engine_config, _records
-from ._vllm_common import event_classes, request_scope
+from ._vllm_common import _int, chain_hash, event_classes, request_scope
 
 try:  # vLLM's own base classes when vLLM is importable
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
@@ -343,11 +343,7 @@ class TesseraConnector(_Base, _HMA):
         _engine_config.unknown_keys(extra, _engine_config.KEYS)
         if block_size is None and vllm_config is not None:
             block_size = vllm_config.cache_config.block_size
-        if isinstance(block_size, bool) or not isinstance(block_size, int):
-            raise TypeError("block_size: must be an int (got %s)" % type(block_size).__name__)
-        if not 1 <= block_size <= 1 << 16:
-            raise ValueError("block_size: must be 1..65536 (got %d)" % block_size)
-        self.block_size = block_size
+        self.block_size = _int(block_size, "block_size", 1, 1 << 16)
         mc = getattr(vllm_config, "model_config", None)
         if model is None:
             model = getattr(mc, "model", None) or ""
@@ -434,7 +430,8 @@ class TesseraConnector(_Base, _HMA):
             blk = tokens[b * bs:(b + 1) * bs]
             mm = _mm_in_block(request, b * bs, (b + 1) * bs)
             extra = _engine_config.scope("mm", *("%s@%d+%d" % m for m in mm)) if mm else b""
-            key = _records.tier_key(self._secret, self._domain, parent + struct.pack("<%dI" % bs, *blk) + extra)
+            # The tier key: the adapters' one BLAKE2b chain, keyed (as _records.tier_key).
+            key = chain_hash(parent, blk, extra, key=self._secret[:64], person=self._domain[:16])
             out.append(key)
             parent = key
         return out
@@ -454,8 +451,7 @@ class TesseraConnector(_Base, _HMA):
         """(tokens beyond `num_computed_tokens` the tiers hold for this prompt, load is async): the
         longest run of the prompt's whole blocks held, capped (as vLLM's own prefix cache) so
         that the last prompt token is computed."""
-        if isinstance(num_computed_tokens, bool) or not isinstance(num_computed_tokens, int) or num_computed_tokens < 0:
-            raise ValueError("num_computed_tokens: must be a non-negative int")
+        _int(num_computed_tokens, "num_computed_tokens")
         st = self._keys_for(request)
         if st.loading:  # vLLM asks again after an asynchronous load finished
             return 0, False

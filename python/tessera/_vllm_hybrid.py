@@ -38,18 +38,16 @@ instead (ADR 0028 says where the two differ; tests pin it).
 """
 
 import math
-import struct
 
 from . import _core
-from ._vllm_common import (KVCacheBlocks, _int, chain_hash, event_classes, identity_salt, stored_event,
-                           with_placeholders)
+from ._vllm_common import KVCacheBlocks, _int, event_classes, extend_chain, identity_salt, stored_event
+from ._vllm_kvbase import ManagerBase
 
 NULL = 0  # vLLM's null block: never handed out; a skipped sliding-window block
 
 
 def _cdiv(a, b):
     return -(-a // b)
-
 
 
 def deepseek_v4_kv_cache_groups(model, block_size=256):
@@ -131,8 +129,10 @@ class _HReq:
         self.allocated = False                # vLLM's num_cached_block entry: allocate_slots ran
 
 
-def make_hybrid(base, groups, max_num_batched_tokens):
-    """Fills a KVCacheManager instance (`base`, its common fields set) for several groups."""
+def _groups_of(groups, max_model_len, max_num_batched_tokens):
+    """`kv_cache_groups` checked, as _Group objects (group 0 full attention), their caps set."""
+    if not isinstance(groups, (list, tuple)):
+        raise TypeError("kv_cache_groups: must be a list (got %s)" % type(groups).__name__)
     gs = []
     for i, g in enumerate(groups):
         if not isinstance(g, dict):
@@ -146,33 +146,54 @@ def make_hybrid(base, groups, max_num_batched_tokens):
         raise ValueError("kv_cache_groups: a hybrid manager needs at least two groups (got %d)" % len(gs))
     if gs[0].window is not None:
         raise ValueError("kv_cache_groups[0]: must be the full-attention group (sliding_window None)")
-    mnbt = base.max_model_len if max_num_batched_tokens is None else _int(
+    mnbt = max_model_len if max_num_batched_tokens is None else _int(
         max_num_batched_tokens, "max_num_batched_tokens", 1)
     for g in gs:
         if g.window:
-            g.cap = _cdiv(min(g.window - 1 + mnbt, base.max_model_len), g.block_size) + 1
-    base._groups = gs
-    # Groups with the same spec are looked up together; full attention first (vLLM's order).
-    kinds = {}
-    for g in gs:
-        kinds.setdefault((g.block_size, g.window), []).append(g.index)
-    base._kinds = sorted(kinds.items(), key=lambda kv: kv[0][1] is not None)
-    base._lcm = math.lcm(*(g.block_size for g in gs))
-    base._hbs = math.gcd(*(g.block_size for g in gs))
-    base.num_kv_cache_groups = len(gs)
-    base._event_meta = [("mla_attention", None) if g.window is None else ("sliding_window_mla", g.window)
-                        for g in gs]
+            g.cap = _cdiv(min(g.window - 1 + mnbt, max_model_len), g.block_size) + 1
+    return gs
 
 
-class HybridMixin:
-    """The methods of tessera.vllm.KVCacheManager for several groups (module doc)."""
+class HybridManager(ManagerBase):
+    """tessera.vllm.KVCacheManager for a model with several KV-cache groups (DeepSeek-V4; the
+    module's doc), over one shared block pool with vLLM's hybrid coordinator's rules (ADR 0028).
+    ``tessera.vllm.KVCacheManager`` builds it. The groups are those vLLM makes for the preset
+    (``deepseek_v4_kv_cache_groups``) unless ``kv_cache_groups`` gives them (a list of
+    ``{"block_size", "sliding_window"}``, group 0 full attention). ``max_num_batched_tokens``
+    bounds a sliding-window group's admission count as vLLM's scheduler does (None:
+    ``max_model_len``, vLLM's default). The other arguments are ManagerBase's.
+    """
+
+    def __init__(self, *, kv_cache_groups=None, max_num_batched_tokens=None, hash_block_size=None, **common):
+        ManagerBase.__init__(self, **common)
+        block_size = self.block_size
+        if kv_cache_groups is None:
+            kv_cache_groups = deepseek_v4_kv_cache_groups(self._model, block_size)
+        gs = _groups_of(kv_cache_groups, self.max_model_len, max_num_batched_tokens)
+        self._groups = gs
+        # Groups with the same spec are looked up together; full attention first (vLLM's order).
+        kinds = {}
+        for g in gs:
+            kinds.setdefault((g.block_size, g.window), []).append(g.index)
+        self._kinds = sorted(kinds.items(), key=lambda kv: kv[0][1] is not None)
+        self._lcm = math.lcm(*(g.block_size for g in gs))
+        self._hbs = math.gcd(*(g.block_size for g in gs))
+        self.num_kv_cache_groups = len(gs)
+        self._event_meta = [("mla_attention", None) if g.window is None else ("sliding_window_mla", g.window)
+                            for g in gs]
+        if kv_cache_groups[0].get("block_size") != block_size:
+            raise ValueError("kv_cache_groups[0].block_size: must equal block_size (%d)" % block_size)
+        if hash_block_size not in (None, self._hbs):
+            raise ValueError("hash_block_size: must be the gcd of the group block sizes (%d)" % self._hbs)
+        self._hybrid_reset_pool()
+        self._finish_init()
 
     # --- pool, index --------------------------------------------------------------------------
     def _hybrid_reset_pool(self):
         self._pool = _core._EngineBlockPool(self._capacity, block_reuse=self._block_reuse)
         self._index = {}      # (group, chain hash) -> {pool id: None}, in insertion order
         self._key_of = {}     # pool id -> its (group, chain hash) while indexed
-        self._hreqs = {}      # vLLM request id -> _HReq (holds blocks or was allocated)
+        self._reqs = {}      # vLLM request id -> _HReq (holds blocks or was allocated)
         self._looked_up = None  # (request id, chain hashes) of the last get_computed_blocks
 
     def _evictions(self):
@@ -199,23 +220,11 @@ class HybridMixin:
         """Chain hashes of the request's whole hash_block_size chunks (reused across calls)."""
         hashes = r.hashes if r is not None else []
         toks = request.all_token_ids
-        hbs = self._hbs
-        for k in range(len(hashes), len(toks) // hbs):
-            if k:
-                parent = hashes[k - 1]
-            else:  # the request's identity (salt, LoRA, images, embeds) roots its chain, as in vLLM
-                salt = identity_salt(request)
-                parent = salt.to_bytes(8, "little") if salt else b""
-            chunk = toks[k * hbs:(k + 1) * hbs]
-            try:
-                try:
-                    hashes.append(chain_hash(parent, chunk))
-                except struct.error:  # vLLM's placeholder id -1, hashed as the u32 2^32-1
-                    hashes.append(chain_hash(parent, with_placeholders(chunk)))
-            except struct.error:
-                raise ValueError("request.all_token_ids: tokens must be ints in [0, 2^32) (tokens %d..%d)"
-                                 % (k * hbs, (k + 1) * hbs - 1)) from None
-        return hashes
+        upto = len(toks) // self._hbs
+        if len(hashes) >= upto:
+            return hashes
+        # The request's identity (salt, LoRA, images, embeds) roots its chain, as in vLLM.
+        return extend_chain(hashes, toks, self._hbs, upto, 0 if hashes else identity_salt(request))
 
     def _key(self, g, hashes, i):
         """The index key of block i of group g: the chain hash at the block's last token."""
@@ -361,8 +370,11 @@ class HybridMixin:
             r.allocated = True
 
     # --- vLLM's surface -------------------------------------------------------------------------
-    def _h_get_computed_blocks(self, request):
-        if request.request_id in self._hreqs:
+    def _available(self):
+        return self._pool.available
+
+    def get_computed_blocks(self, request):
+        if request.request_id in self._reqs:
             raise ValueError("request: %r already holds blocks (free it first)" % (request.request_id,))
         if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
             return self.empty_kv_cache_blocks, 0
@@ -370,15 +382,16 @@ class HybridMixin:
         self._looked_up = (request.request_id, hashes)
         per_group, hit = self._find_hit(hashes, request.num_tokens - 1)
         if self.log_stats:
-            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=hit,
-                                           preempted=getattr(request, "num_preemptions", 0) > 0)
+            self._record_query(request, hit)
         if not any(per_group):
             return self.empty_kv_cache_blocks, hit
         return KVCacheBlocks.of_groups(per_group), hit
 
-    def _h_allocate_slots(self, request, num_new_tokens, num_new_computed_tokens, new_computed_blocks,
-                          num_lookahead_tokens, num_external_computed_tokens, delay_cache_blocks,
-                          full_sequence_must_fit):
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                       num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
+                       num_encoder_tokens=0, full_sequence_must_fit=False):
+        self._check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                           num_external_computed_tokens, num_encoder_tokens)
         n_groups = len(self._groups)
         if new_computed_blocks is None:
             hit = [[] for _ in range(n_groups)]
@@ -387,7 +400,7 @@ class HybridMixin:
             if len(hit) != n_groups:
                 raise ValueError("new_computed_blocks: %d groups, the manager has %d" % (len(hit), n_groups))
         rid = request.request_id
-        r = self._hreqs.get(rid)
+        r = self._reqs.get(rid)
         if any(hit):
             self._check_hit(r, hit, num_new_computed_tokens)
         local = _int(request.num_computed_tokens, "request.num_computed_tokens") + num_new_computed_tokens
@@ -410,7 +423,7 @@ class HybridMixin:
             r = _HReq(n_groups)
             if self._looked_up is not None and self._looked_up[0] == rid:
                 r.hashes = self._looked_up[1]
-            self._hreqs[rid] = r
+            self._reqs[rid] = r
         self._looked_up = None
         if any(hit) or num_external_computed_tokens > 0:
             if not r.allocated:
@@ -464,8 +477,21 @@ class HybridMixin:
         self._evictions()
         return ids
 
-    def _h_free(self, rid):
-        r = self._hreqs.pop(rid, None)
+    def allocate_slots_batch(self, requests, num_new_tokens):
+        """``[allocate_slots(r, n) for r, n in zip(requests, num_new_tokens)]`` (the one-group
+        manager's fast decode loop; here each request takes the checked path)."""
+        if type(num_new_tokens) is int:
+            return [self.allocate_slots(r, num_new_tokens) for r in requests]
+        if isinstance(num_new_tokens, (str, bytes)) or not hasattr(num_new_tokens, "__len__"):
+            raise TypeError("num_new_tokens: must be an int or a sequence of ints (got %s)"
+                            % type(num_new_tokens).__name__)
+        if len(num_new_tokens) != len(requests):
+            raise ValueError("num_new_tokens: %d counts for %d requests" % (len(num_new_tokens), len(requests)))
+        return [self.allocate_slots(r, n) for r, n in zip(requests, num_new_tokens)]
+
+    def free(self, request):
+        rid = request.request_id if not isinstance(request, str) else request
+        r = self._reqs.pop(rid, None)
         if r is None:
             return
         for g in self._groups:
@@ -473,15 +499,27 @@ class HybridMixin:
             if ids:
                 self._pool.release(ids)
 
-    def _h_reset_prefix_cache(self):
+    def remove_skipped_blocks(self, request_id, total_computed_tokens):
+        """Blocks that left a sliding window go back to the pool."""
+        r = self._reqs.get(request_id)
+        if r is not None:
+            self._remove_skipped(r, _int(total_computed_tokens, "total_computed_tokens"))
+        return None
+
+    def cache_blocks(self, request, num_computed_tokens):
+        r = self._reqs.get(request.request_id)
+        if r is not None and self.enable_caching:
+            self._cache(request, r, min(_int(num_computed_tokens, "num_computed_tokens"), request.num_tokens))
+
+    def reset_prefix_cache(self):
         if self._pool.available != self._capacity:
             return False
         self._hybrid_reset_pool()
         self._note_reset()
         return True
 
-    def _h_common_prefix_blocks(self, rid):
-        r = self._hreqs.get(rid)
+    def get_num_common_prefix_blocks(self, rid):
+        r = self._reqs.get(rid)
         out = []
         for g in self._groups:
             if g.window or r is None or not self.enable_caching:
@@ -489,14 +527,14 @@ class HybridMixin:
                 continue
             n = 0
             for b in r.tables[g.index]:
-                if b == NULL or self._pool.refcount(b - 1) != len(self._hreqs):
+                if b == NULL or self._pool.refcount(b - 1) != len(self._reqs):
                     break
                 n += 1
             out.append(n)
         return out
 
-    def _h_blocks(self, rid):
-        r = self._hreqs.get(rid)
+    def get_blocks(self, rid):
+        r = self._reqs.get(rid)
         if r is None:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks.of_groups(r.tables)

@@ -369,6 +369,73 @@ class WhatVllmPasses(unittest.TestCase):
         self.assertEqual(hit, 48)
 
 
+class TwoKinds(unittest.TestCase):
+    """KVCacheManager is a factory over two classes, one per kind of model (issue 25 point 3)."""
+
+    def test_the_factory_builds_one_class_per_kind(self):
+        from tessera._vllm_hybrid import HybridManager
+        from tessera._vllm_kvbase import ManagerBase
+        from tessera._vllm_one_group import OneGroupManager
+        one = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
+        v4 = KVCacheManager(num_gpu_blocks=2001, block_size=256, max_model_len=65536, model="deepseek-v4-flash")
+        given = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024,
+                               kv_cache_groups=[{"block_size": 16}, {"block_size": 4, "sliding_window": 8}])
+        self.assertIs(type(one), OneGroupManager)
+        self.assertIs(type(v4), HybridManager)
+        self.assertIs(type(given), HybridManager)
+        for m in (one, v4, given):
+            self.assertIsInstance(m, KVCacheManager)
+            self.assertIsInstance(m, ManagerBase)
+            self.assertFalse(hasattr(m, "_hybrid"))
+        self.assertEqual((one.num_kv_cache_groups, v4.num_kv_cache_groups, given.num_kv_cache_groups), (1, 5, 2))
+        with self.assertRaisesRegex(ValueError, "kv_cache_groups"):
+            OneGroupManager(num_gpu_blocks=33, block_size=16, max_model_len=1024, kv_cache_groups=[{}])
+        with self.assertRaisesRegex(ValueError, "model: deepseek-v4-flash has sliding windows"):
+            OneGroupManager(num_gpu_blocks=33, block_size=256, max_model_len=1024, model="deepseek-v4-flash")
+
+    def test_the_modules_import_downwards_only(self):
+        # No import cycle held apart by imports inside functions: every import of the package's
+        # own modules is at module level (vLLM's optional one in event_classes is not the
+        # package's), and neither kind imports the other or the factory.
+        import ast
+        import tessera
+        root = os.path.dirname(tessera.__file__)
+        names = ("_vllm_common", "_vllm_kvbase", "_vllm_one_group", "_vllm_hybrid", "_vllm_manager")
+        below = {n: set(names[:i]) | {"_core"} for i, n in enumerate(names)}
+        below["_vllm_one_group"].discard("_vllm_hybrid")
+        below["_vllm_hybrid"].discard("_vllm_one_group")
+        for n in names:
+            with self.subTest(module=n):
+                with open(os.path.join(root, n + ".py")) as f:
+                    tree = ast.parse(f.read())
+                top = set(tree.body)
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.ImportFrom) and node.level == 1:  # the package's own modules
+                        self.assertIn(node, top, "%s: an import inside a function (line %d)" % (n, node.lineno))
+                        got = {node.module} if node.module else {a.name for a in node.names}
+                        self.assertLessEqual(got, below[n], "%s imports %s" % (n, got))
+
+    def test_one_chain_for_both_kinds_and_placeholders_in_one_group_events(self):
+        # The one-group manager's event keys are the chain the hybrid manager indexes by
+        # (_vllm_common.extend_chain), vLLM's placeholder -1 included. Before: the one-group
+        # events hashed -1 with struct.pack and allocate_slots raised struct.error after the
+        # core had advanced.
+        from tessera._vllm_common import PLACEHOLDER_TOKEN, chain_hash, extend_chain
+        toks = [1, -1, -1, 2, 3, 4, 5, 6, 7]
+        m = KVCacheManager(num_gpu_blocks=33, block_size=4, max_model_len=1024, enable_kv_cache_events=True)
+        r = kv_trace.TraceRequest("a", toks)
+        blocks, hit = m.get_computed_blocks(r)
+        self.assertEqual(len(m.allocate_slots(r, r.num_tokens - hit, hit, blocks).get_block_ids()[0]), 3)
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual(len(stored), 1)
+        want = extend_chain([], toks, 4, 2, 0)
+        self.assertEqual(stored[0].block_hashes, want)
+        first = chain_hash(b"", [1, PLACEHOLDER_TOKEN, PLACEHOLDER_TOKEN, 2])
+        self.assertEqual(want, [first, chain_hash(first, [3, 4, 5, 6])])
+        with self.assertRaisesRegex(ValueError, r"^request.all_token_ids: .*tokens 0..3"):
+            extend_chain([], [1, -2, 3, 4], 4, 1, 0)
+
+
 class CountingCore:
     """Counts the calls the adapter makes into its core (the boundary cost of issue 20 point 4)."""
 
