@@ -14,7 +14,20 @@ presets=("$@")
 if [ "${#presets[@]}" -eq 0 ]; then presets=(lint dev clang noredis fuzz asan tsan release); fi
 jobs=$(nproc)
 
+# Each phase's wall time, printed as it ends and summed at the end (CI stops at 90 minutes: the
+# figures say where a run's time went).
+started=$SECONDS
+phase_start=$SECONDS
+phase_name=
+phase() {
+  if [ -n "$phase_name" ]; then echo "=== ${phase_name}: $((SECONDS - phase_start)) s"; fi
+  phase_name=$1
+  phase_start=$SECONDS
+}
+trap 'phase ""; echo "=== test-all: $((SECONDS - started)) s"' EXIT
+
 for p in "${presets[@]}"; do
+  phase "$p"
   if [ "$p" = lint ]; then
     echo "=== lint"
     scripts/lint.sh

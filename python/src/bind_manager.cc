@@ -421,17 +421,19 @@ void WriteTokens(PyManager& pm, Status (RequestManager::*call)(RequestId, std::s
 // One core call where vLLM's scheduler makes one: the block table comes back as a list of pool
 // ids with the call that changed it, instead of a separate block_table call and a tolist().
 
-// REQUIRES: pm's lock.
-py::list TableList(PyManager& pm, RequestId r) {
+// The block table in vLLM's ids: pool id + 1 (vLLM's block 0 is its null block, never handed
+// out), so that the adapter hands the list on as it comes. REQUIRES: pm's lock.
+py::list VllmTable(PyManager& pm, RequestId r) {
   const std::span<const BlockId> t = pm.m->BlockTable(r);
   py::list out(t.size());
   for (size_t i = 0; i < t.size(); ++i) {
-    PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), PyLong_FromUnsignedLong(t[i].value));
+    PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), PyLong_FromUnsignedLong(uint64_t{t[i].value} + 1));
   }
   return out;
 }
 
-// admit(prompt, reserve_tokens=0) -> (request id, cached tokens, cached blocks, block table).
+// admit(prompt, reserve_tokens=0) -> (request id, cached tokens, cached blocks, block table in
+// vLLM's ids).
 py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& cache_salt,
                     const py::object& read_cache) {
   U32Array p;
@@ -447,10 +449,11 @@ py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& c
     a.emplace(pm.m->Admit(std::span<const uint32_t>(p.data, p.size), spec));
   }
   const Admission ad = Take(std::move(*a));
-  return py::make_tuple(PyManager::Handle(ad.id), ad.cached_tokens, ad.cached_blocks, TableList(pm, ad.id));
+  return py::make_tuple(PyManager::Handle(ad.id), ad.cached_tokens, ad.cached_blocks, VllmTable(pm, ad.id));
 }
 
-// allocate(n) when n > 0, then append(tokens) when there are any -> the block table. A refused
+// allocate(n) when n > 0, then append(tokens) when there are any -> the block table (vLLM's
+// ids). A refused
 // allocation (OutOfBlocksError) changes nothing; tokens are checked before anything changes.
 py::list VllmAdvance(PyManager& pm, const py::object& request_id, const py::object& n, const py::object& tokens) {
   const uint64_t count = ToU64(n, "n");
@@ -464,7 +467,7 @@ py::list VllmAdvance(PyManager& pm, const py::object& request_id, const py::obje
     pm.RevokeViews();  // a block the append filled is sealed (ADR 0039)
     Check(st);
   }
-  return TableList(pm, r);
+  return VllmTable(pm, r);
 }
 
 }  // namespace
@@ -547,8 +550,8 @@ void BindManager(py::module_& m) {
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
            py::arg("kv_events_capacity") = 1u << 16)
-      .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::kw_only(), py::arg("cache_salt") = 0,
-           py::arg("read_cache") = true)
+      // Positional (the adapter's calls: pybind11 matches keywords by name, a few hundred ns).
+      .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::arg("cache_salt") = 0, py::arg("read_cache") = true)
       .def("_vllm_advance", &VllmAdvance, py::arg("request_id"), py::arg("n"), py::arg("tokens") = py::none())
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
            py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none(),

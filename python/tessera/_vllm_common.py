@@ -127,6 +127,13 @@ class KVCacheBlocks:
         self.blocks = (list(ids),)
 
     @classmethod
+    def of_list(cls, ids):
+        """One group over `ids` itself (a list the caller hands over and no longer touches)."""
+        kb = cls.__new__(cls)
+        kb.blocks = (ids,)
+        return kb
+
+    @classmethod
     def of_groups(cls, groups):
         kb = cls.__new__(cls)
         kb.blocks = tuple(list(g) for g in groups)
@@ -174,6 +181,9 @@ def identity_salt(request):
     keys only the blocks at and after a feature; here a request with an image never shares even
     the blocks before it with one without) — never a hit vLLM would not give, fewer in that case.
     """
+    if not (getattr(request, "cache_salt", None) or getattr(request, "lora_request", None) is not None
+            or getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None):
+        return 0  # plain token prefixes (request_scope would give ("", "", ""), and no features)
     salt, lora, embeds = request_scope(request)
     parts = []
     if salt:

@@ -49,7 +49,7 @@ _ZERO = 0  # allocate_slots' default counts (its decode path compares them by id
 
 
 class _Req:
-    __slots__ = ("rid", "salt", "hashes", "cached_upto", "computed_blocks", "admitted", "skipped", "table", "have")
+    __slots__ = ("rid", "salt", "hashes", "cached_upto", "admitted", "skipped", "table", "have", "limit", "next_seal")
 
     def __init__(self, rid, salt):
         self.rid = rid            # Tessera request id
@@ -58,8 +58,11 @@ class _Req:
         self.cached_upto = 0      # blocks [0, cached_upto) sealed
         self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
         self.skipped = False      # admitted without reading the cache
-        self.table = []           # the core's block table (pool ids), kept in step with it
+        self.table = []           # the core's block table in vLLM's ids (pool id + 1), kept in step
         self.have = 0             # tokens appended in the core (a filling block's wait in the request)
+        # The decode path's two compares (kept by _sync whenever table or cached_upto change):
+        self.limit = 0            # tokens the table holds, at most max_model_len
+        self.next_seal = 0        # tokens at which the next block fills: (cached_upto + 1) * block_size
 
 
 def _token_list(tokens):
@@ -94,7 +97,7 @@ class OneGroupManager(ManagerBase):
         self._core = self._new_core()
         self._reqs = {}           # vLLM request id -> _Req (admitted: holds blocks)
         self._pending = None      # (request id, _Req, hit tokens): admitted by get_computed_blocks
-        self._block_hash = {}     # pool block id -> chain hash of the sealed block (for events)
+        self._block_hash = {}     # block id (vLLM's) -> chain hash of the sealed block (for events)
         self._salt = 0            # caching off: every admission its own salt (no hits, ever)
         self._finish_init()
 
@@ -113,16 +116,13 @@ class OneGroupManager(ManagerBase):
             self._core.free(self._pending[1].rid)
             self._pending = None
 
-    def _ids(self, r):
-        return [b + 1 for b in r.table]
-
     def _note_new_blocks(self, before, r):
         """Blocks a call handed the request: a block that was cached before is an eviction."""
         if not self._track_hashes:
-            self._new_block_ids.extend(b + 1 for b in r.table[before:])
+            self._new_block_ids.extend(r.table[before:])
             return
         for b in r.table[before:]:
-            self._new_block_ids.append(b + 1)
+            self._new_block_ids.append(b)
             h = self._block_hash.pop(b, None)
             if h is not None and self.enable_kv_cache_events:
                 self._events.append(event_classes()[1](block_hashes=[h], medium="GPU"))
@@ -136,7 +136,7 @@ class OneGroupManager(ManagerBase):
         seal = full > r.cached_upto
         if not alloc and not seal:
             return
-        toks = request.all_token_ids[r.have:upto] if seal else None
+        toks = _token_list(request.all_token_ids)[r.have:upto] if seal else None
         before = len(r.table)
         try:
             r.table = self._core._vllm_advance(r.rid, alloc, toks)
@@ -151,6 +151,14 @@ class OneGroupManager(ManagerBase):
             if self._track_hashes:
                 self._note_sealed(request, r, full)
             r.cached_upto = full
+        self._sync(r)
+
+    def _sync(self, r):
+        """The decode path's bounds of `r` after its table or its sealed blocks changed."""
+        bs = self.block_size
+        room = len(r.table) * bs
+        r.limit = room if room < self.max_model_len else self.max_model_len
+        r.next_seal = (r.cached_upto + 1) * bs
 
     def _note_sealed(self, request, r, full):
         """Events: the keys of the request's newly sealed blocks — vLLM's own ``block_hashes``
@@ -181,6 +189,7 @@ class OneGroupManager(ManagerBase):
         r = self._admit(request, read_cache=not skip)
         hit, a_blocks = r.admitted
         r.cached_upto = a_blocks
+        self._sync(r)
         if hit and self._track_hashes:
             for i in range(a_blocks):
                 r.hashes.append(self._block_hash.get(r.table[i]))
@@ -189,7 +198,7 @@ class OneGroupManager(ManagerBase):
             return self.empty_kv_cache_blocks, 0
         if self.log_stats:
             self._record_query(request, hit)
-        return KVCacheBlocks(self._ids(r)) if hit else self.empty_kv_cache_blocks, hit
+        return KVCacheBlocks.of_list(r.table[:a_blocks]) if hit else self.empty_kv_cache_blocks, hit
 
     def _admit(self, request, read_cache):
         """Admits `request` into the core with no slots reserved. Caching off: a salt of its own (its
@@ -202,15 +211,15 @@ class OneGroupManager(ManagerBase):
             salt = self._salt
         toks = _token_list(request.all_token_ids)
         try:
-            rid, hit, hit_blocks, table = self._core._vllm_admit(toks, cache_salt=salt, read_cache=read_cache)
+            rid, hit, hit_blocks, table = self._core._vllm_admit(toks, salt, read_cache)
         except ValueError:  # vLLM's -1 placeholders, read as one id (nothing changed on the first try)
-            rid, hit, hit_blocks, table = self._core._vllm_admit(with_placeholders(toks), cache_salt=salt,
-                                                                 read_cache=read_cache)
+            rid, hit, hit_blocks, table = self._core._vllm_admit(with_placeholders(toks), salt, read_cache)
         r = _Req(rid, salt)
         r.admitted = (hit, hit_blocks)
         r.skipped = not read_cache
         r.have = hit
         r.table = table
+        self._sync(r)
         return r
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
@@ -225,25 +234,29 @@ class OneGroupManager(ManagerBase):
                 and type(num_new_tokens) is int and num_new_tokens > 0 and self._pending is None):
             r = self._reqs.get(request.request_id)
             if r is not None:
-                computed = request.num_computed_tokens
-                upto = computed + num_new_tokens
+                upto = request.num_computed_tokens + num_new_tokens
+                if upto <= r.limit:  # inside the request's blocks (and max_model_len)
+                    # A block fills: append up to it (never past the request's own tokens).
+                    if upto >= r.next_seal and not delay_cache_blocks:
+                        n = request.num_tokens
+                        self._advance(request, r, 0, upto if upto < n else n)
+                    return self.empty_kv_cache_blocks
                 if upto <= self.max_model_len:
                     held = len(r.table)
-                    if upto <= held * self.block_size:
-                        # A block fills: append up to it (never past the request's own tokens).
-                        if upto // self.block_size > r.cached_upto and not delay_cache_blocks:
-                            n = request.num_tokens
-                            self._advance(request, r, 0, upto if upto < n else n)
-                        return self.empty_kv_cache_blocks
                     n = request.num_tokens
                     last = 0 if delay_cache_blocks else (upto if upto < n else n)
                     try:  # a new block: the core refuses (changing nothing) where vLLM's pool would
                         self._advance(request, r, upto - r.have, last)
                     except OutOfBlocksError:
                         return None
-                    return KVCacheBlocks([b + 1 for b in r.table[held:]])
-        self._check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                           num_external_computed_tokens, num_encoder_tokens)
+                    return KVCacheBlocks.of_list(r.table[held:])
+        if not (type(num_new_tokens) is int and type(num_new_computed_tokens) is int
+                and type(num_lookahead_tokens) is int and type(num_external_computed_tokens) is int
+                and num_new_tokens >= 0 and num_new_computed_tokens >= 0 and num_lookahead_tokens >= 0
+                and num_external_computed_tokens >= 0 and num_encoder_tokens is _ZERO
+                and (num_new_tokens or num_external_computed_tokens)):
+            self._check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                               num_external_computed_tokens, num_encoder_tokens)  # names what is wrong
         rid = request.request_id
         self._release_pending(keep=rid)
         r = self._reqs.get(rid)
@@ -284,7 +297,7 @@ class OneGroupManager(ManagerBase):
             self._pending = None
         if len(r.table) == held:
             return self.empty_kv_cache_blocks
-        return KVCacheBlocks([b + 1 for b in r.table[held:]])
+        return KVCacheBlocks.of_list(r.table[held:])
 
     def allocate_slots_batch(self, requests, num_new_tokens):
         """``[allocate_slots(r, n) for r, n in zip(requests, num_new_tokens)]`` in one call: the
@@ -303,7 +316,7 @@ class OneGroupManager(ManagerBase):
             if len(num_new_tokens) != len(requests):
                 raise ValueError("num_new_tokens: %d counts for %d requests" % (len(num_new_tokens), len(requests)))
         out = []
-        get, bs, cap, empty = self._reqs.get, self.block_size, self.max_model_len, self.empty_kv_cache_blocks
+        get, empty = self._reqs.get, self.empty_kv_cache_blocks
         fast = single and num_new_tokens > 0
         n = num_new_tokens
         for i, request in enumerate(requests):
@@ -313,8 +326,8 @@ class OneGroupManager(ManagerBase):
             r = get(request.request_id) if fast and self._pending is None else None
             if r is not None:
                 upto = request.num_computed_tokens + n
-                if upto <= len(r.table) * bs and upto <= cap:
-                    if upto // bs > r.cached_upto:  # a block fills (never past the request's tokens)
+                if upto <= r.limit:
+                    if upto >= r.next_seal:  # a block fills (never past the request's tokens)
                         nt = request.num_tokens
                         self._advance(request, r, 0, upto if upto < nt else nt)
                     out.append(empty)
@@ -361,7 +374,7 @@ class OneGroupManager(ManagerBase):
 
     def get_blocks(self, request_id):
         r = self._reqs.get(request_id)
-        return KVCacheBlocks(self._ids(r)) if r is not None else self.empty_kv_cache_blocks
+        return KVCacheBlocks.of_list(r.table[:]) if r is not None else self.empty_kv_cache_blocks
 
     def cache_blocks(self, request, num_computed_tokens):
         r = self._reqs.get(request.request_id)

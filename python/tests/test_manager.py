@@ -169,6 +169,31 @@ class BatchedStepTest(unittest.TestCase):
         self.assertEqual(m.metrics()["tessera_requests_admitted_total"]["samples"][""], 120)
 
 
+class TokenListsTest(unittest.TestCase):
+    def test_every_int_of_a_list_reads_as_its_uint32_array(self):
+        # A list's small ints are read from the objects in place (python/src/common.cc SmallInt);
+        # ints of more than one 30-bit digit, 0, int subclasses and bools' neighbours by the checked
+        # path. Each prompt, as a list, hits exactly the blocks its uint32 array sealed.
+        class Sub(int):
+            pass
+        edges = [0, 1, 2 ** 30 - 1, 2 ** 30, 2 ** 31, 2 ** 32 - 1, Sub(7), 255, 256, 257]
+        m = tessera.RequestManager("tiny-mla", capacity_blocks=64, max_requests=8, backed=False)
+        bt = m.block_tokens
+        values = [edges[i % len(edges)] for i in range(2 * bt)] + [5]
+        a = m.admit(np.array([int(v) for v in values], dtype=np.uint32))
+        m.append(a.request_id, np.array([int(v) for v in values], dtype=np.uint32))
+        b = m.admit(values)
+        self.assertEqual(b.cached_tokens, 2 * bt)
+        other = list(values)
+        other[bt + 3] = 2 ** 32 - 2  # one token of the second block differs
+        c = m.admit(other)
+        self.assertEqual(c.cached_tokens, bt)
+        for bad, arg in ((values[:-1] + [2 ** 32], "prompt"), (values[:-1] + [-1], "prompt"),
+                         (values[:-1] + [True], "prompt")):
+            with self.assertRaisesRegex((ValueError, TypeError), "^" + arg):
+                m.admit(bad)
+
+
 class RequestIdsTest(unittest.TestCase):
     """Issue 27.2: an id carries its slot's generation, so a freed id never reaches the request that
     reused its slot (before: ids were slot numbers, and a stale id acted on the new request)."""
