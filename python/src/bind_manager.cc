@@ -453,8 +453,8 @@ py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& c
 }
 
 // allocate(n) when n > 0, then append(tokens) when there are any -> the block table (vLLM's
-// ids). A refused
-// allocation (OutOfBlocksError) changes nothing; tokens are checked before anything changes.
+// ids). A refused allocation (OutOfBlocksError) changes nothing; tokens are checked before
+// anything changes.
 py::list VllmAdvance(PyManager& pm, const py::object& request_id, const py::object& n, const py::object& tokens) {
   const uint64_t count = ToU64(n, "n");
   U32Array t;

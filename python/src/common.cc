@@ -179,16 +179,15 @@ void ReadIntArray(const py::dtype& dt, const char* base, ssize_t stride, size_t 
   }
 }
 
-// A token id as CPython keeps most of them: an exact int of at most one 30-bit digit, read from
-// the object without a call (about a third of reading a prompt's list; ADR 0037). False for
-// anything else, which the caller reads the checked way.
+// A token id as CPython 3.11 keeps most of them: an exact int of at most one 30-bit digit, read
+// from the object without a call (ADR 0037 amendment of 2026-12-03). False for anything else,
+// which the caller reads the checked way; always false on another CPython (3.12 changed the
+// layout; only Debian 12's 3.11 is built and tested here).
 inline bool SmallInt(PyObject* o, uint32_t* v) {
 #if PY_VERSION_HEX >= 0x030C0000
-  if (!PyLong_CheckExact(o) || !PyUnstable_Long_IsCompact(reinterpret_cast<PyLongObject*>(o))) return false;
-  const Py_ssize_t x = PyUnstable_Long_CompactValue(reinterpret_cast<PyLongObject*>(o));
-  if (x < 0 || x > static_cast<Py_ssize_t>(UINT32_MAX)) return false;
-  *v = static_cast<uint32_t>(x);
-  return true;
+  (void)o;
+  (void)v;
+  return false;
 #else
   static_assert(PyLong_SHIFT <= 32, "one digit fits a u32");
   if (!PyLong_CheckExact(o)) return false;

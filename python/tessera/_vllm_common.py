@@ -181,16 +181,16 @@ def identity_salt(request):
     keys only the blocks at and after a feature; here a request with an image never shares even
     the blocks before it with one without) — never a hit vLLM would not give, fewer in that case.
     """
-    if not (getattr(request, "cache_salt", None) or getattr(request, "lora_request", None) is not None
-            or getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None):
-        return 0  # plain token prefixes (request_scope would give ("", "", ""), and no features)
+    features = getattr(request, "mm_features", None)
     salt, lora, embeds = request_scope(request)
+    if not (salt or lora or embeds or features):
+        return 0  # plain token prefixes
     parts = []
     if salt:
         parts.append(b"salt\0" + salt.encode("utf-8", "surrogatepass"))
     if lora:
         parts.append(b"lora\0" + lora.encode("utf-8", "surrogatepass"))
-    for f in getattr(request, "mm_features", None) or ():
+    for f in features or ():
         pos = getattr(f, "mm_position", None)
         parts.append(b"mm\0%s\0%d\0%d" % (str(f.identifier).encode("utf-8", "surrogatepass"),
                                            getattr(pos, "offset", -1), getattr(pos, "length", -1)))

@@ -74,7 +74,14 @@ class ManagerBase:
     @staticmethod
     def _check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens, num_external_computed_tokens,
                       num_encoder_tokens):
-        """allocate_slots' checked path: the counts, before anything changes."""
+        """allocate_slots' checked path: the counts, before anything changes. Plain ints in range
+        pass on one compare each; anything else goes through ``_int``, which names the argument."""
+        if (type(num_new_tokens) is int and type(num_new_computed_tokens) is int
+                and type(num_lookahead_tokens) is int and type(num_external_computed_tokens) is int
+                and num_new_tokens >= 0 and num_new_computed_tokens >= 0 and num_lookahead_tokens >= 0
+                and num_external_computed_tokens >= 0 and not num_encoder_tokens
+                and (num_new_tokens or num_external_computed_tokens)):
+            return
         _int(num_new_tokens, "num_new_tokens")
         _int(num_new_computed_tokens, "num_new_computed_tokens")
         _int(num_lookahead_tokens, "num_lookahead_tokens")

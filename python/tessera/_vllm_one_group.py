@@ -188,8 +188,6 @@ class OneGroupManager(ManagerBase):
         skip = not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False)
         r = self._admit(request, read_cache=not skip)
         hit, a_blocks = r.admitted
-        r.cached_upto = a_blocks
-        self._sync(r)
         if hit and self._track_hashes:
             for i in range(a_blocks):
                 r.hashes.append(self._block_hash.get(r.table[i]))
@@ -219,6 +217,7 @@ class OneGroupManager(ManagerBase):
         r.skipped = not read_cache
         r.have = hit
         r.table = table
+        r.cached_upto = hit_blocks  # the hit blocks are sealed
         self._sync(r)
         return r
 
@@ -250,13 +249,8 @@ class OneGroupManager(ManagerBase):
                     except OutOfBlocksError:
                         return None
                     return KVCacheBlocks.of_list(r.table[held:])
-        if not (type(num_new_tokens) is int and type(num_new_computed_tokens) is int
-                and type(num_lookahead_tokens) is int and type(num_external_computed_tokens) is int
-                and num_new_tokens >= 0 and num_new_computed_tokens >= 0 and num_lookahead_tokens >= 0
-                and num_external_computed_tokens >= 0 and num_encoder_tokens is _ZERO
-                and (num_new_tokens or num_external_computed_tokens)):
-            self._check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
-                               num_external_computed_tokens, num_encoder_tokens)  # names what is wrong
+        self._check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                           num_external_computed_tokens, num_encoder_tokens)
         rid = request.request_id
         self._release_pending(keep=rid)
         r = self._reqs.get(rid)

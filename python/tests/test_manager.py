@@ -171,9 +171,9 @@ class BatchedStepTest(unittest.TestCase):
 
 class TokenListsTest(unittest.TestCase):
     def test_every_int_of_a_list_reads_as_its_uint32_array(self):
-        # A list's small ints are read from the objects in place (python/src/common.cc SmallInt);
-        # ints of more than one 30-bit digit, 0, int subclasses and bools' neighbours by the checked
-        # path. Each prompt, as a list, hits exactly the blocks its uint32 array sealed.
+        # A list's one-digit ints (and 0) are read from the objects in place (python/src/common.cc
+        # SmallInt); ints of two 30-bit digits and int subclasses by the checked path; 2^32, -1 and
+        # bools refused naming the argument. The list hits exactly the blocks its uint32 array sealed.
         class Sub(int):
             pass
         edges = [0, 1, 2 ** 30 - 1, 2 ** 30, 2 ** 31, 2 ** 32 - 1, Sub(7), 255, 256, 257]
