@@ -19,7 +19,7 @@
 // before any use, so a hostile length cannot wrap, allocate or skip valid records.
 //
 // Crash consistency: each record (header slot, payload, padding) is written with one pwritev (its
-// writeback started at once, its successor's tags computed meanwhile on a second thread) and,
+// writeback started at once, so the disk writes it while the next record is tagged) and,
 // under kEveryBatch, the batch is fdatasync'ed once; a record is visible only when its header and
 // payload verify, so a batch torn by a crash or a power failure (any of its pages missing, in any
 // order) keeps exactly its complete records (docs/adr/0041-one-sync-per-batch.md). On open every

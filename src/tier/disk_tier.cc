@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <future>
 #include <optional>
 
 #define XXH_STATIC_LINKING_ONLY
@@ -567,22 +566,12 @@ Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint3
   locations.reserve(records.size());
   const uint64_t first_seq = next_seq_;
   next_seq_ += records.size();
-  auto seal = [&, this](size_t i) { return SealedHeader(*mac_, *records[i], flags, first_seq + i); };
-  // The next record's tags are computed on a second thread while this one is written: the MAC
-  // costs about as much CPU as the kernel's copy into the page cache (ADR 0041). A pending
-  // future's destructor waits for it, so an early return leaves no thread behind.
-  std::future<Header> next;
+  // The tags are computed on this thread: a second thread per record (ADR 0041) cost more CPU
+  // than it saved without a core to spare (ADR 0047).
   uint64_t off = start;
   for (size_t i = 0; i < records.size(); ++i) {
-    Header h{};
-    if (i == 0) {
-      if (records.size() > 1) next = std::async(std::launch::async, seal, 1);
-      h = seal(0);
-    } else {
-      h = next.get();
-      if (i + 1 < records.size()) next = std::async(std::launch::async, seal, i + 1);
-    }
     const TierRecord* r = records[i];
+    const Header h = SealedHeader(*mac_, *r, flags, first_seq + i);
     std::memcpy(slot.data(), &h, sizeof h);
     const size_t pad = static_cast<size_t>(Padded(h.payload_len) - h.payload_len);
     std::array<iovec, 3> iov{iovec{slot.data(), slot.size()},
@@ -591,7 +580,7 @@ Status DiskTier::AppendRecords(std::span<const TierRecord* const> records, uint3
     Status st = WriteVAt(fd, iov, off);
     if (!st.ok()) return undo(st);
     // Start the record's writeback now (no wait, no durability: the fdatasync below gives that),
-    // so that the disk writes it while the next record's tag is computed.
+    // so that the disk writes it while the next record is tagged and copied.
     if (options_.fsync == FsyncPolicy::kEveryBatch) {
       (void)::sync_file_range(fd, static_cast<off_t>(off), static_cast<off_t>(RecordBytes(h.payload_len)),
                               SYNC_FILE_RANGE_WRITE);
