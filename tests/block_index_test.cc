@@ -145,6 +145,54 @@ TEST(BlockIndexPrefix, ForgedParentWithTheRightKeyButWrongBlockMisses) {
   (void)b;
 }
 
+// --- Caller keys (ADR 0045) ----------------------------------------------------------------
+
+CallerHash Caller(uint8_t seed) {
+  CallerHash h{};
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<std::byte>(seed + i);
+  return h;
+}
+
+TEST(BlockIndexCallerKeys, AHitIsTheWholeHashNotTheKey) {
+  std::unique_ptr<BlockPool> pool = SmallPool(8, RegionKind::kUnbacked);
+  BlockIndex index(pool.get(), Hasher(), /*content_dedup=*/false);
+  index.EnableCallerKeys();
+  const CallerHash mine = Caller(1);
+  CallerHash other = mine;
+  other[31] ^= std::byte{1};  // one bit of 256
+  const Hash128 key = index.CallerKey(index.root_key(), mine, 5, 77);
+  const BlockIndex::SealResult s = index.SealKeyed(Alloc(*pool), PrefixRef{}, key, mine, Toks(1, 2, 3, 4), 5, 77);
+  EXPECT_TRUE(index.CallerKeyed(s.ref.block));
+  ASSERT_TRUE(index.LookupKeyed(PrefixRef{}, key, mine, 5, 77).has_value());
+  // A forced collision: the same key with another caller hash is refused, and counted.
+  EXPECT_FALSE(index.LookupKeyed(PrefixRef{}, key, other, 5, 77).has_value());
+  EXPECT_EQ(index.stats().prefix_key_mismatches.load(), 1u);
+  // Domain, salt and parent are checked as for token keys.
+  EXPECT_FALSE(index.LookupKeyed(PrefixRef{}, key, mine, 6, 77).has_value());
+  EXPECT_FALSE(index.LookupKeyed(PrefixRef{}, key, mine, 5, 78).has_value());
+  EXPECT_FALSE(index.LookupKeyed(s.ref, key, mine, 5, 77).has_value());
+  // Keys of other hashes, domains and salts differ; a caller key is not the token key.
+  EXPECT_NE(index.CallerKey(index.root_key(), other, 5, 77), key);
+  EXPECT_NE(index.CallerKey(index.root_key(), mine, 6, 77), key);
+  EXPECT_NE(index.PrefixKey(index.root_key(), Toks(1, 2, 3, 4), 5, 77), key);
+}
+
+TEST(BlockIndexCallerKeys, TokenAndCallerKeyedBlocksNeverVerifyForEachOther) {
+  std::unique_ptr<BlockPool> pool = SmallPool(8, RegionKind::kUnbacked);
+  BlockIndex index(pool.get(), Hasher(), /*content_dedup=*/false);
+  index.EnableCallerKeys();
+  const std::vector<uint32_t> t = Toks(1, 2, 3, 4);
+  const BlockIndex::SealResult by_tokens = index.Seal(Alloc(*pool), PrefixRef{}, t, 0, 0);
+  const CallerHash h = Caller(9);
+  const Hash128 ck = index.CallerKey(index.root_key(), h, 0, 0);
+  const BlockIndex::SealResult by_hash = index.SealKeyed(Alloc(*pool), PrefixRef{}, ck, h, t, 0, 0);
+  // Even handed the other kind's key, neither look-up accepts the other kind's block.
+  EXPECT_FALSE(index.Lookup(PrefixRef{}, ck, t, 0, 0).has_value());
+  EXPECT_FALSE(index.LookupKeyed(PrefixRef{}, by_tokens.ref.key, h, 0, 0).has_value());
+  EXPECT_EQ(index.Lookup(PrefixRef{}, t, 0, 0)->block, by_tokens.ref.block);
+  EXPECT_EQ(index.LookupKeyed(PrefixRef{}, ck, h, 0, 0)->block, by_hash.ref.block);
+}
+
 TEST(BlockIndexPrefix, EvictionRemovesEntries) {
   Fixture f(4);
   BlockIndex::SealResult a = f.SealNew(PrefixRef{}, Toks(1, 2, 3, 4), 1);
@@ -461,8 +509,10 @@ TEST(BlockMetadata, LedgerModelAgainstTheStructures) {
   EXPECT_EQ(l.TermBytes(LedgerTerm::kBlockMetadata), 5120u);
   // The structures: the pool's per-block arrays, state 1 + refcount 4 + generation 4 +
   // priority 1 + LRU/free links 2 x 4 = 18 B; the index's identity, three 16-B keys (48) +
-  // parent id, parent generation and domain (12) = 60, the 8-B salt aligned at 64 = 72, two
-  // flags = 74, padded to a multiple of 8 = 80 B. 98 B in all, not the model's 64.
+  // parent id, parent generation and domain (12) = 60, the 8-B salt aligned at 64 = 72, three
+  // flags (indexed, in the content index, caller-keyed) = 75, padded to a multiple of 8 = 80 B.
+  // 98 B in all, not the model's 64. (An index with caller keys keeps 32 B more per block in a
+  // side array, ADR 0045.)
   EXPECT_EQ(BlockPool::kHeaderBytes, 18u);
   EXPECT_EQ(BlockIndex::kIdentityBytes, 80u);
 }

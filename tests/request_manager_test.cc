@@ -853,6 +853,167 @@ TEST(RequestManagerTenants, OtherTenantDoesNotHitButASharedDomainDoes) {
   }
 }
 
+// --- Caller keys (ADR 0045) ---------------------------------------------------------------------
+
+ManagerOptions CallerKeyed(uint32_t capacity, uint32_t hash_bits = 128) {
+  ManagerOptions o = V3Fp8(capacity);
+  o.region_kind = RegionKind::kUnbacked;
+  o.caller_keys = true;
+  o.hash_bits = hash_bits;
+  return o;
+}
+
+// A caller's chained hash of each whole block of `tokens` (a stand-in for vLLM's SHA-256 chain),
+// with `extra` folded into every block: two calls with other extras give other hashes throughout.
+std::vector<CallerHash> ChainHashes(std::span<const uint32_t> tokens, uint32_t extra) {
+  std::vector<CallerHash> out;
+  uint64_t h = 0x9e3779b97f4a7c15ULL ^ extra;
+  for (size_t b = 0; b + kBlock <= tokens.size(); b += kBlock) {
+    for (size_t i = b; i < b + kBlock; ++i) h = (h ^ tokens[i]) * 0x100000001b3ULL;
+    CallerHash c{};
+    for (size_t k = 0; k < c.size(); ++k) c[k] = static_cast<std::byte>(h >> (8 * (k % 8)) ^ k);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Admits `prompt` keyed by `hashes` and appends it whole, sealing its blocks under them.
+Admission AdmitAndFillKeyed(RequestManager& m, std::span<const uint32_t> prompt, std::span<const CallerHash> hashes,
+                            const RequestSpec& spec = {}) {
+  Result<Admission> a = m.AdmitKeyed(hashes, prompt.size(), spec);
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  if (!a.ok()) return {};
+  const uint64_t have = a->cached_tokens;
+  EXPECT_TRUE(m.AllocateSlots(a->id, prompt.size() - have).ok());
+  const size_t first = have / kBlock, last = prompt.size() / kBlock;
+  Status st = m.AppendKeyed(a->id, prompt.subspan(have), hashes.subspan(first, last - first));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return *a;
+}
+
+TEST(RequestManagerCallerKeys, HitsWhereTheHashesAgreeAndNowhereElse) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), CallerKeyed(32));
+  const std::vector<uint32_t> prompt = AndOneMore(Range(500, 3 * kBlock));
+  const std::vector<CallerHash> mine = ChainHashes(prompt, 1), other = ChainHashes(prompt, 2);
+  Admission a = AdmitAndFillKeyed(*m, prompt, mine);
+  EXPECT_EQ(a.cached_tokens, 0u);
+  ASSERT_TRUE(m->Free(a.id).ok());
+  // The same hashes: every whole block (3; the last token is computed). No token is read: the
+  // prompt's tokens could be anything.
+  Result<Admission> same = m->AdmitKeyed(mine, prompt.size(), {});
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->cached_tokens, 3u * kBlock);
+  for (size_t b = 0; b < 3; ++b) EXPECT_TRUE(m->index().CallerKeyed(Table(*m, same->id)[b]));
+  // Other hashes for the same tokens (another image, salt, adapter in the caller's hash): none.
+  Result<Admission> diff = m->AdmitKeyed(other, prompt.size(), {});
+  ASSERT_TRUE(diff.ok());
+  EXPECT_EQ(diff->cached_tokens, 0u);
+  // Only the last block's hash differs: the two before it hit (a per-block identity).
+  std::vector<CallerHash> tail = mine;
+  tail[2][0] ^= std::byte{1};
+  EXPECT_EQ(m->AdmitKeyed(tail, prompt.size(), {})->cached_tokens, 2u * kBlock);
+  // Another tenant or salt with the same hashes: none (they stay in Tessera's key and check).
+  RequestSpec t2, salted;
+  t2.tenant = 2;
+  salted.cache_salt = 99;
+  EXPECT_EQ(m->AdmitKeyed(mine, prompt.size(), t2)->cached_tokens, 0u);
+  EXPECT_EQ(m->AdmitKeyed(mine, prompt.size(), salted)->cached_tokens, 0u);
+  // read_cache false: no hit, the blocks are sealed under the hashes all the same.
+  RequestSpec no_read;
+  no_read.read_cache = false;
+  EXPECT_EQ(m->AdmitKeyed(mine, prompt.size(), no_read)->cached_tokens, 0u);
+}
+
+TEST(RequestManagerCallerKeys, CallerKeyedAndTokenKeyedBlocksNeverShare) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), CallerKeyed(64));
+  const std::vector<uint32_t> prompt = AndOneMore(Range(900, 2 * kBlock));
+  const std::vector<CallerHash> hashes = ChainHashes(prompt, 0);
+  Admission tokens = MustAdmit(*m, prompt);
+  ASSERT_TRUE(m->Append(tokens.id, prompt, {}).ok());
+  const std::vector<BlockId> token_blocks = Table(*m, tokens.id);
+  ASSERT_TRUE(m->Free(tokens.id).ok());
+  EXPECT_EQ(m->AdmitKeyed(hashes, prompt.size(), {})->cached_tokens, 0u);
+  Admission keyed = AdmitAndFillKeyed(*m, prompt, hashes);
+  ASSERT_TRUE(m->Free(keyed.id).ok());
+  EXPECT_EQ(MustAdmit(*m, prompt).cached_tokens, 2u * kBlock);  // the token-keyed blocks
+  Result<Admission> again = m->AdmitKeyed(hashes, prompt.size(), {});
+  EXPECT_EQ(again->cached_tokens, 2u * kBlock);  // the caller-keyed ones
+  for (size_t b = 0; b < 2; ++b) {
+    EXPECT_NE(Table(*m, again->id)[b], token_blocks[b]);
+    EXPECT_TRUE(m->index().CallerKeyed(Table(*m, again->id)[b]));
+    EXPECT_FALSE(m->index().CallerKeyed(token_blocks[b]));
+  }
+  // Each kind's appends are refused on the other's requests (nothing changes).
+  const uint64_t held = m->Tokens(again->id);
+  EXPECT_EQ(m->Append(again->id, {}, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->AppendKeyed(MustAdmit(*m, prompt).id, {}, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->Tokens(again->id), held);
+}
+
+// Tessera's caller keys cut to 4 bits (hash_bits): other hashes collide with cached blocks by key
+// and the whole 32-byte hash refuses each. Fails if SameKeyedIdentity's compare is removed.
+TEST(RequestManagerCallerKeys, AKeyCollisionIsRefusedByTheWholeHash) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), CallerKeyed(64, 4));
+  const std::vector<uint32_t> prompt = AndOneMore(Range(1, kBlock));
+  const std::vector<CallerHash> mine = ChainHashes(prompt, 0);
+  Admission a = AdmitAndFillKeyed(*m, prompt, mine);
+  ASSERT_TRUE(m->Free(a.id).ok());
+  EXPECT_EQ(m->AdmitKeyed(mine, prompt.size(), {})->cached_tokens, uint64_t{kBlock});
+  uint64_t collided = 0;
+  for (uint32_t j = 1; j <= 64; ++j) {
+    const uint64_t before = m->index().stats().prefix_key_mismatches.load();
+    Result<Admission> other = m->AdmitKeyed(ChainHashes(prompt, j), prompt.size(), {});
+    ASSERT_TRUE(other.ok());
+    EXPECT_EQ(other->cached_tokens, 0u) << "hash " << j;
+    collided += m->index().stats().prefix_key_mismatches.load() - before;
+    ASSERT_TRUE(m->Free(other->id).ok());
+  }
+  EXPECT_GT(collided, 0u);  // the keys did collide: the hash refused them
+}
+
+TEST(RequestManagerCallerKeys, RefusedWhereBlocksAreVerifiedByTokens) {
+  ManagerOptions backed = CallerKeyed(16);
+  backed.region_kind = RegionKind::kHost;
+  Result<std::unique_ptr<RequestManager>> m = RequestManager::Create(Preset("deepseek-v3"), backed);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().field(), "caller-keys");
+  ManagerOptions v4;
+  v4.region_kind = RegionKind::kUnbacked;
+  v4.caller_keys = true;
+  m = RequestManager::Create(Preset("deepseek-v4-flash"), v4);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().field(), "caller-keys");
+  // Without the option, and with a block source attached: refused, naming it.
+  std::unique_ptr<RequestManager> plain = MustManager(Preset("deepseek-v3"), V3Fp8(16));
+  const std::vector<CallerHash> one(1);
+  EXPECT_EQ(plain->AdmitKeyed(one, kBlock + 1, {}).status().field(), "caller-keys");
+  std::unique_ptr<RequestManager> keyed = MustManager(Preset("deepseek-v3"), CallerKeyed(16));
+  struct NoSource : BlockSource {
+    void OnSealed(const BlockPool&, BlockId, const SealedIdentity&) override {}
+    void OnEvicted(const BlockPool&, BlockId, const SealedIdentity&) override {}
+    void OnCheckpoint(const BlockPool&, BlockId, const SealedIdentity&) override {}
+    size_t Probe(std::span<const ChainLink>) override { return 0; }
+    size_t Fetch(BlockPool&, std::span<const ChainLink>, std::span<const BlockId>,
+                 std::vector<std::vector<std::byte>>*) override {
+      return 0;
+    }
+  } source;
+  keyed->SetBlockSource(&source);
+  EXPECT_EQ(keyed->AdmitKeyed(one, kBlock + 1, {}).status().field(), "caller-keys");
+  keyed->SetBlockSource(nullptr);
+  // More hashes than whole blocks; the wrong number of hashes for an append: refused, unchanged.
+  EXPECT_EQ(keyed->AdmitKeyed(std::vector<CallerHash>(2), kBlock + 1, {}).status().field(), "hashes");
+  Result<Admission> a = keyed->AdmitKeyed(one, kBlock + 1, {});
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(keyed->AllocateSlots(a->id, kBlock + 1).ok());
+  const std::vector<uint32_t> t = Range(0, kBlock + 1);
+  EXPECT_EQ(keyed->AppendKeyed(a->id, t, {}).field(), "hashes");
+  EXPECT_EQ(keyed->AppendKeyed(a->id, t, std::vector<CallerHash>(2)).field(), "hashes");
+  EXPECT_EQ(keyed->Tokens(a->id), 0u);
+  EXPECT_TRUE(keyed->AppendKeyed(a->id, t, one).ok());
+  EXPECT_EQ(keyed->Tokens(a->id), kBlock + 1u);
+}
+
 // --- Scheduler: hashed prompts, the cache-hit cap, Step --------------------------------------
 
 // The last prompt token is always computed (its logits start generation): a prompt of whole

@@ -16,13 +16,23 @@
 // rotated by position, so equal bytes only arise from the same prefix (concurrent requests,
 // forks, tier imports); byte dedup cannot replace prefix matching (docs/adr/0007).
 //
+// Caller keys (ADR 0045), opt-in per index (EnableCallerKeys): a block may instead be keyed by its
+// caller's own hash of it (an engine's chained block hash, e.g. vLLM's request.block_hashes[i]:
+// SHA-256 over the parent's hash, the block's tokens and every extra key), as
+// CallerKey(parent key, caller hash, domain, salt) — a function of its own, never a token key —
+// and a hit is verified by the whole 32-byte caller hash kept with the block, the parent block
+// (id and generation), the domain and the salt. A caller-keyed block never matches a token-keyed
+// look-up and a token-keyed block never a caller-keyed one (a flag in the identity).
+//
 // Sharing never crosses tenant domains: both keys include the domain and both checks compare it.
 // A domain is shared between tenants only when the store is told so (manager options).
 //
 // Thread-safety: single owner, like the pool it indexes; counters are atomics.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -37,6 +47,9 @@
 #include "tessera/prefix_map.h"
 
 namespace tessera {
+
+// A caller's own hash of a block (CallerKey): 32 bytes, e.g. vLLM's SHA-256 block hash.
+using CallerHash = std::array<std::byte, 32>;
 
 // One life of a sealed block in the prefix chain; the root has no block.
 struct PrefixRef {
@@ -132,6 +145,29 @@ class BlockIndex {
   SealResult Seal(BlockId candidate, const PrefixRef& parent, const Hash128& key, std::span<const uint32_t> tokens,
                   uint32_t domain, uint64_t salt);
 
+  // ---- Caller keys (ADR 0045) ----
+  // Allocates the caller hashes' side array (32 B per block) and allows the calls below. Once,
+  // before any seal; REQUIRES: no content dedup (the content index verifies by tokens).
+  void EnableCallerKeys();
+  bool caller_keys() const { return !caller_hash_.empty(); }
+  // The key of the block the caller hashed as `caller` after the block keyed `parent_key`.
+  Hash128 CallerKey(const Hash128& parent_key, const CallerHash& caller, uint32_t domain, uint64_t salt) const {
+    Bump(stats_.prefix_keys_hashed, 1);
+    return hasher_.CallerKey(parent_key, caller, Extra(domain, salt));
+  }
+  // The caller-keyed child of `parent` under `key` (CallerKey of parent's key and `caller`),
+  // verified: a caller-keyed block whose stored caller hash, parent, domain and salt are these.
+  // REQUIRES: caller_keys().
+  std::optional<PrefixRef> LookupKeyed(const PrefixRef& parent, const Hash128& key, const CallerHash& caller,
+                                       uint32_t domain, uint64_t salt);
+  // Seals `candidate` (kFilling, refcount 1, full, holding `tokens`) as the caller-keyed child of
+  // `parent`, keeping `caller` with it. No content dedup: the result's ref is the candidate.
+  // REQUIRES: caller_keys(), key == CallerKey(parent's key, caller, domain, salt).
+  SealResult SealKeyed(BlockId candidate, const PrefixRef& parent, const Hash128& key, const CallerHash& caller,
+                       std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt);
+  // Whether b was sealed under a caller key. REQUIRES: Indexed(b).
+  bool CallerKeyed(BlockId b) const { return identity_[b.value].caller_keyed; }
+
   // The parent key of a prompt's first block.
   const Hash128& root_key() const { return root_key_; }
   // The prefix key of the block holding `tokens` after the block keyed `parent_key`
@@ -198,11 +234,14 @@ class BlockIndex {
     uint64_t salt = 0;
     bool indexed = false;
     bool in_content = false;
+    bool caller_keyed = false;  // sealed by SealKeyed: its caller hash is caller_hash_[block]
   };
   Hash128 ContentKey(BlockId b, uint32_t domain) const;
   bool BytesEqual(BlockId a, BlockId b);
   bool SameIdentity(BlockId e, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                     uint64_t salt) const;
+  bool SameKeyedIdentity(BlockId e, const PrefixRef& parent, const CallerHash& caller, uint32_t domain,
+                         uint64_t salt) const;
   void OnEvict(BlockId b);
   static uint64_t Extra(uint32_t domain, uint64_t salt) { return (uint64_t{domain} << 32) ^ salt; }
 
@@ -213,8 +252,9 @@ class BlockIndex {
   uint32_t bucket_limit_;
   uint32_t block_tokens_;
   std::vector<Identity> identity_;
-  std::vector<uint32_t> tokens_;  // capacity x block_tokens
-  PrefixMap prefix_;              // at most one entry per indexed block
+  std::vector<uint32_t> tokens_;         // capacity x block_tokens
+  std::vector<CallerHash> caller_hash_;  // capacity, only once EnableCallerKeys (else empty)
+  PrefixMap prefix_;                     // at most one entry per indexed block
   std::unordered_map<Hash128, std::vector<BlockId>, Hash128Hasher> content_;
   std::function<void(const SecurityEvent&)> security_;
   std::function<void(BlockId, const SealedIdentity&)> evict_hook_;

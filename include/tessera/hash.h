@@ -6,7 +6,7 @@
 // Both are keyed: xxh3-128 with a secret drawn at random per store (so an outsider cannot
 // precompute collisions), or SHA-256 (OpenSSL) for content when asked. Neither key is trusted
 // on its own: a prefix hit compares tokens and a content hit compares bytes. `bits` truncates
-// content keys (an adversarial self-test that forces collisions).
+// content keys and caller keys (an adversarial self-test that forces collisions).
 //
 // Thread-safety: a ContentHasher is immutable after construction; Stream objects are not
 // shared.
@@ -63,6 +63,12 @@ class ContentHasher {
   Hash128 PrefixKey(const Hash128& parent, std::span<const uint32_t> head, std::span<const uint32_t> tail,
                     uint64_t extra) const;
 
+  // The prefix key of a block its caller keyed with its own hash of it (`caller`: e.g. vLLM's
+  // 32-byte block hash; ADR 0045): keyed xxh3-128 of (parent, extra, caller) under a secret of its
+  // own, derived apart from the token keys' secret, so that a caller key and a token key are two
+  // functions even of equal bytes; truncated to `bits` like content keys.
+  Hash128 CallerKey(const Hash128& parent, std::span<const std::byte, 32> caller, uint64_t extra) const;
+
   HashAlgorithm algorithm() const { return algorithm_; }
   uint32_t bits() const { return bits_; }
 
@@ -71,8 +77,9 @@ class ContentHasher {
   Hash128 Truncate(Hash128 h) const;
   HashAlgorithm algorithm_ = HashAlgorithm::kXxh3;
   uint32_t bits_ = 128;
-  std::array<unsigned char, 192> secret_{};  // xxh3 secret (>= XXH3_SECRET_SIZE_MIN)
-  std::array<unsigned char, 32> sha_key_{};  // prepended to SHA-256 input
+  std::array<unsigned char, 192> secret_{};         // xxh3 secret (>= XXH3_SECRET_SIZE_MIN)
+  std::array<unsigned char, 192> caller_secret_{};  // CallerKey's xxh3 secret
+  std::array<unsigned char, 32> sha_key_{};         // prepended to SHA-256 input
 };
 
 }  // namespace tessera

@@ -99,6 +99,12 @@ struct ManagerOptions : CacheLayoutOptions {
   // kv_events_capacity of them buffered between two calls (the rest dropped and counted).
   bool kv_events = false;
   uint32_t kv_events_capacity = 1u << 16;
+  // Caller-keyed admissions (AdmitKeyed / AppendKeyed; ADR 0045): blocks keyed and verified by
+  // the caller's own 32-byte hash of them (e.g. vLLM's SHA-256 block hashes) instead of their
+  // tokens. Keeps 32 B more per block. Refused ("caller-keys") with a pool that holds bytes and
+  // with windows; a block source attached refuses the keyed admission (tier records are verified
+  // by tokens, ADR 0010).
+  bool caller_keys = false;
 };
 
 struct RequestSpec {
@@ -202,12 +208,28 @@ class RequestManager {
   // is created; blocks promoted from the source stay cached in the pool.
   Result<Admission> Admit(const PromptKeys& keys, const RequestSpec& spec);
   Result<Admission> Admit(std::span<const uint32_t> prompt, const RequestSpec& spec);
+  // Caller-keyed admission (options.caller_keys; ADR 0045) of a prompt of `prompt_tokens` tokens
+  // whose whole blocks the caller hashed itself: hashes[i] is its hash of block i, chained over
+  // the blocks before it and over every input that makes the block's KV (at most prompt_tokens /
+  // block_tokens of them). The longest cached prefix is looked up by those hashes alone — block
+  // i's key is CallerKey(key of block i - 1, hashes[i], domain, salt), a hit is verified by the
+  // hash kept with the block, its parent, domain and salt; no token is read — capped as Admit's
+  // so that the last prompt token is computed. A caller-keyed block is never a token-keyed
+  // admission's hit, nor the reverse. The request's tokens from the hit on are appended with
+  // AppendKeyed. Errors as Admit's, and kInvalidArgument on "caller-keys" (not enabled, or a
+  // block source attached) or "hashes" (more than the prompt's whole blocks).
+  Result<Admission> AdmitKeyed(std::span<const CallerHash> hashes, uint64_t prompt_tokens, const RequestSpec& spec);
+  // Append for a caller-keyed request: `hashes` holds the caller's hash of each block the tokens
+  // complete, in order (exactly that many: kInvalidArgument on "hashes"); each is sealed under
+  // its caller key and keeps its hash. REQUIRES: slots (AllocateSlots). Nothing changes on an error.
+  Status AppendKeyed(RequestId r, std::span<const uint32_t> tokens, std::span<const CallerHash> hashes);
 
   // Room for `n` more tokens (and the spec draft tokens), copying any block the request shares
   // with a fork and has not sealed. kOutOfBlocks changes nothing.
   Status AllocateSlots(RequestId r, uint64_t n);
   // REQUIRES: slots for tokens.size() more tokens. Writes through `writers`, seals full blocks.
-  // A pool that holds bytes needs writers (kInvalidArgument on "writers").
+  // A pool that holds bytes needs writers (kInvalidArgument on "writers"); a caller-keyed
+  // request appends with AppendKeyed (kInvalidArgument on "request").
   Status Append(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers);
   // AllocateSlots + Append for each request of the batch; a request that fails is left unchanged
   // and reported in `out` (the call itself fails only on a malformed batch).
@@ -311,6 +333,7 @@ class RequestManager {
     const std::vector<std::byte>* state = nullptr;
   };
   void SealSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, std::optional<Promoted> promoted);
+  void SealKeyedSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, const CallerHash& hash);
   void SealSpan(Request& q);
   const Hash128* PromptKey(const Request& q, size_t slot, const PrefixRef& parent,
                            std::span<const uint32_t> tokens) const;

@@ -185,16 +185,14 @@ std::optional<std::string> OptStr(const py::object& v, const char* arg) {
   return ToStr(v, arg);
 }
 
-std::shared_ptr<PyManager> Create(const py::object& model, const py::object& config, const py::object& kv_format,
-                                  const py::object& indexer_format, const py::object& block_tokens,
-                                  const py::object& kernel, const py::object& include_mtp,
-                                  const py::object& spec_tokens, const py::object& capacity_blocks,
-                                  const py::object& max_requests, const py::object& backed,
-                                  const py::object& window_strategy, const py::object& hash,
-                                  const py::object& hash_bits, const py::object& hash_key_seed,
-                                  const py::object& hash_key, const py::object& weights_revision,
-                                  const py::object& content_dedup, const py::object& tenant_domain,
-                                  const py::object& kv_events, const py::object& kv_events_capacity) {
+std::shared_ptr<PyManager> Create(
+    const py::object& model, const py::object& config, const py::object& kv_format, const py::object& indexer_format,
+    const py::object& block_tokens, const py::object& kernel, const py::object& include_mtp,
+    const py::object& spec_tokens, const py::object& capacity_blocks, const py::object& max_requests,
+    const py::object& backed, const py::object& window_strategy, const py::object& hash, const py::object& hash_bits,
+    const py::object& hash_key_seed, const py::object& hash_key, const py::object& weights_revision,
+    const py::object& content_dedup, const py::object& tenant_domain, const py::object& kv_events,
+    const py::object& kv_events_capacity, const py::object& caller_keys) {
   auto pm = std::make_shared<PyManager>();
   pm->geometry = LoadModelArg(model, config);
   ManagerOptions o;
@@ -230,6 +228,7 @@ std::shared_ptr<PyManager> Create(const py::object& model, const py::object& con
   }
   o.kv_events = ToBool(kv_events, "kv_events");
   o.kv_events_capacity = ToU32(kv_events_capacity, "kv_events_capacity");
+  o.caller_keys = ToBool(caller_keys, "caller_keys");
   Result<std::unique_ptr<RequestManager>> m = [&] {
     py::gil_scoped_release nogil;
     return RequestManager::Create(pm->geometry, o);
@@ -423,11 +422,17 @@ void WriteTokens(PyManager& pm, Status (RequestManager::*call)(RequestId, std::s
 
 // The block table in vLLM's ids: pool id + 1 (vLLM's block 0 is its null block, never handed
 // out), so that the adapter hands the list on as it comes. REQUIRES: pm's lock.
-py::list VllmTable(PyManager& pm, RequestId r) {
+// Entries [first, end) of it, as vLLM's ids, each a cached int (PyManager::vllm_ids).
+py::list VllmTable(PyManager& pm, RequestId r, size_t first = 0) {
   const std::span<const BlockId> t = pm.m->BlockTable(r);
-  py::list out(t.size());
-  for (size_t i = 0; i < t.size(); ++i) {
-    PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), PyLong_FromUnsignedLong(uint64_t{t[i].value} + 1));
+  first = std::min(first, t.size());
+  if (pm.vllm_ids.empty()) pm.vllm_ids.resize(size_t{pm.m->pool().capacity()});
+  py::list out(t.size() - first);
+  for (size_t i = first; i < t.size(); ++i) {
+    py::object& id = pm.vllm_ids[t[i].value];  // a pool id is below the capacity
+    if (!id) id = py::reinterpret_steal<py::object>(PyLong_FromUnsignedLong(uint64_t{t[i].value} + 1));
+    if (!id) throw py::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i - first), id.inc_ref().ptr());
   }
   return out;
 }
@@ -452,22 +457,153 @@ py::tuple VllmAdmit(PyManager& pm, const py::object& prompt, const py::object& c
   return py::make_tuple(PyManager::Handle(ad.id), ad.cached_tokens, ad.cached_blocks, VllmTable(pm, ad.id));
 }
 
-// allocate(n) when n > 0, then append(tokens) when there are any -> the block table (vLLM's
-// ids). A refused allocation (OutOfBlocksError) changes nothing; tokens are checked before
-// anything changes.
+// allocate(n) when n > 0, then append(tokens) when there are any -> the blocks the call added to
+// the table (vLLM's ids; the adapter's manager renames no slot: no content dedup, no fork). A
+// refused allocation (OutOfBlocksError) changes nothing; tokens are checked before anything
+// changes.
 py::list VllmAdvance(PyManager& pm, const py::object& request_id, const py::object& n, const py::object& tokens) {
   const uint64_t count = ToU64(n, "n");
   U32Array t;
   if (!tokens.is_none()) ToU32Array(tokens, "tokens", &t);
   ManagerLock lk(pm);
   const RequestId r = pm.Live(request_id);
+  const size_t held = pm.m->BlockTable(r).size();
   if (count > 0) Check(pm.m->AllocateSlots(r, count));
   if (t.size > 0) {
     const Status st = pm.m->Append(r, std::span<const uint32_t>(t.data, t.size), Writers(WriterMode::kNone));
     pm.RevokeViews();  // a block the append filled is sealed (ADR 0039)
     Check(st);
   }
-  return VllmTable(pm, r);
+  return VllmTable(pm, r, held);
+}
+
+// The request's block table (vLLM's ids).
+py::list VllmTableOf(PyManager& pm, const py::object& request_id) {
+  ManagerLock lk(pm);
+  return VllmTable(pm, pm.Live(request_id));
+}
+
+// vLLM's get_num_common_prefix_blocks for one group: how many leading blocks of request
+// `request_id`'s table every request of `request_ids` holds in the same slots.
+uint64_t VllmCommonPrefixBlocks(PyManager& pm, const py::object& request_id, const py::object& request_ids) {
+  ManagerLock lk(pm);
+  const std::span<const BlockId> mine = pm.m->BlockTable(pm.Live(request_id));
+  ToU64Array(request_ids, "request_ids", &pm.handles);
+  size_t common = mine.size();
+  for (size_t i = 0; i < pm.handles.size() && common > 0; ++i) {
+    const std::optional<RequestId> id = pm.Find(pm.handles[i]);
+    if (!id) ThrowValue("request_ids", "element " + std::to_string(i) + " is not a live request");
+    const std::span<const BlockId> t = pm.m->BlockTable(*id);
+    size_t k = 0;
+    while (k < common && k < t.size() && t[k] == mine[k]) ++k;
+    common = k;
+  }
+  return common;
+}
+
+// ---- Caller keys (docs/adr/0045-caller-keyed-vllm-admission.md) --------------------------------
+
+// Whether `h` is a hash the caller-keyed path takes: bytes of exactly 32 (vLLM's sha256 and
+// sha256_cbor block hashes; its 16-byte xxhash ones are not collision resistant).
+bool IsCallerHash(PyObject* h) { return PyBytes_Check(h) && PyBytes_GET_SIZE(h) == 32; }
+
+// Copies items [first, first + n) of the list or tuple `seq` into pm.caller_hashes, each checked
+// before it is read: TypeError / ValueError naming `block_hashes[i]`. REQUIRES: the GIL (no
+// Python code runs while the items are read) and first + n <= len(seq).
+void ReadCallerHashes(PyManager& pm, PyObject* seq, size_t first, size_t n) {
+  pm.caller_hashes.resize(n);
+  PyObject** items = PySequence_Fast_ITEMS(seq) + first;
+  // A request's hashes were made when its tokens arrived: usually out of cache by now. Their
+  // loads are independent; fetching ahead keeps several in flight.
+  // (An object's header and its 32 bytes may straddle two lines.)
+  constexpr size_t kAhead = 8;
+  auto fetch = [](const PyObject* o) {
+    __builtin_prefetch(o);
+    __builtin_prefetch(reinterpret_cast<const char*>(o) + 63);
+  };
+  for (size_t i = 0; i < std::min(n, kAhead); ++i) fetch(items[i]);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) fetch(items[i + kAhead]);
+    PyObject* h = items[i];
+    if (!IsCallerHash(h)) {
+      const std::string arg = "block_hashes[" + std::to_string(first + i) + "]";
+      if (!PyBytes_Check(h)) ThrowType(arg, std::string("must be bytes (got ") + Py_TYPE(h)->tp_name + ")");
+      ThrowValue(arg, "must be a 32-byte hash like the blocks before it (got " + std::to_string(PyBytes_GET_SIZE(h)) +
+                          " bytes)");
+    }
+    std::memcpy(pm.caller_hashes[i].data(), PyBytes_AS_STRING(h), 32);
+  }
+}
+
+// admit_keyed: the vLLM adapter's get_computed_blocks for a request whose block_hashes it keys
+// by (RequestManager::AdmitKeyed, no slots reserved) -> (request id, cached tokens, cached blocks,
+// block table in vLLM's ids), or None when the request's hashes are not the keyed path's:
+// `block_hashes` is not a list or tuple, holds fewer than the prompt's whole blocks, or its first
+// is not a 32-byte bytes (the caller then admits by tokens). A prompt without a whole block is
+// keyed when `short_keyed` (the adapter has seen 32-byte hashes). A later hash that is not 32
+// bytes is an error naming it; nothing changes.
+py::object VllmAdmitKeyed(PyManager& pm, const py::object& block_hashes, const py::object& num_tokens,
+                          const py::object& cache_salt, const py::object& read_cache, const py::object& short_keyed) {
+  const uint64_t n_tokens = ToU64(num_tokens, "num_tokens");
+  RequestSpec spec;
+  spec.read_cache = ToBool(read_cache, "read_cache");
+  spec.cache_salt = ToU64(cache_salt, "cache_salt");
+  spec.reserve_tokens = 0;
+  const bool short_ok = ToBool(short_keyed, "short_keyed");
+  PyObject* seq = block_hashes.ptr();
+  if (!PyList_Check(seq) && !PyTuple_Check(seq)) return py::none();
+  const uint64_t need = n_tokens / pm.m->block_tokens();
+  if (static_cast<uint64_t>(PySequence_Fast_GET_SIZE(seq)) < need) return py::none();
+  if (need == 0 ? !short_ok : !IsCallerHash(PySequence_Fast_ITEMS(seq)[0])) return py::none();
+  ManagerLock lk(pm);
+  // The lock may have let another thread run (it waits without the GIL): a list may have shrunk.
+  if (static_cast<uint64_t>(PySequence_Fast_GET_SIZE(seq)) < need) {
+    ThrowValue("block_hashes", "changed while the call waited for the manager");
+  }
+  ReadCallerHashes(pm, seq, 0, need);
+  const Admission ad = Take(pm.m->AdmitKeyed(pm.caller_hashes, n_tokens, spec));
+  return py::make_tuple(PyManager::Handle(ad.id), ad.cached_tokens, ad.cached_blocks, VllmTable(pm, ad.id));
+}
+
+// As _vllm_advance, for a caller-keyed request: allocate(n) when n > 0, then the tokens appended,
+// each block they complete sealed under its hash in `block_hashes` (RequestManager::AppendKeyed)
+// -> the blocks the call added to the table (vLLM's ids; a caller-keyed table only grows: no
+// content dedup renames a slot). The tokens, the hashes and the slots are checked before
+// anything changes; a refused allocation (OutOfBlocksError) changes nothing.
+py::list VllmAdvanceKeyed(PyManager& pm, const py::object& request_id, const py::object& n, const py::object& tokens,
+                          const py::object& block_hashes) {
+  const uint64_t count = ToU64(n, "n");
+  U32Array t;
+  if (!tokens.is_none()) ToU32Array(tokens, "tokens", &t);
+  ManagerLock lk(pm);
+  const RequestId r = pm.Live(request_id);
+  const uint64_t bs = pm.m->block_tokens();
+  const uint64_t have = pm.m->Tokens(r);
+  const uint64_t first = have / bs;
+  const uint64_t completes = (have + t.size) / bs - first;
+  const size_t held = pm.m->BlockTable(r).size();
+  if (have + t.size > std::max<uint64_t>(held * bs, have + count)) {
+    ThrowValue("tokens", "no slots for " + std::to_string(t.size) + " more tokens (allocate them first)");
+  }
+  if (completes > 0) {
+    PyObject* seq = block_hashes.ptr();
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) ThrowType("block_hashes", "must be a list or tuple of bytes");
+    const auto len = static_cast<uint64_t>(PySequence_Fast_GET_SIZE(seq));
+    if (len < first + completes) {
+      ThrowValue("block_hashes", "holds " + std::to_string(len) + " hashes; the tokens complete blocks up to " +
+                                     std::to_string(first + completes - 1));
+    }
+    ReadCallerHashes(pm, seq, first, completes);
+  } else {
+    pm.caller_hashes.clear();
+  }
+  if (count > 0) Check(pm.m->AllocateSlots(r, count));
+  if (t.size > 0) {
+    const Status st = pm.m->AppendKeyed(r, std::span<const uint32_t>(t.data, t.size), pm.caller_hashes);
+    pm.RevokeViews();
+    Check(st);
+  }
+  return VllmTable(pm, r, held);
 }
 
 }  // namespace
@@ -549,10 +685,16 @@ void BindManager(py::module_& m) {
            py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
-           py::arg("kv_events_capacity") = 1u << 16)
+           py::arg("kv_events_capacity") = 1u << 16, py::arg("caller_keys") = false)
       // Positional (the adapter's calls: pybind11 matches keywords by name, a few hundred ns).
       .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::arg("cache_salt") = 0, py::arg("read_cache") = true)
       .def("_vllm_advance", &VllmAdvance, py::arg("request_id"), py::arg("n"), py::arg("tokens") = py::none())
+      .def("_vllm_table", &VllmTableOf, py::arg("request_id"))
+      .def("_vllm_common_prefix_blocks", &VllmCommonPrefixBlocks, py::arg("request_id"), py::arg("request_ids"))
+      .def("_vllm_admit_keyed", &VllmAdmitKeyed, py::arg("block_hashes"), py::arg("num_tokens"),
+           py::arg("cache_salt") = 0, py::arg("read_cache") = true, py::arg("short_keyed") = false)
+      .def("_vllm_advance_keyed", &VllmAdvanceKeyed, py::arg("request_id"), py::arg("n"),
+           py::arg("tokens") = py::none(), py::arg("block_hashes") = py::none())
       .def("admit", &Admit, py::arg("prompt"), py::kw_only(), py::arg("tenant") = 0, py::arg("cache_salt") = 0,
            py::arg("priority") = kDefaultRetentionPriority, py::arg("reserve_tokens") = py::none(),
            py::arg("read_cache") = true)

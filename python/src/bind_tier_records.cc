@@ -354,10 +354,11 @@ class RecordTiers {
 
 // The RequestManager an engine-shaped KV-cache manager adapter drives (tessera.vllm.KVCacheManager):
 // no bytes (the KV lives in the engine), no content dedup (vLLM keeps duplicate blocks apart), and
-// the block reuse order asked for ("release-order": vLLM's free block queue).
+// the block reuse order asked for ("release-order": vLLM's free block queue), and caller-keyed
+// admissions when asked (ADR 0045).
 std::shared_ptr<PyManager> EngineManager(const py::object& model, const py::object& block_tokens,
                                          const py::object& capacity_blocks, const py::object& max_requests,
-                                         const py::object& block_reuse) {
+                                         const py::object& block_reuse, const py::object& caller_keys) {
   auto pm = std::make_shared<PyManager>();
   pm->geometry = Take(LoadPreset(ToStr(model, "model")));
   ManagerOptions o;
@@ -366,6 +367,7 @@ std::shared_ptr<PyManager> EngineManager(const py::object& model, const py::obje
   o.max_requests = ToU32(max_requests, "max_requests");
   o.region_kind = RegionKind::kUnbacked;
   o.content_dedup = false;
+  o.caller_keys = ToBool(caller_keys, "caller_keys");
   const std::string reuse = ToStr(block_reuse, "block_reuse");
   if (reuse == "release-order") {
     o.block_reuse = BlockReuse::kReleaseOrder;
@@ -409,8 +411,10 @@ void BindTierRecords(py::module_& m) {
 
   m.def("_engine_request_manager", &EngineManager, py::arg("model"), py::kw_only(), py::arg("block_tokens"),
         py::arg("capacity_blocks"), py::arg("max_requests"), py::arg("block_reuse") = "release-order",
+        py::arg("caller_keys") = false,
         "An unbacked RequestManager for an engine adapter (tessera.vllm.KVCacheManager), without content "
-        "dedup, with the given block reuse order (\"release-order\" or \"free-first\").");
+        "dedup, with the given block reuse order (\"release-order\" or \"free-first\") and, when "
+        "caller_keys, caller-keyed admissions (ADR 0045).");
 }
 
 }  // namespace tessera::py_bind

@@ -38,6 +38,12 @@ struct PyManager {
   std::vector<uint32_t> seen;
   uint32_t seen_epoch = 0;
   StepResult result;
+  // The vLLM adapter's caller-keyed calls: the hashes read from a request's block_hashes.
+  std::vector<CallerHash> caller_hashes;
+  // vLLM's block ids (pool id + 1) as Python ints, made once each on first use: the adapter's
+  // block lists reference them instead of allocating an int per entry per call (ints are
+  // immutable). Released with the manager, under the GIL (the Python object's deallocation).
+  std::vector<py::object> vllm_ids;
   // Writable numpy views handed out (weak: the arrays' lives are the caller's), with the block
   // and the life of it they were taken in; RevokeViews makes them read-only once that block is
   // no longer filling by one table (issue 27.7, ADR 0039).

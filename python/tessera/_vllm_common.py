@@ -171,6 +171,32 @@ def request_scope(request):
     return (str(salt) if salt else "", "" if lora is None else str(getattr(lora, "lora_name", lora)), digest)
 
 
+def _salt_of(parts):
+    """A nonzero 64-bit salt over length-prefixed `parts` (BLAKE2b-64)."""
+    h = hashlib.blake2b(b"\1".join(len(p).to_bytes(4, "little") + p for p in parts), digest_size=8).digest()
+    return int.from_bytes(h, "little") or 1
+
+
+def scope_salt(request):
+    """The salt of a caller-keyed admission (ADR 0045): the request's ``cache_salt`` and LoRA
+    adapter's name, the inputs vLLM's hashes fold into every block of a request alike (the salt
+    into block 0, which every later block chains over; the LoRA name into each), so that keys which
+    vLLM's hashes already keep apart are kept apart by Tessera's key and check as well — a hash
+    list that is wrong still never crosses a salt or an adapter. Multimodal features and prompt
+    embeddings are left to vLLM's per-block hashes (a request-wide salt would be coarser). 0 when
+    the request has neither."""
+    salt = getattr(request, "cache_salt", None)
+    lora = getattr(request, "lora_request", None)
+    if not salt and lora is None:
+        return 0
+    parts = []
+    if salt:
+        parts.append(b"salt\0" + str(salt).encode("utf-8", "surrogatepass"))
+    if lora is not None:
+        parts.append(b"lora\0" + str(getattr(lora, "lora_name", lora)).encode("utf-8", "surrogatepass"))
+    return _salt_of(parts)
+
+
 def identity_salt(request):
     """The 64-bit cache salt that keeps apart what vLLM's block hashes keep apart (the extra keys of
     vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at 9aaf83ef): the request's
@@ -180,6 +206,8 @@ def identity_salt(request):
     One salt per request, over all its blocks: coarser than vLLM for multimodal features (vLLM
     keys only the blocks at and after a feature; here a request with an image never shares even
     the blocks before it with one without) — never a hit vLLM would not give, fewer in that case.
+    The token path's salt: a request admitted by vLLM's own 32-byte block hashes (ADR 0045) has
+    vLLM's identity per block, and ``scope_salt``.
     """
     features = getattr(request, "mm_features", None)
     salt, lora, embeds = request_scope(request)
@@ -198,8 +226,7 @@ def identity_salt(request):
         parts.append(b"embeds\0" + bytes.fromhex(embeds))
     if not parts:
         return 0
-    h = hashlib.blake2b(b"\1".join(len(p).to_bytes(4, "little") + p for p in parts), digest_size=8).digest()
-    return int.from_bytes(h, "little") or 1
+    return _salt_of(parts)
 
 
 def _int(v, arg, lo=0, hi=None):

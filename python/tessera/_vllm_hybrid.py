@@ -161,11 +161,16 @@ class HybridManager(ManagerBase):
     (``deepseek_v4_kv_cache_groups``) unless ``kv_cache_groups`` gives them (a list of
     ``{"block_size", "sliding_window"}``, group 0 full attention). ``max_num_batched_tokens``
     bounds a sliding-window group's admission count as vLLM's scheduler does (None:
-    ``max_model_len``, vLLM's default). The other arguments are ManagerBase's.
+    ``max_model_len``, vLLM's default). ``trust_block_hashes`` is the one-group manager's (ADR
+    0045); the hybrid manager keys its blocks by its own chain over the tokens either way. The
+    other arguments are ManagerBase's.
     """
 
-    def __init__(self, *, kv_cache_groups=None, max_num_batched_tokens=None, hash_block_size=None, **common):
+    def __init__(self, *, kv_cache_groups=None, max_num_batched_tokens=None, hash_block_size=None,
+                 trust_block_hashes=True, **common):
         ManagerBase.__init__(self, **common)
+        if type(trust_block_hashes) is not bool:
+            raise TypeError("trust_block_hashes: must be a bool (got %s)" % type(trust_block_hashes).__name__)
         block_size = self.block_size
         if kv_cache_groups is None:
             kv_cache_groups = deepseek_v4_kv_cache_groups(self._model, block_size)

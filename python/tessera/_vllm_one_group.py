@@ -28,8 +28,11 @@ Block ids are Tessera's pool ids plus one: id 0 is never handed out, as vLLM's n
 engine sizes its paged buffer with ``num_gpu_blocks = capacity + 1``.
 
 How it maps (docs/adr/0024-engine-adapters.md): ``get_computed_blocks`` admits the request into
-Tessera with no slots reserved (``admit(prompt, reserve_tokens=0)``: the hit blocks are pinned,
-nothing allocated); ``allocate_slots`` then checks vLLM's conditions against the pool's
+Tessera with no slots reserved (the hit blocks are pinned, nothing allocated) — by vLLM's own
+``request.block_hashes`` when they are 32-byte hashes of its whole blocks
+(``_vllm_admit_keyed``, docs/adr/0045-caller-keyed-vllm-admission.md: vLLM's identity per
+block, no prompt token read; ``trust_block_hashes=False`` turns it off), else by its tokens
+(``admit(prompt, reserve_tokens=0)``); ``allocate_slots`` then checks vLLM's conditions against the pool's
 available blocks and reserves and appends in one core call (``_vllm_advance``: full blocks are
 sealed and indexed; the tokens of a block still filling wait in the request, so a decode step
 inside a block calls nothing: docs/adr/0037-vllm-adapter-speed.md); a refusal releases the
@@ -41,7 +44,8 @@ admission, released by the next call for any other request. The pool holds no by
 
 from . import _core
 from ._core import OutOfBlocksError
-from ._vllm_common import KVCacheBlocks, event_classes, extend_chain, identity_salt, stored_event, with_placeholders
+from ._vllm_common import (KVCacheBlocks, event_classes, extend_chain, identity_salt, scope_salt, stored_event,
+                           with_placeholders)
 from ._vllm_kvbase import ManagerBase
 
 
@@ -49,20 +53,25 @@ _ZERO = 0  # allocate_slots' default counts (its decode path compares them by id
 
 
 class _Req:
-    __slots__ = ("rid", "salt", "hashes", "cached_upto", "admitted", "skipped", "table", "have", "limit", "next_seal")
+    __slots__ = ("rid", "salt", "keyed", "hashes", "cached_upto", "skipped", "blocks", "have", "limit", "next_seal")
 
-    def __init__(self, rid, salt):
+    # Admitted with `hit` tokens in `hit_blocks` blocks: have and cached_upto until the next advance.
+    def __init__(self, rid, salt, keyed, hit, hit_blocks, blocks, read_cache, block_size, max_model_len, track):
         self.rid = rid            # Tessera request id
         self.salt = salt
-        self.hashes = []          # chain hashes of the request's sealed blocks (events)
-        self.cached_upto = 0      # blocks [0, cached_upto) sealed
-        self.admitted = (0, 0)    # (hit tokens, hit blocks) at admission
-        self.skipped = False      # admitted without reading the cache
-        self.table = []           # the core's block table in vLLM's ids (pool id + 1), kept in step
-        self.have = 0             # tokens appended in the core (a filling block's wait in the request)
-        # The decode path's two compares (kept by _sync whenever table or cached_upto change):
-        self.limit = 0            # tokens the table holds, at most max_model_len
-        self.next_seal = 0        # tokens at which the next block fills: (cached_upto + 1) * block_size
+        self.keyed = keyed        # admitted by vLLM's block_hashes (ADR 0045): its blocks sealed under them
+        self.hashes = [] if track else None  # chain hashes of the request's sealed blocks (events only)
+        self.cached_upto = hit_blocks  # blocks [0, cached_upto) sealed (the hit blocks are)
+        self.skipped = not read_cache  # admitted without reading the cache
+        # Blocks in the core's table. The table itself stays in the core (``_vllm_table``): each
+        # call that changes it returns what it added, and a list kept per request is host memory
+        # every admission would fault in (ADR 0045).
+        self.blocks = blocks
+        self.have = hit           # tokens appended in the core (a filling block's wait in the request)
+        # The decode path's two compares (kept by _sync whenever blocks or cached_upto change):
+        room = blocks * block_size
+        self.limit = room if room < max_model_len else max_model_len  # tokens the table holds
+        self.next_seal = (hit_blocks + 1) * block_size  # tokens at which the next block fills
 
 
 def _token_list(tokens):
@@ -84,12 +93,23 @@ class OneGroupManager(ManagerBase):
     hits than vLLM).
     """
 
-    def __init__(self, *, hash_block_size=None, max_num_batched_tokens=None, kv_cache_groups=None, **common):
+    def __init__(self, *, hash_block_size=None, max_num_batched_tokens=None, kv_cache_groups=None,
+                 trust_block_hashes=True, **common):
         ManagerBase.__init__(self, **common)
+        if type(trust_block_hashes) is not bool:
+            raise TypeError("trust_block_hashes: must be a bool (got %s)" % type(trust_block_hashes).__name__)
+        # Caller keys (ADR 0045): a request whose block_hashes are vLLM's 32-byte hashes of its
+        # whole blocks is looked up and sealed by them (vLLM's own semantics: its hasher folds the
+        # tokens and every extra key into them); False verifies every prompt token by token.
+        self.trust_block_hashes = trust_block_hashes
+        self._keyed = trust_block_hashes and self.enable_caching
+        self._keyed_seen = False  # a request had 32-byte hashes: prompts without a whole block are keyed too
         if kv_cache_groups is not None:
             raise ValueError("kv_cache_groups: a one-group manager takes none (tessera.vllm.KVCacheManager "
                              "builds the hybrid manager for several groups)")
-        _core._model_layers(self._model)  # an unknown preset: the error names the model
+        if _core._model_layers(self._model)["hybrid"]:  # an unknown preset: the error names the model
+            raise ValueError("model: %s has sliding windows (several groups); this adapter serves one group"
+                             % self._model)
         block_size = self.block_size
         self._track_hashes = self.enable_kv_cache_events and self.enable_caching  # keys for events only
         if hash_block_size not in (None, block_size):
@@ -104,7 +124,7 @@ class OneGroupManager(ManagerBase):
     def _new_core(self):
         core = _core._engine_request_manager(self._model, block_tokens=self.block_size,
                                              capacity_blocks=self._capacity, max_requests=self._max_requests,
-                                             block_reuse=self._block_reuse)
+                                             block_reuse=self._block_reuse, caller_keys=self._keyed)
         if core.has_windows:
             raise ValueError("model: %s has sliding windows (several groups); this adapter serves one group"
                              % self._model)
@@ -116,12 +136,12 @@ class OneGroupManager(ManagerBase):
             self._core.free(self._pending[1].rid)
             self._pending = None
 
-    def _note_new_blocks(self, before, r):
+    def _note_new_blocks(self, new):
         """Blocks a call handed the request: a block that was cached before is an eviction."""
         if not self._track_hashes:
-            self._new_block_ids.extend(r.table[before:])
+            self._new_block_ids.extend(new)
             return
-        for b in r.table[before:]:
+        for b in new:
             self._new_block_ids.append(b)
             h = self._block_hash.pop(b, None)
             if h is not None and self.enable_kv_cache_events:
@@ -131,39 +151,85 @@ class OneGroupManager(ManagerBase):
         """One core call: room for `alloc` more tokens (0: none), and the request's tokens up to
         `upto` appended once a block of them is full (sealed: a later request hits it). Tokens
         inside the last block wait in the request (vLLM's tokens are append-only), so a decode
-        step inside a block calls nothing. OutOfBlocksError (only when alloc) changes nothing."""
+        step inside a block calls nothing. OutOfBlocksError (only when alloc) changes nothing.
+        Returns the blocks the call added to the request's table (a list of its own), or None."""
+        if r.keyed:
+            return self._advance_keyed(request, r, alloc, upto)
         full = upto // self.block_size
         seal = full > r.cached_upto
         if not alloc and not seal:
-            return
+            return None
         toks = _token_list(request.all_token_ids)[r.have:upto] if seal else None
-        before = len(r.table)
         try:
-            r.table = self._core._vllm_advance(r.rid, alloc, toks)
+            new = self._core._vllm_advance(r.rid, alloc, toks)
         except ValueError:  # vLLM's -1 placeholders (the tokens are read before anything changes)
             if toks is None:
                 raise
-            r.table = self._core._vllm_advance(r.rid, alloc, with_placeholders(toks))
-        if len(r.table) > before:
-            self._note_new_blocks(before, r)
+            new = self._core._vllm_advance(r.rid, alloc, with_placeholders(toks))
+        if new:
+            r.blocks += len(new)
+            self._note_new_blocks(new)
         if seal:
             r.have = upto
             if self._track_hashes:
                 self._note_sealed(request, r, full)
             r.cached_upto = full
         self._sync(r)
+        return new
+
+    def _advance_keyed(self, request, r, alloc, upto):
+        """_advance for a request admitted by its block_hashes (ADR 0045): each block is sealed
+        under its hash in ``request.block_hashes``; blocks whose hash is not there yet wait
+        unsealed (their tokens in the request) until a later call finds it. The core call returns
+        the blocks it added. (The admission's and a block's path: kept to the bone.)"""
+        bs = self.block_size
+        full = upto // bs
+        hashes = request.block_hashes
+        if full > len(hashes):
+            full = len(hashes)
+            upto = full * bs
+        seal = full > r.cached_upto
+        if seal:
+            toks = request.all_token_ids
+            toks = getattr(toks, "_x", toks)[r.have:upto]  # a ConstantList's list, read in place
+        elif alloc:
+            toks = None
+        else:
+            return None
+        try:
+            new = self._core._vllm_advance_keyed(r.rid, alloc, toks, hashes)
+        except ValueError:  # vLLM's -1 placeholders (read before anything changes)
+            if toks is None:
+                raise
+            new = self._core._vllm_advance_keyed(r.rid, alloc, with_placeholders(toks), hashes)
+        if new:
+            r.blocks += len(new)
+            room = r.blocks * bs
+            r.limit = room if room < self.max_model_len else self.max_model_len
+            if self._track_hashes:
+                self._note_new_blocks(new)
+            else:
+                self._new_block_ids += new
+        if seal:
+            r.have = upto
+            if self._track_hashes:
+                self._note_sealed(request, r, full)
+            r.cached_upto = full
+            r.next_seal = (full + 1) * bs
+        return new
 
     def _sync(self, r):
         """The decode path's bounds of `r` after its table or its sealed blocks changed."""
         bs = self.block_size
-        room = len(r.table) * bs
+        room = r.blocks * bs
         r.limit = room if room < self.max_model_len else self.max_model_len
         r.next_seal = (r.cached_upto + 1) * bs
 
     def _note_sealed(self, request, r, full):
         """Events: the keys of the request's newly sealed blocks — vLLM's own ``block_hashes``
         when the request carries them (vLLM's BlockStored names those), else the adapter's chain."""
-        bs, first, table = self.block_size, r.cached_upto, r.table
+        bs, first = self.block_size, r.cached_upto
+        table = self._core._vllm_table(r.rid)  # events only
         toks = request.all_token_ids
         theirs = getattr(request, "block_hashes", None)
         if theirs is not None and len(theirs) >= full:
@@ -184,24 +250,39 @@ class OneGroupManager(ManagerBase):
         rid = request.request_id
         if rid in self._reqs:
             raise ValueError("request: %r already holds blocks (free it first)" % (rid,))
-        self._release_pending()
+        if self._pending is not None:
+            self._release_pending()
         skip = not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False)
-        r = self._admit(request, read_cache=not skip)
-        hit, a_blocks = r.admitted
+        r, table = self._admit(request, not skip)
+        hit = r.have
         if hit and self._track_hashes:
-            for i in range(a_blocks):
-                r.hashes.append(self._block_hash.get(r.table[i]))
+            r.hashes.extend(self._block_hash.get(b) for b in table)
         self._pending = (rid, r, hit)
         if skip:
             return self.empty_kv_cache_blocks, 0
         if self.log_stats:
             self._record_query(request, hit)
-        return KVCacheBlocks.of_list(r.table[:a_blocks]) if hit else self.empty_kv_cache_blocks, hit
+        # The core's table after the admission: the hit blocks (no slots reserved yet).
+        return KVCacheBlocks.of_list(table) if hit else self.empty_kv_cache_blocks, hit
 
     def _admit(self, request, read_cache):
-        """Admits `request` into the core with no slots reserved. Caching off: a salt of its own (its
-        blocks are never found). A request that skips reading the cache (prompt_logprobs) takes no
-        hit, but its full blocks are indexed under its identity and stay reusable, as in vLLM."""
+        """Admits `request` into the core with no slots reserved: by vLLM's block_hashes when they
+        are 32-byte hashes of its whole blocks (ADR 0045; no prompt token crosses), else by its
+        tokens. Caching off: a salt of its own (its blocks are never found). A request that skips
+        reading the cache (prompt_logprobs) takes no hit, but its full blocks are indexed under its
+        identity and stay reusable, as in vLLM. Returns the _Req and its hit blocks (vLLM's ids)."""
+        if self._keyed:
+            salt = (scope_salt(request) if getattr(request, "cache_salt", None) or getattr(request, "lora_request", None)
+                    is not None else 0)
+            n = request.num_tokens
+            got = self._core._vllm_admit_keyed(getattr(request, "block_hashes", None), n, salt, read_cache,
+                                               self._keyed_seen)
+            if got is not None:
+                if n >= self.block_size:
+                    self._keyed_seen = True
+                table = got[3]
+                return _Req(got[0], salt, True, got[1], got[2], len(table), read_cache, self.block_size,
+                            self.max_model_len, self._track_hashes), table
         if self.enable_caching:
             salt = identity_salt(request)
         else:
@@ -212,14 +293,8 @@ class OneGroupManager(ManagerBase):
             rid, hit, hit_blocks, table = self._core._vllm_admit(toks, salt, read_cache)
         except ValueError:  # vLLM's -1 placeholders, read as one id (nothing changed on the first try)
             rid, hit, hit_blocks, table = self._core._vllm_admit(with_placeholders(toks), salt, read_cache)
-        r = _Req(rid, salt)
-        r.admitted = (hit, hit_blocks)
-        r.skipped = not read_cache
-        r.have = hit
-        r.table = table
-        r.cached_upto = hit_blocks  # the hit blocks are sealed
-        self._sync(r)
-        return r
+        return _Req(rid, salt, False, hit, hit_blocks, len(table), read_cache, self.block_size, self.max_model_len,
+                    self._track_hashes), table
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                        num_lookahead_tokens=0, num_external_computed_tokens=0, delay_cache_blocks=False,
@@ -228,10 +303,35 @@ class OneGroupManager(ManagerBase):
         # inside the request's blocks it calls nothing in the core; a full block is one append.
         # The defaults are compared by identity (0 is one object in CPython); any other value,
         # an equal one included, takes the checked path below, so the result never depends on it.
-        if (num_new_computed_tokens is _ZERO and num_lookahead_tokens is _ZERO and num_external_computed_tokens is _ZERO
-                and num_encoder_tokens is _ZERO and full_sequence_must_fit is False and new_computed_blocks is None
-                and type(num_new_tokens) is int and num_new_tokens > 0 and self._pending is None):
-            r = self._reqs.get(request.request_id)
+        if (num_lookahead_tokens is _ZERO and num_external_computed_tokens is _ZERO and num_encoder_tokens is _ZERO
+                and full_sequence_must_fit is False and type(num_new_tokens) is int and num_new_tokens > 0):
+            pending = self._pending
+            r = None
+            if pending is not None:
+                # vLLM's admission: allocate_slots for the request get_computed_blocks just looked
+                # up, with the hit it found. One core call: the core refuses (changing nothing)
+                # where vLLM's pool would, so the free blocks are not read first.
+                if (pending[0] == request.request_id and type(num_new_computed_tokens) is int
+                        and num_new_computed_tokens == pending[2]):
+                    q = pending[1]
+                    total = request.num_computed_tokens + num_new_computed_tokens
+                    need = total + num_new_tokens
+                    mml = self.max_model_len
+                    if total <= mml:
+                        if need > mml:
+                            need = mml
+                        n = request.num_tokens
+                        last = 0 if delay_cache_blocks else (total + num_new_tokens if total + num_new_tokens < n else n)
+                        more = -(-need // self.block_size) > q.blocks
+                        try:
+                            new = self._advance(request, q, need - q.have if more and need > q.have else 0, last)
+                        except OutOfBlocksError:
+                            return self._refuse(True)
+                        self._reqs[pending[0]] = q
+                        self._pending = None
+                        return KVCacheBlocks.of_list(new) if new else self.empty_kv_cache_blocks
+            elif num_new_computed_tokens is _ZERO and new_computed_blocks is None:
+                r = self._reqs.get(request.request_id)
             if r is not None:
                 upto = request.num_computed_tokens + num_new_tokens
                 if upto <= r.limit:  # inside the request's blocks (and max_model_len)
@@ -241,14 +341,13 @@ class OneGroupManager(ManagerBase):
                         self._advance(request, r, 0, upto if upto < n else n)
                     return self.empty_kv_cache_blocks
                 if upto <= self.max_model_len:
-                    held = len(r.table)
                     n = request.num_tokens
                     last = 0 if delay_cache_blocks else (upto if upto < n else n)
                     try:  # a new block: the core refuses (changing nothing) where vLLM's pool would
-                        self._advance(request, r, upto - r.have, last)
+                        new = self._advance(request, r, upto - r.have, last)
                     except OutOfBlocksError:
                         return None
-                    return KVCacheBlocks.of_list(r.table[held:])
+                    return KVCacheBlocks.of_list(new) if new else self.empty_kv_cache_blocks
         self._check_counts(num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                            num_external_computed_tokens, num_encoder_tokens)
         rid = request.request_id
@@ -261,13 +360,13 @@ class OneGroupManager(ManagerBase):
                 if num_new_computed_tokens:
                     raise ValueError("num_new_computed_tokens: %d, but request %r was not looked up "
                                      "(get_computed_blocks)" % (num_new_computed_tokens, rid))
-                self._pending = (rid, self._admit(request, read_cache=False), 0)
+                self._pending = (rid, self._admit(request, read_cache=False)[0], 0)
             _, r, hit = self._pending
             if num_new_computed_tokens != hit and not (num_new_computed_tokens == 0 and r.skipped):
                 raise ValueError("num_new_computed_tokens: %d, but get_computed_blocks found %d"
                                  % (num_new_computed_tokens, hit))
         # A decode step that stays inside the request's last block is one core call (append).
-        held = len(r.table)
+        held = r.blocks
         local = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(local + num_external_computed_tokens, self.max_model_len)
         bs = self.block_size
@@ -283,15 +382,13 @@ class OneGroupManager(ManagerBase):
                 return self._refuse(fresh)
         upto = 0 if delay_cache_blocks else min(total_computed + num_new_tokens, request.num_tokens)
         try:
-            self._advance(request, r, need_slots - r.have if more > 0 and need_slots > r.have else 0, upto)
+            new = self._advance(request, r, need_slots - r.have if more > 0 and need_slots > r.have else 0, upto)
         except OutOfBlocksError:  # cannot happen after the check above; keep vLLM's contract
             return self._refuse(fresh)
         if fresh:
             self._reqs[rid] = r
             self._pending = None
-        if len(r.table) == held:
-            return self.empty_kv_cache_blocks
-        return KVCacheBlocks.of_list(r.table[held:])
+        return KVCacheBlocks.of_list(new) if new else self.empty_kv_cache_blocks
 
     def allocate_slots_batch(self, requests, num_new_tokens):
         """``[allocate_slots(r, n) for r, n in zip(requests, num_new_tokens)]`` in one call: the
@@ -356,19 +453,11 @@ class OneGroupManager(ManagerBase):
         r = self._reqs.get(running_request_id)
         if r is None:
             return [0]
-        n = len(self._reqs)
-        common = 0
-        tables = [q.table for q in self._reqs.values()]
-        mine = r.table
-        for i, b in enumerate(mine):
-            if sum(1 for t in tables if i < len(t) and t[i] == b) != n:
-                break
-            common += 1
-        return [common]
+        return [self._core._vllm_common_prefix_blocks(r.rid, [q.rid for q in self._reqs.values()])]
 
     def get_blocks(self, request_id):
         r = self._reqs.get(request_id)
-        return KVCacheBlocks.of_list(r.table[:]) if r is not None else self.empty_kv_cache_blocks
+        return KVCacheBlocks.of_list(self._core._vllm_table(r.rid)) if r is not None else self.empty_kv_cache_blocks
 
     def cache_blocks(self, request, num_computed_tokens):
         r = self._reqs.get(request.request_id)

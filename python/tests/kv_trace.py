@@ -9,9 +9,15 @@ It imports nothing but the standard library, so the same file drives Tessera's a
 and any other manager with that surface.
 """
 
+import hashlib
+import pickle
 from collections.abc import Sequence
 
 TRACE_FORMAT = "tessera-kv-trace/1"
+
+# The parent of a request's first block in sha256_block_hasher (vLLM seeds its own from
+# PYTHONHASHSEED or at random; any fixed 32 bytes model it).
+NONE_HASH = hashlib.sha256(b"kv_trace none hash").digest()
 
 
 class ConstantList(Sequence):
@@ -81,6 +87,51 @@ class TraceRequest:
         self._all_token_ids.append(token)
         if self._block_hasher is not None:
             self.block_hashes.extend(self._block_hasher(self))
+
+
+def _block_extra_keys(r, start, end):
+    """What vLLM's block hasher folds into the hash of the block of tokens [start, end) besides
+    them (the behaviour of vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys at
+    9aaf83ef, written here from its description): the LoRA adapter's name, (identifier, offset
+    from the block's start) of each multimodal feature the block overlaps, the cache salt on the
+    first block, a sha256 of the block's prompt embeddings — in that order; None when none."""
+    keys = []
+    lora = getattr(r, "lora_request", None)
+    if lora is not None:
+        keys.append(lora.lora_name)
+    for f in getattr(r, "mm_features", None) or ():
+        pos = f.mm_position
+        if start < pos.offset + pos.length and pos.offset < end:
+            keys.append((f.identifier, pos.offset - start))
+    salt = getattr(r, "cache_salt", None)
+    if start == 0 and salt:
+        keys.append(salt)
+    embeds = getattr(r, "prompt_embeds", None)
+    if embeds is not None:
+        block = embeds[start:end]
+        data = block.detach().cpu().contiguous().numpy().tobytes() if hasattr(block, "detach") else bytes(block)
+        keys.append(hashlib.sha256(data).digest())
+    return tuple(keys) if keys else None
+
+
+def sha256_block_hasher(block_size):
+    """A block hasher shaped like vLLM's (``get_request_block_hasher(block_size, sha256)``): called
+    with a request, it returns the 32-byte hashes of the whole blocks past ``request.block_hashes``,
+    each a SHA-256 over the pickled (parent hash, the block's token ids, its extra keys)."""
+
+    def hasher(r):
+        start = len(r.block_hashes) * block_size
+        parent = r.block_hashes[-1] if r.block_hashes else NONE_HASH
+        out = []
+        while start + block_size <= r.num_tokens:
+            end = start + block_size
+            item = (parent, tuple(r.all_token_ids[start:end]), _block_extra_keys(r, start, end))
+            parent = hashlib.sha256(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+            out.append(parent)
+            start = end
+        return out
+
+    return hasher
 
 
 def _group_counts(ids):

@@ -162,9 +162,13 @@ class Surface(unittest.TestCase):
                 with self.assertRaisesRegex(ValueError, "^request_id: no live request"):
                     call()
         self.assertEqual(core.tokens(b), 0)  # b is as it was
-        # The adapter's calls give the table in vLLM's ids: pool id + 1 (vLLM's block 0 is null).
+        # The adapter's calls give the table in vLLM's ids: pool id + 1 (vLLM's block 0 is null);
+        # an advance gives the blocks it added.
         self.assertEqual([x + 1 for x in core.block_table(b)], table)
         self.assertEqual(core._vllm_advance(b, 10, list(range(100, 110))), [x + 1 for x in core.block_table(b)])
+        self.assertEqual(core._vllm_advance(b, 30, None), [x + 1 for x in core.block_table(b)][1:])
+        self.assertEqual(core._vllm_advance(b, 0, list(range(110, 140))), [])
+        self.assertEqual(core._vllm_table(b), [x + 1 for x in core.block_table(b)])
 
     def test_refused_allocation_changes_nothing(self):
         m = self.make(num_gpu_blocks=5)  # 4 blocks
@@ -333,6 +337,252 @@ class BlockIdentity(unittest.TestCase):
         m = KVCacheManager(num_gpu_blocks=33, block_size=16, max_model_len=1024)
         self.assertEqual(self.run_one(m, "logprobs", self.PROMPT, skip_reading_prefix_cache=True), 0)
         self.assertEqual(self.run_one(m, "next", self.PROMPT), 48)
+
+
+def keyed_request(rid, prompt, block_size, **fields):
+    """A request as vLLM builds one with prefix caching on: its fields, then its block_hashes from a
+    vLLM-shaped SHA-256 hasher (kv_trace.sha256_block_hasher), kept up to date as tokens are added."""
+    r = request(rid, prompt, **fields)
+    r._block_hasher = kv_trace.sha256_block_hasher(block_size)
+    r.block_hashes = r._block_hasher(r)
+    return r
+
+
+class CallerKeys(unittest.TestCase):
+    """Admission keyed by vLLM's own 32-byte block hashes (ADR 0045): the blocks vLLM's hashes tell
+    apart, and only those, are apart — per block, as vLLM — and no prompt token crosses into the
+    core for a hit."""
+
+    PROMPT = BlockIdentity.PROMPT  # 3 whole blocks of 16 and one token
+
+    def make(self, **kw):
+        args = dict(num_gpu_blocks=65, block_size=16, max_model_len=1024, enable_kv_cache_events=True)
+        args.update(kw)
+        return KVCacheManager(**args)
+
+    def run_one(self, m, rid, prompt, keyed=True, **fields):
+        r = keyed_request(rid, prompt, 16, **fields) if keyed else request(rid, prompt, **fields)
+        blocks, hit = m.get_computed_blocks(r)
+        self.assertIs(m._pending[1].keyed, keyed and m.trust_block_hashes)  # the path this test means
+        self.assertEqual(len(blocks), hit // 16)
+        self.assertIsNotNone(m.allocate_slots(r, r.num_tokens - hit, hit, blocks))
+        m.free(r)
+        return hit
+
+    def check(self, first, others, same, prompt=None, want=48):
+        prompt = prompt or self.PROMPT
+        m = self.make()
+        self.assertEqual(self.run_one(m, "a", prompt, **first), 0)
+        for i, o in enumerate(others):
+            self.assertEqual(self.run_one(m, "o%d" % i, prompt, **o), 0, o)
+        self.assertEqual(self.run_one(m, "same", prompt, **same), want)
+
+    def test_cache_salt(self):
+        self.check({"cache_salt": "alice"}, [{"cache_salt": "bob"}, {}], {"cache_salt": "alice"})
+
+    def test_lora(self):
+        a, b = LoRARequest("adapter-a", 1), LoRARequest("adapter-b", 2)
+        self.check({"lora_request": a}, [{"lora_request": b}, {}], {"lora_request": LoRARequest("adapter-a", 1)})
+
+    def test_multimodal_features(self):
+        def img(ident, offset=4):
+            return [MultiModalFeatureSpec(ident, PlaceholderRange(offset, 8))]
+        self.check({"mm_features": img("img-1")}, [{"mm_features": img("img-2")}, {"mm_features": img("img-1", 5)}, {}],
+                   {"mm_features": img("img-1")})
+
+    def test_prompt_embeds(self):
+        import torch
+        e1 = torch.arange(49 * 4, dtype=torch.float32).reshape(49, 4)
+        e2 = e1.clone()
+        e2[3, 1] = -1.0
+        self.check({"prompt_embeds": e1}, [{"prompt_embeds": e2}, {}], {"prompt_embeds": e1.clone()})
+
+    def test_an_image_in_block_3_keeps_blocks_0_to_2_shared(self):
+        # vLLM keys a feature into the blocks it overlaps (and, by the chain, every block after):
+        # the same prompt with and without an image at tokens 50..57 (block 3) shares blocks 0-2.
+        # The token path's one salt per request shared none (0 here, before ADR 0045).
+        prompt = list(range(2000, 2081))  # 5 whole blocks and one token
+        img = [MultiModalFeatureSpec("img-1", PlaceholderRange(50, 8))]
+        m = self.make()
+        self.assertEqual(self.run_one(m, "plain", prompt), 0)
+        self.assertEqual(self.run_one(m, "image", prompt, mm_features=img), 48)
+        self.assertEqual(self.run_one(m, "image again", prompt, mm_features=list(img)), 80)
+        self.assertEqual(self.run_one(m, "other image", prompt,
+                                      mm_features=[MultiModalFeatureSpec("img-2", PlaceholderRange(50, 8))]), 48)
+        self.assertEqual(self.run_one(m, "plain again", prompt), 80)
+
+    def test_caller_keyed_and_token_keyed_blocks_never_share(self):
+        m = self.make()
+        self.assertEqual(self.run_one(m, "tokens", self.PROMPT, keyed=False), 0)
+        self.assertEqual(self.run_one(m, "hashes", self.PROMPT), 0)  # the same tokens, keyed: apart
+        self.assertEqual(self.run_one(m, "tokens again", self.PROMPT, keyed=False), 48)
+        self.assertEqual(self.run_one(m, "hashes again", self.PROMPT), 48)
+        # Forced token verification: the hashes are not read, the tokens hit.
+        m = self.make(trust_block_hashes=False)
+        self.assertEqual(self.run_one(m, "tokens", self.PROMPT, keyed=False), 0)
+        self.assertEqual(self.run_one(m, "hashes", self.PROMPT), 48)
+        with self.assertRaisesRegex(TypeError, "trust_block_hashes"):
+            self.make(trust_block_hashes=1)
+
+    def test_hashes_that_are_not_32_bytes_take_the_token_path(self):
+        # vLLM's xxhash block hashes are 16 bytes (not collision resistant): verified by tokens.
+        m = self.make()
+        for rid in ("a", "b"):
+            r = request(rid, self.PROMPT)
+            r.block_hashes = [bytes([i]) * 16 for i in range(3)]
+            blocks, hit = m.get_computed_blocks(r)
+            self.assertFalse(m._pending[1].keyed)
+            m.allocate_slots(r, 49 - hit, hit, blocks)
+            m.free(r)
+        self.assertEqual(hit, 48)
+
+    def test_a_key_collision_is_refused_by_the_whole_hash(self):
+        # Tessera's keys of caller-keyed blocks cut to 4 bits (hash_bits, as simulate
+        # --hash-bits): requests with other hashes collide with the cached block 0 by key, and the
+        # 32-byte compare refuses each. Fails if the compare is removed (those requests hit).
+        m = self.make()
+        m._core = _core.RequestManager("deepseek-v3", block_tokens=16, capacity_blocks=64, max_requests=64,
+                                       backed=False, hash_bits=4, hash_key_seed=7, caller_keys=True)
+        self.assertEqual(self.run_one(m, "a", self.PROMPT), 0)
+        self.assertEqual(self.run_one(m, "a again", self.PROMPT), 48)
+        import hashlib
+        for j in range(64):
+            r = request("b%d" % j, self.PROMPT)  # the same tokens, other hashes: another identity
+            r.block_hashes = [hashlib.sha256(b"other %d %d" % (j, i)).digest() for i in range(3)]
+            blocks, hit = m.get_computed_blocks(r)
+            self.assertTrue(m._pending[1].keyed)
+            self.assertEqual(hit, 0, "request b%d" % j)
+            m.new_step_starts()  # looked up only: released
+        mismatches = m._core.metrics()["tessera_prefix_key_mismatches_total"]["samples"][""]
+        self.assertGreater(mismatches, 0)  # collisions happened, and were refused
+        self.assertEqual(self.run_one(m, "a third time", self.PROMPT), 48)
+
+    def test_blocks_sealed_later_are_keyed_by_their_hashes(self):
+        # Prefill in chunks and decode: each block is sealed under request.block_hashes[i] once
+        # full, so the next turn (the prompt and the output) hits them, keyed.
+        m = self.make()
+        r = keyed_request("a", range(3000, 3040), 16)
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 20, hit, blocks)  # a chunk: block 0 full
+        r.num_computed_tokens = 20
+        m.allocate_slots(r, 20)
+        r.num_computed_tokens = 40
+        for t in range(30):  # decode: blocks 2 and 3 fill
+            r.append_output_token_ids(9000 + t)
+            self.assertIsNotNone(m.allocate_slots(r, 1))
+            r.num_computed_tokens += 1
+        self.assertEqual(m._reqs["a"].cached_upto, 4)
+        m.free(r)
+        turn = list(range(3000, 3040)) + [9000 + t for t in range(30)] + [5, 6]
+        self.assertEqual(self.run_one(m, "next turn", turn), 64)
+
+    def test_a_block_whose_hash_is_missing_waits_unsealed(self):
+        # A request whose block_hashes do not (yet) cover a full block: the block is not sealed
+        # (under no key: never a token-keyed one), its tokens wait in the request, and the next
+        # call that finds the hash seals it.
+        m = self.make()
+        r = keyed_request("a", range(4000, 4020), 16)
+        r._block_hasher = None  # block_hashes stop growing
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 20, hit, blocks)
+        r.num_computed_tokens = 20
+        for t in range(16):
+            r.append_output_token_ids(9100 + t)
+            m.allocate_slots(r, 1)
+            r.num_computed_tokens += 1
+        self.assertEqual(m._reqs["a"].cached_upto, 1)  # block 1 is full, its hash missing
+        probe = keyed_request("probe", list(r.all_token_ids) + [1], 16)
+        self.assertEqual(m.get_computed_blocks(probe)[1], 16)
+        m.new_step_starts()
+        r.block_hashes.extend(kv_trace.sha256_block_hasher(16)(r))  # the hash arrives
+        r.append_output_token_ids(7)
+        m.allocate_slots(r, 1)
+        self.assertEqual(m._reqs["a"].cached_upto, 2)
+        self.assertEqual(m.get_computed_blocks(probe)[1], 32)
+
+    def test_placeholder_ids(self):
+        # vLLM's -1 placeholder ids behind images (test_mm_prefix_caching's prompt, keyed): the
+        # hit reads no token; the computed tokens cross with -1 read as 2^32 - 1.
+        common = list(range(10)) + [-1] * 10 + list(range(10, 20)) + [-1] * 18
+        prompt = common + [-1] * 7 + [100] * 4
+        imgs = [MultiModalFeatureSpec("aaa", PlaceholderRange(11, 10)), MultiModalFeatureSpec("bbb", PlaceholderRange(30, 18)),
+                MultiModalFeatureSpec("ccc", PlaceholderRange(48, 7))]
+        m = KVCacheManager(num_gpu_blocks=11, block_size=16, max_model_len=8192)
+        self.assertEqual(self.run_one(m, "0", prompt, mm_features=imgs), 0)
+        self.assertEqual(self.run_one(m, "1", prompt, mm_features=list(imgs)), 48)
+        self.assertEqual(self.run_one(m, "2", prompt, mm_features=imgs[:2]), 48)  # ccc is in block 3 (not hit)
+        other = [imgs[0], MultiModalFeatureSpec("bbx", PlaceholderRange(30, 18)), imgs[2]]
+        self.assertEqual(self.run_one(m, "3", prompt, mm_features=other), 16)  # bbx starts in block 1
+        with self.assertRaisesRegex(ValueError, "tokens"):
+            r = keyed_request("4", [1, 2, -2] * 20, 16)
+            blocks, hit = m.get_computed_blocks(r)
+            m.allocate_slots(r, 60, hit, blocks)
+
+    def test_prompt_logprobs_blocks_stay_reusable(self):
+        m = self.make()
+        self.assertEqual(self.run_one(m, "logprobs", self.PROMPT, skip_reading_prefix_cache=True), 0)
+        self.assertEqual(self.run_one(m, "warm", self.PROMPT, skip_reading_prefix_cache=True), 0)
+        self.assertEqual(self.run_one(m, "next", self.PROMPT), 48)
+
+    def test_events_carry_vllms_block_hashes(self):
+        m = self.make()
+        r = keyed_request("a", self.PROMPT, 16, cache_salt="s")
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 49, hit, blocks)
+        stored = [e for e in m.take_events() if type(e).__name__ == "BlockStored"]
+        self.assertEqual([h for e in stored for h in e.block_hashes], r.block_hashes)
+        self.assertEqual(stored[0].extra_keys, [("s",), None, None])
+        m.free(r)
+        self.assertEqual(m.reset_prefix_cache(), True)
+
+    def test_traces_equal_vllm_through_the_keyed_path(self):
+        # The one-group traces, every request carrying vLLM-shaped SHA-256 block hashes: the same
+        # figures as vLLM's own manager gave.
+        names = [p for p in sorted(glob.glob(os.path.join(DATA, "*.trace.json")))
+                 if not os.path.basename(p).startswith("v4-")]
+        self.assertGreaterEqual(len(names), 5)
+        for path in names:
+            with self.subTest(trace=os.path.basename(path)):
+                with open(path) as f:
+                    trace = json.load(f)
+                with open(path.replace(".trace.json", ".vllm.json")) as f:
+                    want = json.load(f)
+                m = manager_for(trace)
+                got = kv_trace.replay(trace, m, kv_trace.sha256_block_hasher(trace["config"]["block_size"]))
+                self.assertEqual(got, want["steps"])
+
+    def test_bad_hashes_are_named_and_change_nothing(self):
+        m = self.make()
+        free = m.block_pool.get_num_free_blocks()
+        for bad, err, name in (([b"x" * 32, 5, b"y" * 32], TypeError, r"block_hashes\[1\]"),
+                               ([b"x" * 32, b"y" * 32, b"z" * 31], ValueError, r"block_hashes\[2\]")):
+            r = request("bad", self.PROMPT)
+            r.block_hashes = bad
+            with self.assertRaisesRegex(err, "^" + name):
+                m.get_computed_blocks(r)
+            self.assertEqual((m.block_pool.get_num_free_blocks(), m._core.live_requests), (free, 0))
+        # A request admitted keyed whose later hash is not bytes: named, nothing appended.
+        r = keyed_request("a", range(20), 16)
+        blocks, hit = m.get_computed_blocks(r)
+        m.allocate_slots(r, 20, hit, blocks)
+        r.num_computed_tokens = 20
+        r._block_hasher = None
+        for t in range(12):
+            r.append_output_token_ids(t)
+        r.block_hashes.append("not bytes")
+        with self.assertRaisesRegex(TypeError, r"^block_hashes\[1\]"):
+            m.allocate_slots(r, 12)
+        self.assertEqual((m._reqs["a"].cached_upto, m._core.tokens(m._reqs["a"].rid)), (1, 20))
+        core = _core.RequestManager("tiny-mla", capacity_blocks=16, backed=False)
+        with self.assertRaisesRegex(ValueError, "^caller_keys"):
+            core._vllm_admit_keyed([b"x" * 32], core.block_tokens + 1)
+
+    def test_refused_where_blocks_are_verified_by_tokens(self):
+        with self.assertRaisesRegex(ValueError, "^caller_keys: a pool that holds KV bytes"):
+            _core.RequestManager("tiny-mla", capacity_blocks=16, caller_keys=True)
+        with self.assertRaisesRegex(ValueError, "^caller_keys: .*sliding windows"):
+            _core.RequestManager("deepseek-v4-flash", block_tokens=256, capacity_blocks=16, backed=False,
+                                 caller_keys=True)
 
 
 class WhatVllmPasses(unittest.TestCase):

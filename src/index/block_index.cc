@@ -72,10 +72,70 @@ std::span<const uint32_t> BlockIndex::Tokens(BlockId b) const {
 bool BlockIndex::SameIdentity(BlockId e, const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,
                               uint64_t salt) const {
   const Identity& id = identity_[e.value];
-  if (!id.indexed || id.domain != domain || id.salt != salt) return false;
+  // A caller-keyed block is never a token-keyed look-up's (its tokens were never verified).
+  if (!id.indexed || id.caller_keyed || id.domain != domain || id.salt != salt) return false;
   if (id.parent != parent.block || (parent.block.valid() && id.parent_generation != parent.generation)) return false;
   std::span<const uint32_t> stored = Tokens(e);
   return tokens.size() == stored.size() && std::equal(tokens.begin(), tokens.end(), stored.begin());
+}
+
+bool BlockIndex::SameKeyedIdentity(BlockId e, const PrefixRef& parent, const CallerHash& caller, uint32_t domain,
+                                   uint64_t salt) const {
+  const Identity& id = identity_[e.value];
+  if (!id.indexed || !id.caller_keyed || id.domain != domain || id.salt != salt) return false;
+  if (id.parent != parent.block || (parent.block.valid() && id.parent_generation != parent.generation)) return false;
+  // The whole caller hash, not Tessera's key of it: a key collision is never a hit.
+  return std::memcmp(caller_hash_[e.value].data(), caller.data(), caller.size()) == 0;
+}
+
+void BlockIndex::EnableCallerKeys() {
+  assert(!content_dedup_ && "caller-keyed blocks are verified by their caller hash, the content index by tokens");
+  if (caller_hash_.empty()) caller_hash_.resize(pool_->capacity());
+}
+
+std::optional<PrefixRef> BlockIndex::LookupKeyed(const PrefixRef& parent, const Hash128& key, const CallerHash& caller,
+                                                 uint32_t domain, uint64_t salt) {
+  assert(caller_keys());
+  const BlockId* found = prefix_.Find(key, PrefixKeyOf());
+  if (found == nullptr) {
+    Bump(stats_.prefix_misses, 1);
+    return std::nullopt;
+  }
+  const BlockId e = *found;
+  const BlockState s = pool_->state(e);
+  if ((s != BlockState::kSealed && s != BlockState::kCached) || !SameKeyedIdentity(e, parent, caller, domain, salt)) {
+    Bump(stats_.prefix_key_mismatches, 1);
+    Bump(stats_.prefix_misses, 1);
+    return std::nullopt;
+  }
+  Bump(stats_.prefix_hits, 1);
+  return PrefixRef{e, pool_->generation(e), key};
+}
+
+BlockIndex::SealResult BlockIndex::SealKeyed(BlockId candidate, const PrefixRef& parent, const Hash128& key,
+                                             const CallerHash& caller, std::span<const uint32_t> tokens,
+                                             uint32_t domain, uint64_t salt) {
+  assert(caller_keys() && !content_dedup_);
+  assert(pool_->state(candidate) == BlockState::kFilling && tokens.size() == block_tokens_);
+  assert(key == hasher_.CallerKey(KeyOf(parent), caller, Extra(domain, salt)) && "a caller key for another hash");
+  pool_->MarkSealed(candidate);
+  Identity& id = identity_[candidate.value];
+  id = Identity{key, {}, KeyOf(parent), parent.block, parent.generation, domain, salt, true, false, true};
+  caller_hash_[candidate.value] = caller;
+  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + static_cast<ptrdiff_t>(candidate.value) * block_tokens_);
+  // As Seal: the first live block under a key keeps it; an entry that is not this identity gives way.
+  const PrefixRef sealed{candidate, pool_->generation(candidate), key};
+  auto [entry, inserted] = prefix_.TryEmplace(key, candidate, PrefixKeyOf());
+  if (!inserted) {
+    const BlockId e = *entry;
+    const BlockState st = pool_->state(e);
+    const bool live = st == BlockState::kSealed || st == BlockState::kCached;
+    if (live && SameKeyedIdentity(e, parent, caller, domain, salt)) {
+      return {sealed, false, {e, pool_->generation(e), key}};
+    }
+    *entry = candidate;
+  }
+  return {sealed, false, sealed};
 }
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<const uint32_t> tokens, uint32_t domain,

@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 #include <random>
+#include <string_view>
 #include <vector>
 
 // State layout and XXH3_generateSecret are in the "static linking only" part of the API.
@@ -83,6 +84,14 @@ Result<ContentHasher> ContentHasher::CreateWithKey(HashAlgorithm algorithm, uint
   h.algorithm_ = algorithm;
   h.bits_ = bits;
   if (XXH3_generateSecret(h.secret_.data(), h.secret_.size(), key.data(), key.size()) != XXH_OK) {
+    return Internal("hash", "cannot derive the xxh3 secret");
+  }
+  // Caller keys' secret: from the same key with a label of their own (CallerKey).
+  constexpr std::string_view kCallerLabel = "tessera caller keys v1";
+  std::vector<std::byte> labelled(key.begin(), key.end());
+  for (char c : kCallerLabel) labelled.push_back(static_cast<std::byte>(c));
+  if (XXH3_generateSecret(h.caller_secret_.data(), h.caller_secret_.size(), labelled.data(), labelled.size()) !=
+      XXH_OK) {
     return Internal("hash", "cannot derive the xxh3 secret");
   }
   // The SHA-256 key: the caller's key, or its SHA-256 when longer than 32 bytes.
@@ -194,6 +203,17 @@ Hash128 ContentHasher::PrefixKey(const Hash128& parent, std::span<const uint32_t
   const XXH128_hash_t d = XXH3_128bits_withSecret(buf.data(), n, secret_.data(), secret_.size());
   CleanUpperState();
   return {d.low64, d.high64};
+}
+
+Hash128 ContentHasher::CallerKey(const Hash128& parent, std::span<const std::byte, 32> caller, uint64_t extra) const {
+  constexpr size_t kHead = sizeof(Hash128) + sizeof(uint64_t);
+  std::array<std::byte, kHead + 32> buf;
+  std::memcpy(buf.data(), &parent, sizeof parent);
+  std::memcpy(buf.data() + sizeof parent, &extra, sizeof extra);
+  std::memcpy(buf.data() + kHead, caller.data(), caller.size());
+  const XXH128_hash_t d = XXH3_128bits_withSecret(buf.data(), buf.size(), caller_secret_.data(), caller_secret_.size());
+  CleanUpperState();
+  return Truncate({d.low64, d.high64});
 }
 
 }  // namespace tessera

@@ -22,14 +22,18 @@ namespace tessera {
 struct alignas(64) RequestManager::Request {
   bool live = false;
   uint8_t priority = kDefaultRetentionPriority;
+  // Admitted by AdmitKeyed: its blocks are sealed under caller keys (ADR 0045).
+  bool caller_keyed = false;
   uint32_t generation = 0;  // of the slot: kept across Free (RequestId)
   uint64_t tokens = 0;      // tokens written; those of the unsealed span are in span_arena_
   PinnedBlocks table;       // one block per block span (allocated slots), each pinned
   uint32_t tenant = 0;
   uint32_t domain = 0;
   uint64_t salt = 0;
-  std::vector<PrefixRef> chain;  // one per sealed block
-  uint32_t state = UINT32_MAX;   // the state component's slab (models with windows)
+  // One per sealed block; read only at its back (the parent of the next seal) and for its size.
+  // A caller-keyed request keeps only the last of its hit blocks, then one per block it seals.
+  std::vector<PrefixRef> chain;
+  uint32_t state = UINT32_MAX;  // the state component's slab (models with windows)
   // The prompt's prefix keys (HashPrompt's) and the tokens of its blocks from slot
   // prompt_first on, until the prompt's last whole block is sealed: a seal of such a block
   // whose tokens and parent match takes its key from here instead of hashing it again.
@@ -149,7 +153,15 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
     return InvalidArgument("kv-events-capacity", "must be positive when events are recorded");
   }
   if (options.spec_tokens > 1024) return InvalidArgument("spec-tokens", "at most 1024 draft tokens per step");
+  if (options.caller_keys && options.region_kind != RegionKind::kUnbacked) {
+    return InvalidArgument("caller-keys",
+                           "a pool that holds KV bytes verifies its blocks by tokens (tiers, content dedup): "
+                           "caller keys need an unbacked pool");
+  }
   TESSERA_ASSIGN_OR_RETURN(Plan plan, PlanCaches(g, options));
+  if (options.caller_keys && plan.state) {
+    return InvalidArgument("caller-keys", g.name + " has sliding windows: caller keys serve one paged group only");
+  }
   TESSERA_ASSIGN_OR_RETURN(ContentHasher hasher,
                            options.hash_key.empty()
                                ? ContentHasher::Create(options.hash, options.hash_bits, options.hash_key_seed)
@@ -166,6 +178,7 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
   m->instance_ = managers.fetch_add(1, std::memory_order_relaxed) + 1;
   m->index_ = std::make_unique<BlockIndex>(m->pool_.get(), hasher, options.content_dedup,
                                            /*bucket_limit=*/8, identity);
+  if (options.caller_keys) m->index_->EnableCallerKeys();
   if (plan.state) {
     TESSERA_ASSIGN_OR_RETURN(m->states_, RequestStates::Create(std::move(*plan.state)));
   }
@@ -362,6 +375,127 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
   Bump(metrics_.tier_hit_tokens, uint64_t{a.tier_blocks} * block_tokens_);
   SyncStateBytes();
   return a;
+}
+
+// Caller-keyed admission (ADR 0045): Admit's transaction without the prompt's tokens — the hit is
+// looked up and verified by the caller's hashes, and no block source is asked (refused above).
+Result<Admission> RequestManager::AdmitKeyed(std::span<const CallerHash> hashes, uint64_t prompt_tokens,
+                                             const RequestSpec& spec) {
+  if (!index_->caller_keys()) {
+    return InvalidArgument("caller-keys", "the manager was created without caller keys (ManagerOptions::caller_keys)");
+  }
+  if (source_ != nullptr) {
+    return InvalidArgument("caller-keys",
+                           "a block source is attached: its records are verified by tokens (ADR 0010); "
+                           "admit by tokens");
+  }
+  if (hashes.size() > prompt_tokens / block_tokens_) {
+    return InvalidArgument("hashes", std::to_string(hashes.size()) + " hashes for a prompt of " +
+                                         std::to_string(prompt_tokens / block_tokens_) + " whole blocks");
+  }
+  if (live_ >= options_.max_requests) {
+    return tessera::OutOfBlocks(
+        "requests", "all " + std::to_string(options_.max_requests) + " requests allowed by max-requests are live");
+  }
+  const uint32_t domain = domain_of(spec.tenant);
+  const size_t max_blocks =
+      prompt_tokens == 0 || !spec.read_cache ? 0 : std::min<size_t>((prompt_tokens - 1) / block_tokens_, hashes.size());
+  Request q;
+  q.table = PinnedBlocks(pool_.get());
+  q.live = true;
+  q.caller_keyed = true;
+  q.tenant = spec.tenant;
+  q.domain = domain;
+  q.salt = spec.cache_salt;
+  q.priority = std::min(spec.priority, kMaxRetentionPriority);
+  // The prompt's blocks and one more; the chain from the last hit on. (Admit reserves twice the
+  // table for Step's decode growth and keeps a chain entry per hit block: a caller-keyed request
+  // grows through AppendKeyed, and every reserved byte is host memory that the first admissions
+  // fault in — 1.6 KB per request of a 4,224-token hit.)
+  const size_t prompt_blocks = CeilDiv(prompt_tokens + options_.spec_tokens, block_tokens_);
+  q.table.reserve(prompt_blocks + 1);
+  q.chain.reserve(prompt_blocks - std::min(prompt_blocks, max_blocks) + 2);
+  PrefixRef parent;
+  for (size_t b = 0; b < max_blocks; ++b) {
+    const Hash128 key =
+        index_->CallerKey(parent.is_root() ? index_->root_key() : parent.key, hashes[b], domain, q.salt);
+    const std::optional<PrefixRef> hit = index_->LookupKeyed(parent, key, hashes[b], domain, q.salt);
+    if (!hit) break;
+    q.table.Pin(hit->block);
+    parent = *hit;
+  }
+  if (!parent.is_root()) q.chain.push_back(parent);
+  Admission a;
+  a.cached_blocks = static_cast<uint32_t>(q.table.size());
+  a.cached_tokens = uint64_t{a.cached_blocks} * block_tokens_;
+  q.tokens = a.cached_tokens;
+  const uint64_t rest = prompt_tokens - a.cached_tokens;
+  const uint64_t reserve = std::min(rest, spec.reserve_tokens.value_or(rest));
+  const uint64_t need = BlocksNeeded(a.cached_tokens + reserve + options_.spec_tokens);
+  const uint64_t more = need > q.table.size() ? need - q.table.size() : 0;
+  if (more > pool_->Available()) return OutOfBlocks(more);  // q's table releases its pins
+  Status allocated = q.table.Allocate(static_cast<uint32_t>(more));
+  assert(allocated.ok());
+  (void)allocated;
+  const uint32_t id = TakeRequestSlot();
+  q.generation = requests_[id].generation;
+  requests_[id] = std::move(q);
+  ++live_;
+  a.id = RequestId{id, requests_[id].generation};
+  const uint64_t full_blocks = prompt_tokens / block_tokens_;
+  Bump(metrics_.requests_admitted, 1);
+  Bump(metrics_.prefix_hit_tokens, a.cached_tokens);
+  Bump(metrics_.prefix_hit_blocks, a.cached_blocks);
+  Bump(metrics_.prefix_miss_blocks, full_blocks - a.cached_blocks);
+  Bump(metrics_.prefix_miss_tokens, prompt_tokens - a.cached_tokens);
+  return a;
+}
+
+Status RequestManager::AppendKeyed(RequestId r, std::span<const uint32_t> tokens, std::span<const CallerHash> hashes) {
+  Request* q = Get(r);
+  if (q == nullptr) return NoRequest(r);
+  if (!q->caller_keyed) return InvalidArgument("request", "admitted by tokens: append with Append");
+  const Checked end = Checked(q->tokens) + tokens.size();
+  if (end.overflowed()) return OutOfRange("tokens", "token count overflows");
+  const uint64_t completes = SpanOf(end.value()) - SpanOf(q->tokens);
+  if (hashes.size() != completes) {
+    return InvalidArgument("hashes", std::to_string(hashes.size()) + " hashes for the " + std::to_string(completes) +
+                                         " blocks these tokens complete");
+  }
+  if (BlocksNeeded(end.value()) > q->table.size()) {
+    return FailedPrecondition(
+        "tokens", "no slots for " + std::to_string(tokens.size()) + " more tokens: call AllocateSlots first");
+  }
+  if (const uint32_t copies = SharedSlots(*q, tokens.size()); copies > 0) {
+    if (copies > pool_->Available()) return OutOfBlocks(copies);
+    TESSERA_RETURN_IF_ERROR(UnshareSlots(*q, tokens.size()));
+  }
+  // An unbacked pool without windows (Create's checks): the tokens go to the span, a completed
+  // span is sealed under its caller key.
+  uint32_t* const span = span_arena_.data() + static_cast<size_t>(q - requests_.data()) * block_tokens_;
+  size_t sealed = 0;
+  while (!tokens.empty()) {
+    const uint64_t p0 = q->tokens;
+    const size_t n = std::min<size_t>(tokens.size(), block_tokens_ - SpanOffset(p0));
+    std::copy(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(n), span + SpanOffset(p0));
+    q->tokens += n;
+    if (SpanOffset(q->tokens) == 0) {
+      SealKeyedSlot(*q, SpanOf(q->tokens) - 1, {span, block_tokens_}, hashes[sealed++]);
+    }
+    tokens = tokens.subspan(n);
+  }
+  return Status::Ok();
+}
+
+void RequestManager::SealKeyedSlot(Request& q, size_t slot, std::span<const uint32_t> tokens, const CallerHash& hash) {
+  const PrefixRef parent = q.chain.empty() ? PrefixRef{} : q.chain.back();
+  const Hash128 key = index_->CallerKey(parent.is_root() ? index_->root_key() : parent.key, hash, q.domain, q.salt);
+  const BlockIndex::SealResult sealed = index_->SealKeyed(q.table[slot], parent, key, hash, tokens, q.domain, q.salt);
+  if (options_.kv_events) RecordStored(parent, sealed.ref.key, tokens, q.domain);
+  pool_->SetPriority(sealed.ref.block, q.priority);
+  // As SealSlot: a duplicate (two requests computed the block) stays this request's, and its
+  // successors chain under the block that holds the key.
+  q.chain.push_back(sealed.holder);
 }
 
 uint32_t RequestManager::SharedSlots(const Request& q, uint64_t n) const {
@@ -586,6 +720,7 @@ std::vector<std::byte> RequestManager::TierState(BlockId b) const {
 Status RequestManager::Append(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers) {
   Request* q = Get(r);
   if (q == nullptr) return NoRequest(r);
+  if (q->caller_keyed) return InvalidArgument("request", "admitted with caller keys: append with AppendKeyed");
   if (pool_->backed() && writers.empty() && !tokens.empty()) {
     return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
   }
@@ -805,6 +940,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
     TESSERA_ASSIGN_OR_RETURN(copy.state, states_->Fork(p->state));
   }
   copy.live = true;
+  copy.caller_keyed = p->caller_keyed;
   copy.tenant = p->tenant;
   copy.domain = p->domain;
   copy.salt = p->salt;
