@@ -1202,6 +1202,93 @@ TEST(RequestManagerScheduler, SealLookAheadStartsAtTheFirstSeal) {
   EXPECT_TRUE(m->pool().CheckInvariants().ok());
 }
 
+// The step after a block boundary: every request's token starts a new block, which the step
+// takes from the pool in batch order (the decode path's one-block case, ADR 0046: the blocks,
+// the result and the counters are the ones Reserve and AppendReserved give). A request the pool
+// cannot serve is refused and left unchanged; the others go on.
+TEST(RequestManagerScheduler, StepTakesEachRequestsNextBlockInBatchOrder) {
+  ManagerOptions o = V3Fp8(3 * 2);  // room for 3 prompt blocks, then 3 more
+  o.region_kind = RegionKind::kUnbacked;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < 3; ++r) {
+    const std::vector<uint32_t> prompt = Range(1000 * (r + 1), kBlock);
+    ids.push_back(MustAdmit(*m, prompt).id);
+    ASSERT_TRUE(m->Append(ids.back(), prompt, nullptr).ok());
+  }
+  // Taken in batch order: c, a (b is not in this step).
+  const std::vector<RequestId> batch = {ids[2], ids[0]};
+  const uint64_t allocations = m->pool().stats().allocations.load();
+  StepResult r;
+  ASSERT_TRUE(m->Step(StepBatch{batch, std::vector<uint32_t>{1, 1}, std::vector<uint32_t>{7, 8}}, nullptr, &r).ok());
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(r.offsets, (std::vector<uint32_t>{0, 1, 2}));
+  ASSERT_EQ(r.new_blocks.size(), 2u);
+  EXPECT_EQ(r.new_blocks[0], Table(*m, ids[2])[1]);
+  EXPECT_EQ(r.new_blocks[1], Table(*m, ids[0])[1]);
+  EXPECT_EQ(r.new_blocks[0], BlockId{3});  // a fresh pool hands out its blocks in id order
+  EXPECT_EQ(r.new_blocks[1], BlockId{4});
+  EXPECT_EQ(m->pool().state(r.new_blocks[0]), BlockState::kFilling);
+  EXPECT_EQ(m->pool().stats().allocations.load(), allocations + 2);
+  EXPECT_EQ(m->Tokens(ids[0]), kBlock + 1);
+  EXPECT_EQ(m->Tokens(ids[1]), kBlock);
+  EXPECT_EQ(m->Tokens(ids[2]), kBlock + 1);
+  EXPECT_TRUE(r.replaced.empty());
+
+  // One block left for two requests: the first in the batch takes it, the second is refused
+  // (kOutOfBlocks, counted) and unchanged.
+  const uint64_t refused = m->metrics().out_of_blocks.load();
+  const std::vector<RequestId> last = {ids[1], ids[0]};
+  ASSERT_TRUE(m->Step(StepBatch{last, std::vector<uint32_t>{1, 1}, std::vector<uint32_t>{9, 10}}, nullptr, &r).ok());
+  EXPECT_EQ(r.codes, (std::vector<StatusCode>{StatusCode::kOk, StatusCode::kOk}));
+  EXPECT_EQ(r.new_blocks, (std::vector<BlockId>{BlockId{5}}));
+  EXPECT_EQ(m->pool().free_count(), 0u);
+  const std::vector<RequestId> more = {ids[2], ids[1]};
+  // c fills its second block up to its last token, then both ask for one more token: c fits,
+  // b (already past its first block) fits; a third block for c is refused.
+  ASSERT_TRUE(m->AllocateSlots(ids[2], kBlock - 2).ok());
+  ASSERT_TRUE(m->Append(ids[2], Range(50000, kBlock - 2), nullptr).ok());
+  ASSERT_TRUE(m->Step(StepBatch{more, std::vector<uint32_t>{1, 1}, std::vector<uint32_t>{11, 12}}, nullptr, &r).ok());
+  EXPECT_EQ(r.failed, 0u);
+  EXPECT_EQ(m->Tokens(ids[2]), 2u * kBlock);  // sealed its second block
+  EXPECT_TRUE(m->index().Indexed(Table(*m, ids[2])[1]));
+  ASSERT_TRUE(m->Step(StepBatch{std::vector<RequestId>{ids[2]}, std::vector<uint32_t>{1}, std::vector<uint32_t>{13}},
+                      nullptr, &r)
+                  .ok());
+  EXPECT_EQ(r.codes, (std::vector<StatusCode>{StatusCode::kOutOfBlocks}));
+  EXPECT_EQ(r.failed, 1u);
+  EXPECT_TRUE(r.new_blocks.empty());
+  EXPECT_EQ(m->Tokens(ids[2]), 2u * kBlock);
+  EXPECT_EQ(Table(*m, ids[2]).size(), 2u);
+  EXPECT_EQ(m->metrics().out_of_blocks.load(), refused + 1);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// With draft slots (spec_tokens) the block is taken one token earlier: the token that completes a
+// block both seals it and takes the next, and the sealed block is found again.
+TEST(RequestManagerScheduler, StepSealsAndTakesTheNextBlockWithDraftSlots) {
+  ManagerOptions o = V3Fp8(8);
+  o.region_kind = RegionKind::kUnbacked;
+  o.spec_tokens = 1;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
+  const std::vector<uint32_t> prompt = Range(100, kBlock - 1);
+  const RequestId a = MustAdmit(*m, prompt).id;
+  ASSERT_TRUE(m->Append(a, prompt, nullptr).ok());
+  ASSERT_EQ(Table(*m, a).size(), 1u);
+  StepResult r;
+  ASSERT_TRUE(
+      m->Step(StepBatch{std::vector<RequestId>{a}, std::vector<uint32_t>{1}, std::vector<uint32_t>{5}}, nullptr, &r)
+          .ok());
+  EXPECT_EQ(r.failed, 0u);
+  ASSERT_EQ(Table(*m, a).size(), 2u);
+  EXPECT_EQ(r.new_blocks, (std::vector<BlockId>{Table(*m, a)[1]}));
+  EXPECT_EQ(m->pool().state(Table(*m, a)[0]), BlockState::kSealed);
+  std::vector<uint32_t> again = prompt;
+  again.push_back(5);
+  EXPECT_EQ(MustAdmit(*m, AndOneMore(again)).cached_blocks, 1u);
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
 // Two requests in one step: each reserves its tokens and appends them; the result names the
 // blocks each took, and the records read back.
 TEST(RequestManagerScheduler, StepAppendsForEveryRequest) {

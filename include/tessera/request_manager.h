@@ -327,6 +327,7 @@ class RequestManager {
   Status AppendReserved(Request& q, std::span<const uint32_t> tokens, const KvWriters& w);
   StatusCode StepOne(uint32_t index, RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers,
                      StepResult* out);
+  StatusCode StepNewBlock(Request& q, uint32_t token);
   // What a seal is for: a span the request wrote (handed to the block source), or a block
   // promoted from the source (never written back), with the state it brought (models with windows).
   struct Promoted {
@@ -378,6 +379,7 @@ class RequestManager {
   std::array<StepSeal, kStepAhead + 1> step_seals_;  // LookAhead's keys, by batch position
   const StepSeal* step_seal_ = nullptr;              // the one of the request StepOne is on, if any
   bool step_sealed_ = false;                         // set by SealSlot (Step: whether a request sealed)
+  StepResult* step_result_ = nullptr;                // the result Step fills (StepNewBlock's new blocks)
   // block_tokens_ per request slot: the tokens of its unsealed span (SpanOffset(tokens) of them),
   // one array in slot order rather than a vector per request (a step reads them in batch order).
   std::vector<uint32_t> span_arena_;

@@ -656,7 +656,7 @@ void RequestManager::SealSlot(Request& q, size_t slot, std::span<const uint32_t>
 // own tokens there after the prompt's own parent (else nullptr: the seal hashes the key).
 const Hash128* RequestManager::PromptKey(const Request& q, size_t slot, const PrefixRef& parent,
                                          std::span<const uint32_t> tokens) const {
-  if (slot < q.prompt_first || slot >= q.prompt_keys.size()) return nullptr;
+  if (slot >= q.prompt_keys.size() || slot < q.prompt_first) return nullptr;
   const Hash128& parent_key = slot == 0 ? index_->root_key() : q.prompt_keys[slot - 1];
   if (parent.is_root() != (slot == 0) || (slot > 0 && parent.key != parent_key)) return nullptr;
   const uint32_t* own = q.prompt_tokens.data() + (slot - q.prompt_first) * block_tokens_;
@@ -752,6 +752,7 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   if (pool_->backed() && writers.empty() && total > 0) {
     return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
   }
+  step_result_ = out;
   out->codes.assign(batch.requests.size(), StatusCode::kOk);
   out->failed = 0;
   out->offsets.assign(1, 0);
@@ -868,6 +869,23 @@ __attribute__((noinline)) void RequestManager::SealSpan(Request& q) {
   SealSlot(q, SpanOf(q.tokens) - 1, {span, block_tokens_}, std::nullopt);
 }
 
+// StepOne's fast path when the token needs one block more: Reserve and AppendReserved would take
+// it from the pool and store the token just so (ADR 0046), without their Status and checks.
+// REQUIRES: a block is free or evictable; no fork, dedup, state rows or page writers.
+__attribute__((noinline)) StatusCode RequestManager::StepNewBlock(Request& q, uint32_t token) {
+  const size_t before = q.table.size();
+  const Status allocated = q.table.Allocate(1);
+  assert(allocated.ok());
+  (void)allocated;
+  const uint64_t filled = SpanOffset(q.tokens);
+  span_arena_[static_cast<size_t>(&q - requests_.data()) * block_tokens_ + filled] = token;
+  ++q.tokens;
+  if (filled + 1 == block_tokens_) [[unlikely]]
+    SealSpan(q);
+  step_result_->new_blocks.push_back(q.table[before]);
+  return StatusCode::kOk;
+}
+
 // One request of a Step: Reserve (which also unshares what the tokens land in), then the
 // append; the request is left unchanged when the reservation is refused.
 StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const uint32_t> tokens,
@@ -885,13 +903,22 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
   // AppendReserved would do just this.
   if (tokens.size() == 1 && !may_replace && !states_ && !(writers.page && pool_->backed() && token_groups_)) {
     const uint64_t filled = SpanOffset(q->tokens);
-    if (q->tokens < (UINT64_MAX >> 1) && BlocksNeeded(q->tokens + 1 + options_.spec_tokens) <= before) {
-      span_arena_[size_t{r.value} * block_tokens_ + filled] = tokens[0];
-      ++q->tokens;
-      // The token completes the block: its seal, as AppendReserved would (ADR 0044).
-      if (filled + 1 == block_tokens_) [[unlikely]]
-        SealSpan(*q);
-      return StatusCode::kOk;
+    if (q->tokens < (UINT64_MAX >> 1)) {
+      // BlocksNeeded without windows (states_ is null here): a block per span.
+      const uint64_t need = SpanOf(q->tokens + options_.spec_tokens + block_tokens_);
+      if (need <= before) {
+        span_arena_[size_t{r.value} * block_tokens_ + filled] = tokens[0];
+        ++q->tokens;
+        // The token completes the block: its seal, as AppendReserved would (ADR 0044).
+        if (filled + 1 == block_tokens_) [[unlikely]]
+          SealSpan(*q);
+        return StatusCode::kOk;
+      }
+      // One block more (the step after a seal: the token starts a new block, or the draft slots
+      // cross into one), out of line (ADR 0046). Without a free or evictable block the general
+      // path refuses the request.
+      if (need == before + 1 && pool_->Available() > 0) [[unlikely]]
+        return StepNewBlock(*q, tokens[0]);
     }
   }
   const size_t first = std::min<size_t>(SpanOf(q->tokens), before);
