@@ -1012,6 +1012,22 @@ TEST(RequestManagerCallerKeys, RefusedWhereBlocksAreVerifiedByTokens) {
   EXPECT_EQ(keyed->Tokens(a->id), 0u);
   EXPECT_TRUE(keyed->AppendKeyed(a->id, t, one).ok());
   EXPECT_EQ(keyed->Tokens(a->id), kBlock + 1u);
+  // Append and Step refuse a caller-keyed request (its blocks are sealed only under the caller's
+  // hashes) and leave it unchanged; Step still serves the rest of the batch.
+  const std::vector<uint32_t> more = Range(kBlock + 1, 1);
+  EXPECT_EQ(keyed->Append(a->id, more, {}).field(), "request");
+  Result<Admission> plain_req = keyed->Admit(Range(5000, 3), {});
+  ASSERT_TRUE(plain_req.ok());
+  const std::vector<RequestId> ids = {a->id, plain_req->id};
+  const std::vector<uint32_t> counts = {1, 1};
+  const std::vector<uint32_t> toks = {7, 8};
+  StepResult out;
+  ASSERT_TRUE(keyed->Step({ids, counts, toks}, {}, &out).ok());
+  EXPECT_EQ(out.codes[0], StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.codes[1], StatusCode::kOk);
+  EXPECT_EQ(out.failed, 1u);
+  EXPECT_EQ(keyed->Tokens(a->id), kBlock + 1u);
+  EXPECT_EQ(keyed->Tokens(plain_req->id), 1u);  // Admit reserves; the step appended one
 }
 
 // --- Scheduler: hashed prompts, the cache-hit cap, Step --------------------------------------

@@ -891,7 +891,10 @@ __attribute__((noinline)) StatusCode RequestManager::StepNewBlock(Request& q, ui
 StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const uint32_t> tokens,
                                    const KvWriters& writers, StepResult* out) {
   Request* q = Get(r);
-  if (q == nullptr) return StatusCode::kInvalidArgument;
+  // A caller-keyed request appends with AppendKeyed only: its blocks are sealed under the
+  // caller's hashes, which a step does not have (ADR 0045). Left unchanged, as any refusal.
+  if (q == nullptr || q->caller_keyed) [[unlikely]]
+    return StatusCode::kInvalidArgument;
   if (step_seal_ != nullptr && (step_seal_->request != q || step_seal_->tokens != q->tokens)) step_seal_ = nullptr;
   const size_t before = q->table.size();
   // Only slots from the unsealed one on can change: unshared (after a fork), or renamed when a
