@@ -242,6 +242,8 @@ class BlockIndex {
                     uint64_t salt) const;
   bool SameKeyedIdentity(BlockId e, const PrefixRef& parent, const CallerHash& caller, uint32_t domain,
                          uint64_t salt) const;
+  template <typename Same>
+  std::optional<PrefixRef> FindVerified(const Hash128& key, Same same);
   void OnEvict(BlockId b);
   static uint64_t Extra(uint32_t domain, uint64_t salt) { return (uint64_t{domain} << 32) ^ salt; }
 

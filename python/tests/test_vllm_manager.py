@@ -227,7 +227,27 @@ def request(rid, prompt, **fields):
     return r
 
 
-class BlockIdentity(unittest.TestCase):
+class _IdentityCases:
+    """The identity inputs every admission path keeps apart, as vLLM's hashes do: 0 hit tokens
+    across identities, 48 of 49 within one (block_size 16). A mixin: the TestCase that uses it
+    gives ``check(first, others, same)``."""
+
+    def test_cache_salt(self):
+        self.check({"cache_salt": "alice"}, [{"cache_salt": "bob"}, {}], {"cache_salt": "alice"})
+
+    def test_lora(self):
+        a, b = LoRARequest("adapter-a", 1), LoRARequest("adapter-b", 2)
+        self.check({"lora_request": a}, [{"lora_request": b}, {}], {"lora_request": LoRARequest("adapter-a", 1)})
+
+    def test_multimodal_features(self):
+        def img(ident, offset=4):
+            return [MultiModalFeatureSpec(ident, PlaceholderRange(offset, 8))]
+        # The same placeholder ids, two different images; the same image at another position.
+        self.check({"mm_features": img("img-1")}, [{"mm_features": img("img-2")}, {"mm_features": img("img-1", 5)}, {}],
+                   {"mm_features": img("img-1")})
+
+
+class BlockIdentity(_IdentityCases, unittest.TestCase):
     """Every input vLLM folds into a block hash keeps cached blocks apart (issue 20 point 2, issue
     27 point 3): vLLM at 9aaf83ef gave 0 hit tokens across identities and 48 of 49 within one, for
     each input below (block_size 16); before this fix Tessera's adapter hit 48 across them all."""
@@ -257,20 +277,6 @@ class BlockIdentity(unittest.TestCase):
                 for i, o in enumerate(others):
                     self.assertEqual(self.run_one(m, "o%d" % i, prompt, **o), 0, o)
                 self.assertEqual(self.run_one(m, "same", prompt, **same), want)
-
-    def test_cache_salt(self):
-        self.check({"cache_salt": "alice"}, [{"cache_salt": "bob"}, {}], {"cache_salt": "alice"})
-
-    def test_lora(self):
-        a, b = LoRARequest("adapter-a", 1), LoRARequest("adapter-b", 2)
-        self.check({"lora_request": a}, [{"lora_request": b}, {}], {"lora_request": LoRARequest("adapter-a", 1)})
-
-    def test_multimodal_features(self):
-        def img(ident, offset=4):
-            return [MultiModalFeatureSpec(ident, PlaceholderRange(offset, 8))]
-        # The same placeholder ids, two different images; the same image at another position.
-        self.check({"mm_features": img("img-1")}, [{"mm_features": img("img-2")}, {"mm_features": img("img-1", 5)}, {}],
-                   {"mm_features": img("img-1")})
 
     def test_prompt_embeds(self):
         import torch
@@ -348,7 +354,7 @@ def keyed_request(rid, prompt, block_size, **fields):
     return r
 
 
-class CallerKeys(unittest.TestCase):
+class CallerKeys(_IdentityCases, unittest.TestCase):
     """Admission keyed by vLLM's own 32-byte block hashes (ADR 0045): the blocks vLLM's hashes tell
     apart, and only those, are apart — per block, as vLLM — and no prompt token crosses into the
     core for a hit."""
@@ -376,19 +382,6 @@ class CallerKeys(unittest.TestCase):
         for i, o in enumerate(others):
             self.assertEqual(self.run_one(m, "o%d" % i, prompt, **o), 0, o)
         self.assertEqual(self.run_one(m, "same", prompt, **same), want)
-
-    def test_cache_salt(self):
-        self.check({"cache_salt": "alice"}, [{"cache_salt": "bob"}, {}], {"cache_salt": "alice"})
-
-    def test_lora(self):
-        a, b = LoRARequest("adapter-a", 1), LoRARequest("adapter-b", 2)
-        self.check({"lora_request": a}, [{"lora_request": b}, {}], {"lora_request": LoRARequest("adapter-a", 1)})
-
-    def test_multimodal_features(self):
-        def img(ident, offset=4):
-            return [MultiModalFeatureSpec(ident, PlaceholderRange(offset, 8))]
-        self.check({"mm_features": img("img-1")}, [{"mm_features": img("img-2")}, {"mm_features": img("img-1", 5)}, {}],
-                   {"mm_features": img("img-1")})
 
     def test_prompt_embeds(self):
         import torch

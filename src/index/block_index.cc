@@ -96,20 +96,7 @@ void BlockIndex::EnableCallerKeys() {
 std::optional<PrefixRef> BlockIndex::LookupKeyed(const PrefixRef& parent, const Hash128& key, const CallerHash& caller,
                                                  uint32_t domain, uint64_t salt) {
   assert(caller_keys());
-  const BlockId* found = prefix_.Find(key, PrefixKeyOf());
-  if (found == nullptr) {
-    Bump(stats_.prefix_misses, 1);
-    return std::nullopt;
-  }
-  const BlockId e = *found;
-  const BlockState s = pool_->state(e);
-  if ((s != BlockState::kSealed && s != BlockState::kCached) || !SameKeyedIdentity(e, parent, caller, domain, salt)) {
-    Bump(stats_.prefix_key_mismatches, 1);
-    Bump(stats_.prefix_misses, 1);
-    return std::nullopt;
-  }
-  Bump(stats_.prefix_hits, 1);
-  return PrefixRef{e, pool_->generation(e), key};
+  return FindVerified(key, [&](BlockId e) { return SameKeyedIdentity(e, parent, caller, domain, salt); });
 }
 
 BlockIndex::SealResult BlockIndex::SealKeyed(BlockId candidate, const PrefixRef& parent, const Hash128& key,
@@ -145,14 +132,21 @@ std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, std::span<c
 
 std::optional<PrefixRef> BlockIndex::Lookup(const PrefixRef& parent, const Hash128& key,
                                             std::span<const uint32_t> tokens, uint32_t domain, uint64_t salt) {
+  return FindVerified(key, [&](BlockId e) { return SameIdentity(e, parent, tokens, domain, salt); });
+}
+
+// The live block holding `key` whose identity `same` verifies, counted as a hit; a key held by a
+// block that is not live or not this identity is a mismatch (a hash collision), never a hit.
+template <typename Same>
+std::optional<PrefixRef> BlockIndex::FindVerified(const Hash128& key, Same same) {
   const BlockId* found = prefix_.Find(key, PrefixKeyOf());
   if (found == nullptr) {
     Bump(stats_.prefix_misses, 1);
     return std::nullopt;
   }
   const BlockId e = *found;
-  BlockState s = pool_->state(e);
-  if ((s != BlockState::kSealed && s != BlockState::kCached) || !SameIdentity(e, parent, tokens, domain, salt)) {
+  const BlockState s = pool_->state(e);
+  if ((s != BlockState::kSealed && s != BlockState::kCached) || !same(e)) {
     Bump(stats_.prefix_key_mismatches, 1);
     Bump(stats_.prefix_misses, 1);
     return std::nullopt;
