@@ -106,7 +106,8 @@ struct ManagerOptions : CacheLayoutOptions {
   // by tokens, ADR 0010).
   bool caller_keys = false;
   // Deferred seals (ADR 0048): a decode step's seals (Step's one-token path) are queued and
-  // performed over the next steps, at most max(64, batch / 16) per step, and wholly before
+  // performed over the steps after the next one (the next one is where the same requests take
+  // their next blocks), at most max(64, batch / 16) per step, and wholly before
   // anything else reads or changes the index: every other call of the manager (Admit, Append,
   // AllocateSlots, Fork, Free, the event takes, index(), pool(), DrainSeals ...) and a step
   // that takes another path first performs every queued seal, in the order the steps made them,
@@ -383,9 +384,10 @@ class RequestManager {
   struct PendingSeal {
     uint32_t request = 0;  // slot in requests_
     uint32_t slot = 0;     // in its block table
+    uint32_t step = 0;     // the step that made it (steps_, wrapping)
   };
   void DeferSeal(Request& q);
-  void Drain(size_t max);
+  void Drain(size_t max, bool older_only = false);
   void DrainAll() const {
     if (pending_head_ != pending_end_) [[unlikely]]
       const_cast<RequestManager*>(this)->Drain(SIZE_MAX);
@@ -442,6 +444,9 @@ class RequestManager {
   std::vector<PendingSeal> pending_;
   std::vector<uint32_t> pending_tokens_;
   size_t pending_head_ = 0, pending_end_ = 0;
+  // Steps so far (wrapping): a step performs only seals made before the step before it, so that
+  // the step after a seal step — where the same requests take their next blocks — performs none.
+  uint32_t steps_ = 0;
   std::array<StepSeal, kStepAhead + 1> drain_seals_;  // Drain's look-ahead keys, by queue position
 };
 

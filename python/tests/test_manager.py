@@ -361,7 +361,9 @@ class DeferredSealsTest(unittest.TestCase):
         self.assertEqual(m.step(ids, ones, np.full(n, 7, np.uint32)).failed, 0)
         self.assertEqual(m.pending_seals, n)
         self.assertEqual(m.step(ids, ones, np.full(n, 8, np.uint32)).failed, 0)
-        self.assertEqual(m.pending_seals, n - 64)  # max(64, n / 16) a step
+        self.assertEqual(m.pending_seals, n)  # the step after a seal step performs none
+        self.assertEqual(m.step(ids, ones, np.full(n, 9, np.uint32)).failed, 0)
+        self.assertEqual(m.pending_seals, n - 64)  # then max(64, n / 16) a step
         again = np.concatenate([prompt(bt - 1, base=1000 * 5 + 1), [7, 99]]).astype(np.uint32)
         self.assertEqual(m.admit(again).cached_tokens, bt)
         self.assertEqual(m.pending_seals, 0)
@@ -372,6 +374,7 @@ class DeferredSealsTest(unittest.TestCase):
             now.append(a.request_id, prompt(bt - 1, base=1000 * r + 1))
         now.step(ids, ones, np.full(n, 7, np.uint32))
         now.step(ids, ones, np.full(n, 8, np.uint32))
+        now.step(ids, ones, np.full(n, 9, np.uint32))
         self.assertEqual(now.pending_seals, 0)
         self.assertEqual(now.admit(again).cached_tokens, bt)
         self.assertEqual(m.metrics(), now.metrics())

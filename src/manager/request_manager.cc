@@ -771,7 +771,8 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
     return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
   }
   // Deferred seals (ADR 0048): a bounded share of the queue per step, before the step's own.
-  if (pending_head_ != pending_end_) Drain(std::max<size_t>(kDrainMin, batch.requests.size() / kDrainSteps));
+  ++steps_;
+  if (pending_head_ != pending_end_) Drain(std::max<size_t>(kDrainMin, batch.requests.size() / kDrainSteps), true);
   step_result_ = out;
   out->codes.assign(batch.requests.size(), StatusCode::kOk);
   out->failed = 0;
@@ -912,7 +913,7 @@ void RequestManager::DeferSeal(Request& q) {
   if (pending_end_ == pending_.size()) Drain(SIZE_MAX);
   const auto r = static_cast<uint32_t>(&q - requests_.data());
   const uint32_t* span = span_arena_.data() + size_t{r} * block_tokens_;
-  pending_[pending_end_] = PendingSeal{r, static_cast<uint32_t>(SpanOf(q.tokens) - 1)};
+  pending_[pending_end_] = PendingSeal{r, static_cast<uint32_t>(SpanOf(q.tokens) - 1), steps_};
   std::copy_n(span, block_tokens_, pending_tokens_.data() + pending_end_ * block_tokens_);
   ++pending_end_;
 }
@@ -922,8 +923,15 @@ void RequestManager::DeferSeal(Request& q) {
 // pipeline). Every queued request is live: Free, Fork and every other call drain the queue first.
 // A key hashed ahead for a request queued twice in the window is stale by its turn (its parent
 // sealed since): StepSealKey refuses it and the seal hashes its own.
-void RequestManager::Drain(size_t max) {
-  const size_t end = pending_head_ + std::min(max, pending_end_ - pending_head_);
+void RequestManager::Drain(size_t max, bool older_only) {
+  size_t end = pending_head_ + std::min(max, pending_end_ - pending_head_);
+  if (older_only) {  // Step's share: the seals made before the previous step (the queue is in step order)
+    end = pending_head_ +
+          static_cast<size_t>(std::partition_point(pending_.begin() + static_cast<ptrdiff_t>(pending_head_),
+                                                   pending_.begin() + static_cast<ptrdiff_t>(end),
+                                                   [&](const PendingSeal& p) { return steps_ - p.step >= 2; }) -
+                              (pending_.begin() + static_cast<ptrdiff_t>(pending_head_)));
+  }
   const StepSeal* const outer = step_seal_;  // a drain inside Step's loop: keep the step's key
   auto ahead = [&](size_t i) {
     const PendingSeal& p = pending_[i];
