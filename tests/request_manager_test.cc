@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -1197,6 +1198,9 @@ TEST(RequestManagerScheduler, SealLookAheadStartsAtTheFirstSeal) {
   ASSERT_TRUE(m->AllocateSlots(ids[150], 2).ok());
   const std::vector<uint32_t> counts(batch.size(), 1), tokens(batch.size(), 7);
   StepResult result;
+  // The first step after an admission prefetches (and looks ahead at) every request, as above
+  // the threshold (its prompts' traffic has evicted the request lines): an empty step first.
+  ASSERT_TRUE(m->Step(StepBatch{}, nullptr, &result).ok());
   const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
   const uint64_t hashed_before = hashed.load();
   ASSERT_TRUE(m->Step(StepBatch{batch, counts, tokens}, nullptr, &result).ok());
@@ -1491,6 +1495,214 @@ TEST(RequestManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
 
 // The manager is single-owner, but its statistics may be read from any thread while it runs
 // (this test is what TSan checks).
+// --- Deferred seals (ManagerOptions::defer_seals, ADR 0048) ---------------------------------
+
+ManagerOptions Deferrable(uint32_t capacity, uint32_t block_tokens, bool defer) {
+  ManagerOptions o = V3Fp8(capacity);
+  o.region_kind = RegionKind::kUnbacked;
+  if (block_tokens != 0) o.block_tokens = block_tokens;  // 0: the model's (64)
+  o.kv_events = true;
+  o.defer_seals = defer;
+  return o;
+}
+
+::testing::AssertionResult SameEvents(const std::vector<KvEvent>& a, const std::vector<KvEvent>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " events against " << b.size();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].kind != b[i].kind || a[i].block_hashes != b[i].block_hashes ||
+        a[i].parent_block_hash != b[i].parent_block_hash || a[i].token_ids != b[i].token_ids ||
+        a[i].block_size != b[i].block_size || a[i].domain != b[i].domain) {
+      return ::testing::AssertionFailure() << "event " << i << " differs";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(RequestManagerDeferredSeals, RefusedWhereASealMustHappenAtOnce) {
+  ManagerOptions o = V3Fp8(64);
+  o.defer_seals = true;  // a pool that holds bytes
+  EXPECT_EQ(RequestManager::Create(Preset("deepseek-v3"), o).status().field(), "defer-seals");
+  o.region_kind = RegionKind::kUnbacked;
+  EXPECT_TRUE(RequestManager::Create(Preset("deepseek-v3"), o).ok());
+  ManagerOptions v4;
+  v4.capacity_blocks = 64;
+  v4.region_kind = RegionKind::kUnbacked;
+  v4.defer_seals = true;  // windows: their state is kept at the seal
+  EXPECT_EQ(RequestManager::Create(Preset("deepseek-v4-flash"), v4).status().field(), "defer-seals");
+}
+
+// A step where every request completes a block queues the seals; the next step (where the same
+// requests take their next blocks) performs none, and each one after it max(64, batch / 16) of
+// them, oldest first, with the keys hashed ahead (the debug build's Seal asserts each); anything
+// that reads the index performs the rest first.
+TEST(RequestManagerDeferredSeals, ASealStepQueuesAndLaterStepsPerformABoundedShare) {
+  constexpr uint32_t kRequests = 2000;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), Deferrable(3 * kRequests, 0, true));
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < kRequests; ++r) {
+    ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
+    ASSERT_TRUE(m->Append(ids.back(), Range(r * 1000, kBlock - 1), nullptr).ok());
+  }
+  const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
+  const uint64_t hashed_before = hashed.load();
+  const size_t entries_before = m->index().prefix_entries();
+  const std::vector<uint32_t> counts(kRequests, 1), tokens(kRequests, 7);
+  StepResult result;
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &result).ok());
+  EXPECT_EQ(result.failed, 0u);
+  EXPECT_EQ(m->pending_seals(), kRequests);
+  EXPECT_EQ(hashed.load(), hashed_before);  // nothing hashed in the seal step
+  size_t pending = kRequests;
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &result).ok());
+    EXPECT_EQ(result.failed, 0u);
+    if (step > 0) pending -= std::max<size_t>(64, kRequests / 16);
+    EXPECT_EQ(m->pending_seals(), pending) << step;
+    EXPECT_EQ(result.new_blocks.size(), step == 0 ? kRequests : 0u);  // the next blocks, taken at once
+  }
+  // index() performs the rest: one key per seal, each block found again.
+  EXPECT_EQ(m->index().prefix_entries(), entries_before + kRequests);
+  EXPECT_EQ(m->pending_seals(), 0u);
+  EXPECT_EQ(hashed.load() - hashed_before, kRequests);
+  for (uint32_t r = 0; r < kRequests; r += 37) {
+    std::vector<uint32_t> prompt = Range(r * 1000, kBlock - 1);
+    prompt.push_back(7);
+    EXPECT_TRUE(m->index().Indexed(Table(*m, ids[r])[0])) << r;
+    EXPECT_EQ(MustAdmit(*m, AndOneMore(prompt)).cached_blocks, 1u) << r;
+  }
+  EXPECT_TRUE(m->pool().CheckInvariants().ok());
+}
+
+// The same schedule through a manager that seals at once and one that defers: requests in
+// groups that write the same tokens (duplicate blocks, sealed in batch order), steps of one token
+// and of several (the general path), blocks of 4 tokens (a request seals again while its last
+// seal is queued), a pool small enough to evict, frees and admissions that hit. Every step's
+// result, table and token count is the same without draining anything; the events, admissions,
+// pool and index are the same when read.
+void DeferredMatchesImmediate(uint32_t block_tokens) {
+  constexpr uint32_t kRequests = 200, kGroups = 8, kSteps = 120;
+  // Room for about 85% of what the requests would hold at the end: late steps evict and refuse.
+  const uint32_t capacity = kRequests * (kSteps + 12) / block_tokens * 85 / 100;
+  std::unique_ptr<RequestManager> now = MustManager(Preset("deepseek-v3"), Deferrable(capacity, block_tokens, false));
+  std::unique_ptr<RequestManager> later = MustManager(Preset("deepseek-v3"), Deferrable(capacity, block_tokens, true));
+  ASSERT_TRUE(now && later);
+  std::mt19937 engine(block_tokens);
+  auto rng = [&engine] { return static_cast<uint32_t>(engine()); };
+  std::vector<std::vector<uint32_t>> written(kRequests);  // what each request slot holds
+  std::vector<RequestId> a(kRequests), b(kRequests);
+  auto admit = [&](uint32_t r, std::vector<uint32_t> prompt) {
+    Result<Admission> x = now->Admit(prompt, RequestSpec{});
+    Result<Admission> y = later->Admit(prompt, RequestSpec{});
+    ASSERT_TRUE(x.ok() && y.ok()) << x.status().ToString() << y.status().ToString();
+    EXPECT_EQ(x->cached_tokens, y->cached_tokens);
+    a[r] = x->id;
+    b[r] = y->id;
+    const auto rest = std::span<const uint32_t>(prompt).subspan(x->cached_tokens);
+    ASSERT_TRUE(now->Append(a[r], rest, nullptr).ok());
+    ASSERT_TRUE(later->Append(b[r], rest, nullptr).ok());
+    written[r] = std::move(prompt);
+  };
+  for (uint32_t r = 0; r < kRequests; ++r) admit(r, Range(1000 * (r % kGroups), 2 * block_tokens + r % 3));
+  size_t most_pending = 0;
+  StepResult x, y;
+  for (uint32_t step = 0; step < kSteps; ++step) {
+    std::vector<uint32_t> counts(kRequests, 1), tokens;
+    for (uint32_t r = 0; r < kRequests; ++r) {
+      if (step % 11 == 10 && rng() % 7 == 0) counts[r] = 2 + rng() % 5;  // the general path
+      for (uint32_t t = 0; t < counts[r]; ++t) tokens.push_back((r % kGroups) * 7 + step % 5 + t);
+    }
+    ASSERT_TRUE(now->Step(StepBatch{a, counts, tokens}, nullptr, &x).ok());
+    ASSERT_TRUE(later->Step(StepBatch{b, counts, tokens}, nullptr, &y).ok());
+    most_pending = std::max(most_pending, later->pending_seals());
+    ASSERT_EQ(x.codes, y.codes) << step;
+    ASSERT_EQ(x.offsets, y.offsets) << step;
+    ASSERT_EQ(x.new_blocks, y.new_blocks) << step;
+    ASSERT_TRUE(x.replaced.empty() && y.replaced.empty()) << step;
+    for (uint32_t r = 0; r < kRequests; ++r) {
+      ASSERT_EQ(Table(*now, a[r]), Table(*later, b[r])) << step << " " << r;
+      ASSERT_EQ(now->Tokens(a[r]), later->Tokens(b[r])) << step << " " << r;
+    }
+    size_t offset = 0;
+    for (uint32_t r = 0; r < kRequests; ++r) {
+      if (x.codes[r] == StatusCode::kOk) {
+        written[r].insert(written[r].end(), tokens.begin() + static_cast<ptrdiff_t>(offset),
+                          tokens.begin() + static_cast<ptrdiff_t>(offset + counts[r]));
+      }
+      offset += counts[r];
+    }
+    if (step % 9 == 8) {  // a request ends; a new one starts from a prefix of another's tokens
+      const uint32_t r = rng() % kRequests, from = rng() % kRequests;
+      std::vector<uint32_t> prompt(written[from].begin(),
+                                   written[from].begin() + static_cast<ptrdiff_t>(written[from].size() / 2));
+      prompt.push_back(90000 + step);
+      ASSERT_TRUE(now->Free(a[r]).ok());
+      ASSERT_TRUE(later->Free(b[r]).ok());
+      admit(r, std::move(prompt));
+    }
+    if (step % 16 == 15) {
+      ASSERT_TRUE(SameEvents(now->TakeKvEvents(), later->TakeKvEvents())) << step;
+      EXPECT_EQ(later->pending_seals(), 0u);
+      EXPECT_EQ(now->pool().free_count(), later->pool().free_count()) << step;
+      EXPECT_EQ(now->pool().stats().evictions.load(), later->pool().stats().evictions.load()) << step;
+      EXPECT_EQ(now->index().prefix_entries(), later->index().prefix_entries()) << step;
+      for (uint32_t r = 0; r < kRequests; ++r) {
+        for (BlockId blk : Table(*now, a[r])) {
+          ASSERT_EQ(now->pool().state(blk), later->pool().state(blk)) << step << " " << r;
+          ASSERT_EQ(now->index().Indexed(blk), later->index().Indexed(blk)) << step << " " << r;
+        }
+      }
+    }
+  }
+  EXPECT_GT(now->pool().stats().evictions.load(), 0u);  // the pool was small enough to evict
+  EXPECT_GT(now->metrics().out_of_blocks.load(), 0u);   // and to refuse
+  EXPECT_GT(most_pending, 64u);                         // more seals queued than a step performs
+  EXPECT_TRUE(SameEvents(now->TakeKvEvents(), later->TakeKvEvents()));
+  EXPECT_TRUE(later->pool().CheckInvariants().ok());
+}
+
+TEST(RequestManagerDeferredSeals, EveryObservationIsWhatImmediateSealsGive) { DeferredMatchesImmediate(4); }
+// A span that is not a power of two (the division path) and one token per block (a seal in
+// every step, each one queued behind the last).
+TEST(RequestManagerDeferredSeals, EveryObservationIsWhatImmediateSealsGiveForOtherSpans) {
+  DeferredMatchesImmediate(3);
+  DeferredMatchesImmediate(1);
+}
+
+// Fork and Free perform the queue first: a fork's child shares its parent's block sealed, and a
+// freed request's queued block is cached and hit.
+TEST(RequestManagerDeferredSeals, FreeForkAndAdmitSeeEveryQueuedSeal) {
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), Deferrable(64, 0, true));
+  const std::vector<uint32_t> prompt = Range(500, kBlock - 1);
+  const RequestId r = MustAdmit(*m, prompt).id;
+  ASSERT_TRUE(m->Append(r, prompt, nullptr).ok());
+  StepResult out;
+  ASSERT_TRUE(
+      m->Step(StepBatch{std::vector<RequestId>{r}, std::vector<uint32_t>{1}, std::vector<uint32_t>{9}}, nullptr, &out)
+          .ok());
+  ASSERT_EQ(m->pending_seals(), 1u);
+  Result<RequestId> child = m->Fork(r);
+  ASSERT_TRUE(child.ok());
+  EXPECT_EQ(m->pending_seals(), 0u);
+  EXPECT_EQ(Table(*m, *child)[0], Table(*m, r)[0]);
+  EXPECT_TRUE(m->index().Indexed(Table(*m, r)[0]));
+  EXPECT_EQ(m->pool().state(Table(*m, r)[0]), BlockState::kSealed);
+
+  // Without a fork the step's one-token path queues again; Free performs it.
+  std::unique_ptr<RequestManager> n = MustManager(Preset("deepseek-v3"), Deferrable(64, 0, true));
+  const RequestId s = MustAdmit(*n, prompt).id;
+  ASSERT_TRUE(n->Append(s, prompt, nullptr).ok());
+  ASSERT_TRUE(
+      n->Step(StepBatch{std::vector<RequestId>{s}, std::vector<uint32_t>{1}, std::vector<uint32_t>{9}}, nullptr, &out)
+          .ok());
+  ASSERT_EQ(n->pending_seals(), 1u);
+  ASSERT_TRUE(n->Free(s).ok());
+  EXPECT_EQ(n->pending_seals(), 0u);
+  std::vector<uint32_t> hit = prompt;
+  hit.push_back(9);
+  EXPECT_EQ(MustAdmit(*n, AndOneMore(hit)).cached_blocks, 1u);
+  EXPECT_TRUE(n->pool().CheckInvariants().ok());
+}
+
 TEST(RequestManagerMetrics, ReadableFromAnotherThreadWhileTheOwnerWorks) {
   ManagerOptions o;
   o.kv_format = "fp8_ds_mla";

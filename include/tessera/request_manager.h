@@ -105,6 +105,18 @@ struct ManagerOptions : CacheLayoutOptions {
   // with windows; a block source attached refuses the keyed admission (tier records are verified
   // by tokens, ADR 0010).
   bool caller_keys = false;
+  // Deferred seals (ADR 0048): a decode step's seals (Step's one-token path) are queued and
+  // performed over the steps after the next one (the next one is where the same requests take
+  // their next blocks), at most max(64, batch / 16) per step, and wholly before
+  // anything else reads or changes the index: every other call of the manager (Admit, Append,
+  // AllocateSlots, Fork, Free, the event takes, index(), pool(), DrainSeals ...) and a step
+  // that takes another path first performs every queued seal, in the order the steps made them,
+  // so what any of them observes is what immediate seals give. It bounds the worst step where a
+  // batch crosses its block boundaries together. Not seen until drained: the index's counters
+  // in CollectMetrics (read from any thread). Refused ("defer-seals") with a pool that holds KV
+  // bytes (a sealed block's bytes are final at once) and with windows (the state component
+  // keeps state at the seal).
+  bool defer_seals = false;
 };
 
 struct RequestSpec {
@@ -271,7 +283,11 @@ class RequestManager {
 
   // Pages + block metadata of every block not free + the state component's bytes.
   uint64_t bytes_held() const;
-  const BlockPool& pool() const { return *pool_; }
+  // Both perform the deferred seals first (ManagerOptions::defer_seals).
+  const BlockPool& pool() const {
+    DrainAll();
+    return *pool_;
+  }
   // A writable view of the page (b, group, layer), or of block b's bytes in one group (layer
   // unset), for a caller that fills a block the manager handed out (a zero-copy view of a block
   // being filled). The view is checked on every access: once b is sealed (or freed, or shared by
@@ -279,7 +295,14 @@ class RequestManager {
   Result<WritableView> Writable(BlockId b, uint32_t group, std::optional<uint32_t> layer = std::nullopt) {
     return pool_->Writable(b, group, layer);
   }
-  const BlockIndex& index() const { return *index_; }
+  const BlockIndex& index() const {
+    DrainAll();
+    return *index_;
+  }
+  // ManagerOptions::defer_seals: the seals queued and not yet performed, and a call that
+  // performs them all now (in order).
+  size_t pending_seals() const { return pending_end_ - pending_head_; }
+  void DrainSeals() { DrainAll(); }
   // The state component, or nullptr for a model without windows.
   const RequestStates* states() const { return states_.get(); }
   uint32_t block_tokens() const { return block_tokens_; }
@@ -343,6 +366,8 @@ class RequestManager {
   // block (hashed now, so that the index slot it probes and the lines its seal writes arrive
   // before the seal).
   static constexpr size_t kStepLines = 8, kStepAhead = 4;
+  // Deferred seals: each step performs at most max(kDrainMin, batch / kDrainSteps) (ADR 0048).
+  static constexpr size_t kDrainMin = 64, kDrainSteps = 16;
   static constexpr size_t kPrefetchFrom = 2048;  // request slots: below, the lines stay cached
   struct StepSeal {
     const Request* request = nullptr;  // the request, as it was when the key was hashed
@@ -352,6 +377,21 @@ class RequestManager {
     size_t index = SIZE_MAX;  // its position in the batch
     Hash128 key;
   };
+  // Deferred seals (ADR 0048): Step's one-token path queues a seal (the request, its slot, a
+  // copy of the block's tokens); Drain performs up to `max` of them in order, hashing each key
+  // kStepAhead seals ahead. DrainAll is const for the const accessors that must see them all
+  // (the manager has a single owner: nothing else reads it meanwhile).
+  struct PendingSeal {
+    uint32_t request = 0;  // slot in requests_
+    uint32_t slot = 0;     // in its block table
+    uint32_t step = 0;     // the step that made it (steps_, wrapping)
+  };
+  void DeferSeal(Request& q);
+  void Drain(size_t max, bool older_only = false);
+  void DrainAll() const {
+    if (pending_head_ != pending_end_) [[unlikely]]
+      const_cast<RequestManager*>(this)->Drain(SIZE_MAX);
+  }
   uint32_t TakeRequestSlot();
   void PrefetchRequest(RequestId r) const;
   void LookAhead(size_t index, RequestId r, std::span<const uint32_t> tokens);
@@ -379,7 +419,10 @@ class RequestManager {
   std::array<StepSeal, kStepAhead + 1> step_seals_;  // LookAhead's keys, by batch position
   const StepSeal* step_seal_ = nullptr;              // the one of the request StepOne is on, if any
   bool step_sealed_ = false;                         // set by SealSlot (Step: whether a request sealed)
-  StepResult* step_result_ = nullptr;                // the result Step fills (StepNewBlock's new blocks)
+  // False after an admission: its prompts' traffic has evicted the request lines, and the next
+  // step prefetches them as it does above kPrefetchFrom.
+  bool steps_warm_ = false;
+  StepResult* step_result_ = nullptr;  // the result Step fills (StepNewBlock's new blocks)
   // block_tokens_ per request slot: the tokens of its unsealed span (SpanOffset(tokens) of them),
   // one array in slot order rather than a vector per request (a step reads them in batch order).
   std::vector<uint32_t> span_arena_;
@@ -396,6 +439,15 @@ class RequestManager {
   KvEventLog kv_log_;  // recorded, not yet taken
   KvMedium kv_medium_ = KvMedium::kGpu;
   bool resetting_ = false;  // ResetPrefixCache is evicting: nothing goes to the source
+  // Deferred seals: entries [pending_head_, pending_end_) of pending_ (one per request slot, sized
+  // with span_arena_), their tokens block_tokens_ per entry in pending_tokens_.
+  std::vector<PendingSeal> pending_;
+  std::vector<uint32_t> pending_tokens_;
+  size_t pending_head_ = 0, pending_end_ = 0;
+  // Steps so far (wrapping): a step performs only seals made before the step before it, so that
+  // the step after a seal step — where the same requests take their next blocks — performs none.
+  uint32_t steps_ = 0;
+  std::array<StepSeal, kStepAhead + 1> drain_seals_;  // Drain's look-ahead keys, by queue position
 };
 
 }  // namespace tessera

@@ -192,7 +192,7 @@ std::shared_ptr<PyManager> Create(
     const py::object& backed, const py::object& window_strategy, const py::object& hash, const py::object& hash_bits,
     const py::object& hash_key_seed, const py::object& hash_key, const py::object& weights_revision,
     const py::object& content_dedup, const py::object& tenant_domain, const py::object& kv_events,
-    const py::object& kv_events_capacity, const py::object& caller_keys) {
+    const py::object& kv_events_capacity, const py::object& caller_keys, const py::object& defer_seals) {
   auto pm = std::make_shared<PyManager>();
   pm->geometry = LoadModelArg(model, config);
   ManagerOptions o;
@@ -229,6 +229,7 @@ std::shared_ptr<PyManager> Create(
   o.kv_events = ToBool(kv_events, "kv_events");
   o.kv_events_capacity = ToU32(kv_events_capacity, "kv_events_capacity");
   o.caller_keys = ToBool(caller_keys, "caller_keys");
+  o.defer_seals = ToBool(defer_seals, "defer_seals");
   Result<std::unique_ptr<RequestManager>> m = [&] {
     py::gil_scoped_release nogil;
     return RequestManager::Create(pm->geometry, o);
@@ -685,7 +686,7 @@ void BindManager(py::module_& m) {
            py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
-           py::arg("kv_events_capacity") = 1u << 16, py::arg("caller_keys") = false)
+           py::arg("kv_events_capacity") = 1u << 16, py::arg("caller_keys") = false, py::arg("defer_seals") = false)
       // Positional (the adapter's calls: pybind11 matches keywords by name, a few hundred ns).
       .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::arg("cache_salt") = 0, py::arg("read_cache") = true)
       .def("_vllm_advance", &VllmAdvance, py::arg("request_id"), py::arg("n"), py::arg("tokens") = py::none())
@@ -907,6 +908,11 @@ void BindManager(py::module_& m) {
                              [](PyManager& pm) {
                                ManagerLock lk(pm);
                                return pm.m->pool().Available();
+                             })
+      .def_property_readonly("pending_seals",
+                             [](PyManager& pm) {
+                               ManagerLock lk(pm);
+                               return pm.m->pending_seals();
                              })
       .def_property_readonly("live_requests",
                              [](PyManager& pm) {

@@ -343,6 +343,51 @@ class ViewsTest(unittest.TestCase):
         self.assertGreater(len(m.live_state(a.request_id)), 0)
 
 
+class DeferredSealsTest(unittest.TestCase):
+    """defer_seals=True (ADR 0048): a step's seals are queued and performed over later steps, and
+    wholly before anything reads the index (an admission here)."""
+
+    def test_a_seal_step_queues_and_an_admission_sees_every_seal(self):
+        n = 200
+        m = tessera.RequestManager("deepseek-v3", capacity_blocks=4 * n, backed=False, defer_seals=True)
+        bt = m.block_tokens
+        ids = []
+        for r in range(n):
+            a = m.admit(prompt(bt - 1, base=1000 * r + 1))
+            m.append(a.request_id, prompt(bt - 1, base=1000 * r + 1))
+            ids.append(a.request_id)
+        ids = np.array(ids, np.uint32)
+        ones = np.ones(n, np.uint32)
+        self.assertEqual(m.step(ids, ones, np.full(n, 7, np.uint32)).failed, 0)
+        self.assertEqual(m.pending_seals, n)
+        self.assertEqual(m.step(ids, ones, np.full(n, 8, np.uint32)).failed, 0)
+        self.assertEqual(m.pending_seals, n)  # the step after a seal step performs none
+        self.assertEqual(m.step(ids, ones, np.full(n, 9, np.uint32)).failed, 0)
+        self.assertEqual(m.pending_seals, n - 64)  # then max(64, n / 16) a step
+        again = np.concatenate([prompt(bt - 1, base=1000 * 5 + 1), [7, 99]]).astype(np.uint32)
+        self.assertEqual(m.admit(again).cached_tokens, bt)
+        self.assertEqual(m.pending_seals, 0)
+        # The same figures as a manager that seals at once.
+        now = tessera.RequestManager("deepseek-v3", capacity_blocks=4 * n, backed=False)
+        for r in range(n):
+            a = now.admit(prompt(bt - 1, base=1000 * r + 1))
+            now.append(a.request_id, prompt(bt - 1, base=1000 * r + 1))
+        now.step(ids, ones, np.full(n, 7, np.uint32))
+        now.step(ids, ones, np.full(n, 8, np.uint32))
+        now.step(ids, ones, np.full(n, 9, np.uint32))
+        self.assertEqual(now.pending_seals, 0)
+        self.assertEqual(now.admit(again).cached_tokens, bt)
+        self.assertEqual(m.metrics(), now.metrics())
+
+    def test_refused_where_a_seal_must_happen_at_once(self):
+        with self.assertRaisesRegex(ValueError, "^defer_seals: a pool that holds KV bytes"):
+            tessera.RequestManager("deepseek-v3", capacity_blocks=16, defer_seals=True)
+        with self.assertRaisesRegex(ValueError, "^defer_seals: .*sliding windows"):
+            tessera.RequestManager("deepseek-v4-flash", capacity_blocks=16, backed=False, defer_seals=True)
+        with self.assertRaisesRegex(TypeError, "defer_seals"):
+            tessera.RequestManager("deepseek-v3", capacity_blocks=16, backed=False, defer_seals="yes")
+
+
 class MetricsTest(unittest.TestCase):
     def test_prometheus_text_matches_dict(self):
         m = tessera.RequestManager("deepseek-v3", capacity_blocks=64, backed=False)

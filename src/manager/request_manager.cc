@@ -158,7 +158,15 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
                            "a pool that holds KV bytes verifies its blocks by tokens (tiers, content dedup): "
                            "caller keys need an unbacked pool");
   }
+  if (options.defer_seals && options.region_kind != RegionKind::kUnbacked) {
+    return InvalidArgument("defer-seals",
+                           "a pool that holds KV bytes makes a sealed block's bytes final at its seal: "
+                           "deferred seals need an unbacked pool");
+  }
   TESSERA_ASSIGN_OR_RETURN(Plan plan, PlanCaches(g, options));
+  if (options.defer_seals && plan.state) {
+    return InvalidArgument("defer-seals", g.name + " has sliding windows: their state is kept at the seal");
+  }
   if (options.caller_keys && plan.state) {
     return InvalidArgument("caller-keys", g.name + " has sliding windows: caller keys serve one paged group only");
   }
@@ -285,6 +293,8 @@ Result<Admission> RequestManager::Admit(std::span<const uint32_t> prompt, const 
 // Long (~85 lines): admission is one transaction (prefix match, source fetch, slot reservation)
 // whose undo on each failure must see what was taken before it.
 Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpec& spec) {
+  DrainAll();
+  steps_warm_ = false;
   if (keys.owner_ != instance_) return InvalidArgument("prompt", "prompt keys hashed by another manager");
   if (keys.domain_ != domain_of(spec.tenant) || keys.salt_ != spec.cache_salt) {
     return InvalidArgument("prompt", "prompt keys hashed for another tenant or cache salt");
@@ -381,6 +391,8 @@ Result<Admission> RequestManager::Admit(const PromptKeys& keys, const RequestSpe
 // looked up and verified by the caller's hashes, and no block source is asked (refused above).
 Result<Admission> RequestManager::AdmitKeyed(std::span<const CallerHash> hashes, uint64_t prompt_tokens,
                                              const RequestSpec& spec) {
+  DrainAll();
+  steps_warm_ = false;
   if (!index_->caller_keys()) {
     return InvalidArgument("caller-keys", "the manager was created without caller keys (ManagerOptions::caller_keys)");
   }
@@ -452,6 +464,7 @@ Result<Admission> RequestManager::AdmitKeyed(std::span<const CallerHash> hashes,
 }
 
 Status RequestManager::AppendKeyed(RequestId r, std::span<const uint32_t> tokens, std::span<const CallerHash> hashes) {
+  DrainAll();
   Request* q = Get(r);
   if (q == nullptr) return NoRequest(r);
   if (!q->caller_keyed) return InvalidArgument("request", "admitted by tokens: append with Append");
@@ -556,6 +569,7 @@ Status RequestManager::Reserve(Request& q, uint64_t n) {
 }
 
 Status RequestManager::AllocateSlots(RequestId r, uint64_t n) {
+  DrainAll();
   Request* q = Get(r);
   if (q == nullptr) return NoRequest(r);
   return Reserve(*q, n);
@@ -684,16 +698,19 @@ std::vector<KvEvent> RequestManager::TakeKvEvents() {
 }
 
 void RequestManager::TakeKvEvents(std::vector<KvEvent>* out) {
+  DrainAll();
   kv_log_.CopyTo(out);
   kv_log_.clear();
 }
 
 void RequestManager::TakeKvEventLog(KvEventLog* out) {
+  DrainAll();
   out->clear();
   std::swap(*out, kv_log_);
 }
 
 Status RequestManager::ResetPrefixCache() {
+  DrainAll();
   if (live_ > 0) {
     return FailedPrecondition("requests",
                               std::to_string(live_) + " live requests hold blocks: free them before a reset");
@@ -718,6 +735,7 @@ std::vector<std::byte> RequestManager::TierState(BlockId b) const {
 }
 
 Status RequestManager::Append(RequestId r, std::span<const uint32_t> tokens, const KvWriters& writers) {
+  DrainAll();
   Request* q = Get(r);
   if (q == nullptr) return NoRequest(r);
   if (q->caller_keyed) return InvalidArgument("request", "admitted with caller keys: append with AppendKeyed");
@@ -752,6 +770,9 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   if (pool_->backed() && writers.empty() && total > 0) {
     return InvalidArgument("writers", "the pool holds KV bytes: give writers for them (or manage an unbacked pool)");
   }
+  // Deferred seals (ADR 0048): a bounded share of the queue per step, before the step's own.
+  ++steps_;
+  if (pending_head_ != pending_end_) Drain(std::max<size_t>(kDrainMin, batch.requests.size() / kDrainSteps), true);
   step_result_ = out;
   out->codes.assign(batch.requests.size(), StatusCode::kOk);
   out->failed = 0;
@@ -764,15 +785,19 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
   for (size_t i = 0; i < std::min(n, kStepAhead); ++i) ahead_next += batch.counts[i];
   for (StepSeal& s : step_seals_) s.index = SIZE_MAX;
   // Prefetching the request lines pays once they outgrow the core's caches; below, it only costs.
-  const bool prefetch = requests_.size() > kPrefetchFrom;
+  const bool prefetch = requests_.size() > kPrefetchFrom || !steps_warm_;
+  steps_warm_ = true;
   // Looks ahead for request a (its span's line; its seal's key and index lines if it seals).
   auto look = [&](size_t a, size_t offset) {
     const RequestId ra = batch.requests[a];
     const uint32_t count = batch.counts[a];
     if (ra.value >= requests_.size()) return;
-    const uint64_t filled = SpanOffset(requests_[ra.value].tokens);
+    const Request& qa = requests_[ra.value];
+    const uint64_t filled = SpanOffset(qa.tokens);
     __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
-    if (count >= block_tokens_ - filled) LookAhead(a, ra, batch.tokens.subspan(offset, count));
+    // A token that starts a block: the table slot its new block goes to.
+    if (filled == 0) __builtin_prefetch(qa.table.ids().data() + qa.table.size(), 1);
+    if (count >= block_tokens_ - filled && !options_.defer_seals) LookAhead(a, ra, batch.tokens.subspan(offset, count));
   };
   size_t i = 0;
   if (!prefetch) {
@@ -822,6 +847,10 @@ uint32_t RequestManager::TakeRequestSlot() {
   if (span_arena_.size() < requests_.size() * block_tokens_) {
     span_arena_.resize(std::max(requests_.size(), 2 * span_arena_.size() / block_tokens_) * block_tokens_);
   }
+  if (options_.defer_seals && pending_.size() * block_tokens_ < span_arena_.size()) {  // the queue's room, filled now
+    pending_.resize(span_arena_.size() / block_tokens_);
+    pending_tokens_.resize(span_arena_.size());
+  }
   return id;
 }
 
@@ -865,14 +894,75 @@ const Hash128* RequestManager::StepSealKey(const Request& q, size_t slot) const 
 // The seal of the span the request's last token completed (StepOne's fast path; out of line, so
 // that the path's other calls keep their registers).
 __attribute__((noinline)) void RequestManager::SealSpan(Request& q) {
+  if (options_.defer_seals) {
+    DeferSeal(q);
+    return;
+  }
   const uint32_t* span = span_arena_.data() + static_cast<size_t>(&q - requests_.data()) * block_tokens_;
   SealSlot(q, SpanOf(q.tokens) - 1, {span, block_tokens_}, std::nullopt);
+}
+
+// Queues the seal of the span the request's last token completed (ADR 0048): the request, its
+// slot and a copy of the span's tokens (the span is the request's next block's from the next
+// token on). A request may have several seals queued (blocks of a few tokens): the queue keeps
+// the order they were made in, so each is performed after its parent.
+void RequestManager::DeferSeal(Request& q) {
+  // The queue's room is one entry per request slot, filled at admission (TakeRequestSlot), so
+  // a seal step writes no fresh page; it is full only when requests seal again before the
+  // queue drained (blocks of a few tokens), and is then performed whole.
+  if (pending_end_ == pending_.size()) Drain(SIZE_MAX);
+  const auto r = static_cast<uint32_t>(&q - requests_.data());
+  const uint32_t* span = span_arena_.data() + size_t{r} * block_tokens_;
+  pending_[pending_end_] = PendingSeal{r, static_cast<uint32_t>(SpanOf(q.tokens) - 1), steps_};
+  std::copy_n(span, block_tokens_, pending_tokens_.data() + pending_end_ * block_tokens_);
+  ++pending_end_;
+}
+
+// Performs up to `max` queued seals, oldest first, through SealSlot (as a step would have), with
+// the key of the seal kStepAhead places on hashed ahead and its index lines fetched (LookAhead's
+// pipeline). Every queued request is live: Free, Fork and every other call drain the queue first.
+// A key hashed ahead for a request queued twice in the window is stale by its turn (its parent
+// sealed since): StepSealKey refuses it and the seal hashes its own.
+void RequestManager::Drain(size_t max, bool older_only) {
+  size_t end = pending_head_ + std::min(max, pending_end_ - pending_head_);
+  if (older_only) {  // Step's share: the seals made before the previous step (the queue is in step order)
+    end = pending_head_ +
+          static_cast<size_t>(std::partition_point(pending_.begin() + static_cast<ptrdiff_t>(pending_head_),
+                                                   pending_.begin() + static_cast<ptrdiff_t>(end),
+                                                   [&](const PendingSeal& p) { return steps_ - p.step >= 2; }) -
+                              (pending_.begin() + static_cast<ptrdiff_t>(pending_head_)));
+  }
+  const StepSeal* const outer = step_seal_;  // a drain inside Step's loop: keep the step's key
+  auto ahead = [&](size_t i) {
+    const PendingSeal& p = pending_[i];
+    const Request& q = requests_[p.request];
+    StepSeal& s = drain_seals_[i % drain_seals_.size()];
+    const Hash128& parent_key = q.chain.empty() ? index_->root_key() : q.chain.back().key;
+    const std::span<const uint32_t> tokens(pending_tokens_.data() + i * block_tokens_, block_tokens_);
+    s = StepSeal{&q, q.tokens, q.chain.size(), p.slot, i, index_->PrefixKey(parent_key, tokens, q.domain, q.salt)};
+    index_->PrefetchKey(s.key);
+    index_->PrefetchSeal(q.table[p.slot]);
+  };
+  for (size_t i = pending_head_; i < std::min(end, pending_head_ + kStepAhead); ++i) ahead(i);
+  for (size_t i = pending_head_; i < end; ++i) {
+    if (i + kStepAhead < end) ahead(i + kStepAhead);
+    const PendingSeal& p = pending_[i];
+    Request& q = requests_[p.request];
+    const StepSeal& s = drain_seals_[i % drain_seals_.size()];
+    step_seal_ = s.index == i ? &s : nullptr;
+    SealSlot(q, p.slot, {pending_tokens_.data() + i * block_tokens_, block_tokens_}, std::nullopt);
+  }
+  step_seal_ = outer;
+  pending_head_ = end;
+  if (pending_head_ == pending_end_) pending_head_ = pending_end_ = 0;
 }
 
 // StepOne's fast path when the token needs one block more: Reserve and AppendReserved would take
 // it from the pool and store the token just so (ADR 0046), without their Status and checks.
 // REQUIRES: a block is free or evictable; no fork, dedup, state rows or page writers.
 __attribute__((noinline)) StatusCode RequestManager::StepNewBlock(Request& q, uint32_t token) {
+  // An allocation with no free block evicts a cached one: the queued seals first, as they came.
+  if (pool_->free_count() == 0) DrainAll();
   const size_t before = q.table.size();
   const Status allocated = q.table.Allocate(1);
   assert(allocated.ok());
@@ -924,6 +1014,8 @@ StatusCode RequestManager::StepOne(uint32_t index, RequestId r, std::span<const 
         return StepNewBlock(*q, tokens[0]);
     }
   }
+  // Any other path may seal, evict or copy: the queued seals first, as they came (ADR 0048).
+  DrainAll();
   const size_t first = std::min<size_t>(SpanOf(q->tokens), before);
   if (may_replace) step_slots_.assign(q->table.ids().begin() + static_cast<ptrdiff_t>(first), q->table.ids().end());
   if (Status st = Reserve(*q, tokens.size()); !st.ok()) return st.code();
@@ -959,6 +1051,7 @@ Status RequestManager::Recompute(RequestId r, std::span<const uint32_t> tokens, 
 }
 
 Result<RequestId> RequestManager::Fork(RequestId parent) {
+  DrainAll();
   const Request* p = Get(parent);
   if (p == nullptr) return NoRequest(parent);
   if (live_ >= options_.max_requests) {
@@ -991,6 +1084,7 @@ Result<RequestId> RequestManager::Fork(RequestId parent) {
 }
 
 Status RequestManager::Free(RequestId r) {
+  DrainAll();
   Request* q = Get(r);
   if (q == nullptr) return NoRequest(r);
   q->table.Clear();  // the tail first (BlockTable)
@@ -1088,6 +1182,7 @@ std::vector<std::byte> RequestManager::LiveState(RequestId r) const {
 uint64_t RequestManager::bytes_held() const { return pool_->bytes_held() + (states_ ? states_->bytes_held() : 0); }
 
 Result<uint64_t> RequestManager::Checkpoint() {
+  DrainAll();
   if (source_ == nullptr) return uint64_t{0};
   return CheckpointBlocks(*pool_, *index_, *source_, [this](BlockId b) { return TierState(b); });
 }
