@@ -395,6 +395,8 @@ class RequestManager {
   uint32_t TakeRequestSlot();
   void PrefetchRequest(RequestId r) const;
   void LookAhead(size_t index, RequestId r, std::span<const uint32_t> tokens);
+  void HashSealAhead(StepSeal& s, const Request& q, size_t slot, size_t index, std::span<const uint32_t> head,
+                     std::span<const uint32_t> tail);
   const Hash128* StepSealKey(const Request& q, size_t slot) const;
   std::vector<std::byte> TierState(BlockId b) const;
   // Mirrors the state component's bytes into metrics_ (read from any thread).

@@ -873,11 +873,16 @@ void RequestManager::LookAhead(size_t index, RequestId r, std::span<const uint32
   const size_t room = block_tokens_ - filled;
   // No seal in this step, or one whose key the prompt's keys give (PromptKey).
   if (tokens.size() < room || slot >= q.table.size() || slot < q.prompt_keys.size()) return;
-  const Hash128& parent_key = q.chain.empty() ? index_->root_key() : q.chain.back().key;
-  StepSeal& s = step_seals_[index % step_seals_.size()];
   // The key of the span's tokens and the ones completing it, hashed without joining them first.
-  const Hash128 key = index_->PrefixKey(parent_key, {span, filled}, tokens.first(room), q.domain, q.salt);
-  s = StepSeal{&q, q.tokens, q.chain.size(), slot, index, key};
+  HashSealAhead(step_seals_[index % step_seals_.size()], q, slot, index, {span, filled}, tokens.first(room));
+}
+
+// The key of q's seal of `slot` (its tokens given as head then tail, as PrefixKey takes them),
+// hashed ahead into `s` as position `index`, and the index lines that seal will touch fetched.
+void RequestManager::HashSealAhead(StepSeal& s, const Request& q, size_t slot, size_t index,
+                                   std::span<const uint32_t> head, std::span<const uint32_t> tail) {
+  const Hash128& parent_key = q.chain.empty() ? index_->root_key() : q.chain.back().key;
+  s = StepSeal{&q, q.tokens, q.chain.size(), slot, index, index_->PrefixKey(parent_key, head, tail, q.domain, q.salt)};
   index_->PrefetchKey(s.key);
   index_->PrefetchSeal(q.table[slot]);
   __builtin_prefetch(q.chain.data() + q.chain.size(), 1);
@@ -925,32 +930,23 @@ void RequestManager::DeferSeal(Request& q) {
 // sealed since): StepSealKey refuses it and the seal hashes its own.
 void RequestManager::Drain(size_t max, bool older_only) {
   size_t end = pending_head_ + std::min(max, pending_end_ - pending_head_);
-  if (older_only) {  // Step's share: the seals made before the previous step (the queue is in step order)
-    end = pending_head_ +
-          static_cast<size_t>(std::partition_point(pending_.begin() + static_cast<ptrdiff_t>(pending_head_),
-                                                   pending_.begin() + static_cast<ptrdiff_t>(end),
-                                                   [&](const PendingSeal& p) { return steps_ - p.step >= 2; }) -
-                              (pending_.begin() + static_cast<ptrdiff_t>(pending_head_)));
-  }
+  // Step's share: only the seals made before the previous step (the queue is in step order).
+  while (older_only && end > pending_head_ && steps_ - pending_[end - 1].step < 2) --end;
   const StepSeal* const outer = step_seal_;  // a drain inside Step's loop: keep the step's key
+  auto tokens_of = [&](size_t i) {
+    return std::span<const uint32_t>(pending_tokens_).subspan(i * block_tokens_, block_tokens_);
+  };
   auto ahead = [&](size_t i) {
     const PendingSeal& p = pending_[i];
-    const Request& q = requests_[p.request];
-    StepSeal& s = drain_seals_[i % drain_seals_.size()];
-    const Hash128& parent_key = q.chain.empty() ? index_->root_key() : q.chain.back().key;
-    const std::span<const uint32_t> tokens(pending_tokens_.data() + i * block_tokens_, block_tokens_);
-    s = StepSeal{&q, q.tokens, q.chain.size(), p.slot, i, index_->PrefixKey(parent_key, tokens, q.domain, q.salt)};
-    index_->PrefetchKey(s.key);
-    index_->PrefetchSeal(q.table[p.slot]);
+    HashSealAhead(drain_seals_[i % drain_seals_.size()], requests_[p.request], p.slot, i, tokens_of(i), {});
   };
   for (size_t i = pending_head_; i < std::min(end, pending_head_ + kStepAhead); ++i) ahead(i);
   for (size_t i = pending_head_; i < end; ++i) {
     if (i + kStepAhead < end) ahead(i + kStepAhead);
     const PendingSeal& p = pending_[i];
-    Request& q = requests_[p.request];
     const StepSeal& s = drain_seals_[i % drain_seals_.size()];
     step_seal_ = s.index == i ? &s : nullptr;
-    SealSlot(q, p.slot, {pending_tokens_.data() + i * block_tokens_, block_tokens_}, std::nullopt);
+    SealSlot(requests_[p.request], p.slot, tokens_of(i), std::nullopt);
   }
   step_seal_ = outer;
   pending_head_ = end;
