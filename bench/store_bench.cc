@@ -170,6 +170,22 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
+// A fixed job of about a median 1,024-request step's length on this machine (4,096 dependent
+// xorshift rounds, registers only: no memory, no branches that vary), in this thread's CPU
+// time: the scheduler trace times one after every step, as the noise floor of its worst step.
+double NoiseJobCpuNs(uint64_t seed) {
+  constexpr int kRounds = 4096;
+  const double c0 = ThreadCpuNs();
+  uint64_t x = 0x9E3779B97F4A7C15ULL ^ seed;
+  for (int k = 0; k < kRounds; ++k) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+  }
+  benchmark::DoNotOptimize(x);
+  return ThreadCpuNs() - c0;
+}
+
 // An unbacked DeepSeek-V3 fp8 manager for `requests` decoding requests (the decode benchmarks).
 std::unique_ptr<RequestManager> DecodeManager(uint32_t requests, bool defer_seals = false) {
   // The trace holds about 22 blocks a request (its own 16 prompt blocks, 4 decode blocks, its
@@ -193,9 +209,10 @@ void SchedulerTrace(benchmark::State& state, bool defer_seals) {
   constexpr uint32_t kSteps = 256;
   const std::vector<std::vector<uint32_t>> prompts = TracePrompts(kRequests);
   double admit_ns = 0, free_ns = 0;
-  std::vector<double> steps, cpu_steps;
+  std::vector<double> steps, cpu_steps, noise_cpu;
   steps.reserve(size_t{kSteps} * static_cast<size_t>(state.max_iterations));
   cpu_steps.reserve(steps.capacity());
+  noise_cpu.reserve(steps.capacity());
   const std::vector<uint32_t> counts(kRequests, 1), tokens(kRequests, 7);
   // The caller's result, reused by every step as a scheduler would: its storage is touched
   // here, so that the first step does not count the page faults of the benchmark's own buffers.
@@ -222,6 +239,7 @@ void SchedulerTrace(benchmark::State& state, bool defer_seals) {
       steps.push_back(std::chrono::duration<double, std::nano>(s1 - s0).count());
       cpu_steps.push_back(c1 - c0);
       if (result.failed != 0) state.SkipWithError("a decode step failed");
+      noise_cpu.push_back(NoiseJobCpuNs(step));
     }
     auto t2 = std::chrono::steady_clock::now();
     for (RequestId id : ids) {
@@ -260,6 +278,12 @@ void SchedulerTrace(benchmark::State& state, bool defer_seals) {
     const std::vector<double> later(cpu_steps.begin() + kSteps, cpu_steps.end());
     state.counters["step_cpu_max_over_median_after_first"] = Percentile(later, 1.0) / Percentile(later, 0.5);
   }
+  // The machine's floor for a worst-of-all-steps figure: the same statistic over a fixed job
+  // timed after every step (NoiseJobCpuNs). Its max / median is what interrupts, preemption
+  // and frequency changes alone give a constant piece of work in this run; a step's worst
+  // against its median cannot be told from the code below it.
+  state.counters["noise_cpu_median_us"] = Percentile(noise_cpu, 0.5) / 1e3;
+  state.counters["noise_cpu_max_over_median"] = Percentile(noise_cpu, 1.0) / Percentile(noise_cpu, 0.5);
   state.counters["free_all_us"] = free_ns / n / 1e3;
   // Where the worst step falls (step index within its iteration): 0, 64, 128, 192 are the
   // trace's block boundaries, where every request seals a block in the same step.

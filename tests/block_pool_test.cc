@@ -282,6 +282,56 @@ TEST(BlockPool, FreeBlocksAreTakenBeforeCachedOnes) {
   EXPECT_EQ(pool->cached_count(), 2u);
 }
 
+// AllocateFree (a decode step's inline allocation) leaves a pool exactly as Allocate(1) does —
+// the same block, state, refcount, priority, free count and counters, every invariant — and
+// with no free block (only cached ones) refuses and changes nothing, where Allocate(1) evicts.
+TEST(BlockPool, AllocateFreeIsAllocateOneWhileABlockIsFree) {
+  std::unique_ptr<BlockPool> a = TinyPool(4), b = TinyPool(4);
+  for (BlockPool* pool : {a.get(), b.get()}) {
+    std::vector<BlockId> sealed = SealedBlocks(*pool, 2);
+    Peer::Unref(*pool, sealed[1]);  // cached
+    Peer::Unref(*pool, sealed[0]);  // cached
+    pool->SetPriority(sealed[0], 7);
+    // A block freed while filling, with a priority of its own: the free list's head.
+    std::vector<BlockId> filling;
+    ASSERT_TRUE(Peer::Allocate(*pool, 1, &filling).ok());
+    pool->SetPriority(filling[0], 9);
+    Peer::Unref(*pool, filling[0]);
+  }
+  PinnedBlocks ta(a.get()), tb(b.get());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(ta.Allocate(1).ok());
+    ASSERT_TRUE(tb.AllocateFree());
+    ASSERT_EQ(ta.size(), tb.size());
+    const BlockId x = ta[ta.size() - 1], y = tb[tb.size() - 1];
+    EXPECT_EQ(x, y);
+    EXPECT_EQ(a->state(x), b->state(y));
+    EXPECT_EQ(b->state(y), BlockState::kFilling);
+    EXPECT_EQ(a->refcount(x), b->refcount(y));
+    EXPECT_EQ(a->priority(x), b->priority(y));
+    EXPECT_EQ(a->generation(x), b->generation(y));
+    EXPECT_EQ(a->free_count(), b->free_count());
+    EXPECT_EQ(a->cached_count(), b->cached_count());
+    EXPECT_EQ(a->stats().allocations.load(), b->stats().allocations.load());
+    for (size_t s = 0; s < 4; ++s) {
+      EXPECT_EQ(a->stats().blocks_in_state[s].load(), b->stats().blocks_in_state[s].load()) << "state " << s;
+    }
+    EXPECT_INVARIANTS(*a);
+    EXPECT_INVARIANTS(*b);
+  }
+  // No free block: refused, nothing changed; Allocate(1) evicts a cached one.
+  ASSERT_EQ(b->free_count(), 0u);
+  const uint64_t allocations = b->stats().allocations.load();
+  EXPECT_FALSE(tb.AllocateFree());
+  EXPECT_EQ(tb.size(), 2u);
+  EXPECT_EQ(b->cached_count(), 2u);
+  EXPECT_EQ(b->stats().allocations.load(), allocations);
+  EXPECT_INVARIANTS(*b);
+  ASSERT_TRUE(tb.Allocate(1).ok());
+  EXPECT_EQ(b->cached_count(), 1u);
+  EXPECT_INVARIANTS(*b);
+}
+
 // BlockReuse::kReleaseOrder (vLLM's free block queue): never-used blocks first, then every
 // released block in release order, free or cached alike; a cached block evicted only at its turn.
 TEST(BlockPool, ReleaseOrderReusesBlocksInTheOrderTheyWereReleased) {

@@ -35,6 +35,7 @@
 // atomics and safe to read from any thread.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -45,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/counter.h"
 #include "tessera/format.h"
 #include "tessera/layout.h"
 #include "tessera/memory.h"
@@ -207,6 +209,27 @@ class BlockPool {
   // Allocates n blocks into `out` (appended), taking free blocks first, then evicting cached
   // ones. Each returned block is kFilling with refcount 1. kOutOfBlocks leaves the pool as it was.
   Status Allocate(uint32_t n, std::vector<BlockId>* out);
+  // Allocate(1, out) when a block is free (the head of the free list, as Allocate takes it),
+  // inline for a decode step's new block; false, and nothing changed, when none is. The id is
+  // appended last, as Allocate does: stored first (a table line the step has not touched since
+  // its last block), it made the 4,096-request trace's block step 0.56-0.62x as fast.
+  bool AllocateFree(std::vector<BlockId>* out) {
+    const uint32_t b = free_head_;
+    if (b == UINT32_MAX) return false;
+    // Room first, as Allocate makes it (geometric growth): the append below cannot throw.
+    if (out->size() == out->capacity()) out->reserve(std::max<size_t>(4, 2 * out->capacity()));
+    free_head_ = next_[b];
+    --free_count_;
+    next_[b] = UINT32_MAX;
+    refcount_[b] = 1;
+    priority_[b] = kDefaultRetentionPriority;
+    Drop(stats_.blocks_in_state[static_cast<size_t>(BlockState::kFree)], 1);
+    Bump(stats_.blocks_in_state[static_cast<size_t>(BlockState::kFilling)], 1);
+    state_[b] = BlockState::kFilling;
+    Bump(stats_.allocations, 1);
+    out->push_back(BlockId{b});
+    return true;
+  }
   // REQUIRES: state != kFree. A cached block becomes sealed and leaves its LRU list.
   void Ref(BlockId b);
   // REQUIRES: refcount > 0. At zero a filling block is freed and a sealed one is cached.
@@ -273,6 +296,9 @@ class PinnedBlocks {
   // Appends n fresh blocks (kFilling, taking free blocks first, then evicting cached ones);
   // kOutOfBlocks on "blocks" changes nothing.
   Status Allocate(uint32_t n);
+  // Allocate(1) inline when a block is free (a decode step's new block); false, and nothing
+  // changed, when none is (Allocate(1) may then evict one).
+  bool AllocateFree() { return pool_->AllocateFree(&ids_); }
   // The reference at `slot` is released and replaced by `fresh`'s only reference (a
   // copy-on-write). REQUIRES: fresh.size() == 1.
   void Replace(size_t slot, PinnedBlocks&& fresh);

@@ -921,6 +921,11 @@ void RequestManager::DeferSeal(Request& q) {
   pending_[pending_end_] = PendingSeal{r, static_cast<uint32_t>(SpanOf(q.tokens) - 1), steps_};
   std::copy_n(span, block_tokens_, pending_tokens_.data() + pending_end_ * block_tokens_);
   ++pending_end_;
+  // The request's next token starts a block, in the next step: its table slot's line (last
+  // written when this block was taken, a block of steps ago) is fetched now, as the seal
+  // performed here would have touched it. Below kPrefetchFrom only: above, that step's
+  // look-ahead fetches it (there these fetches made the 4,096-request seal step 2.4x slower).
+  if (requests_.size() <= kPrefetchFrom) __builtin_prefetch(q.table.ids().data() + q.table.size(), 1);
 }
 
 // Performs up to `max` queued seals, oldest first, through SealSlot (as a step would have), with
@@ -960,9 +965,11 @@ __attribute__((noinline)) StatusCode RequestManager::StepNewBlock(Request& q, ui
   // An allocation with no free block evicts a cached one: the queued seals first, as they came.
   if (pool_->free_count() == 0) DrainAll();
   const size_t before = q.table.size();
-  const Status allocated = q.table.Allocate(1);
-  assert(allocated.ok());
-  (void)allocated;
+  if (!q.table.AllocateFree()) {
+    const Status allocated = q.table.Allocate(1);
+    assert(allocated.ok());
+    (void)allocated;
+  }
   const uint64_t filled = SpanOffset(q.tokens);
   span_arena_[static_cast<size_t>(&q - requests_.data()) * block_tokens_ + filled] = token;
   ++q.tokens;
