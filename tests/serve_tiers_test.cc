@@ -19,6 +19,12 @@ namespace {
 
 using namespace serve_test;  // NOLINT(google-build-using-namespace): the serve tests' helpers
 
+// The Redis call budget of the tests that count blocks coming back from Redis. The default (200
+// ms a call) is missed by a 2.5-MB DeepSeek-V3 block under TSan with both cores busy — two busy
+// loops beside these tests failed them three runs of three, "tier_blocks" 1 of 2 — and a call
+// past its budget is a miss, which these tests would read as a lost block.
+constexpr uint32_t kRedisTestTimeoutMs = 10000;
+
 // ---- civetweb's worker stacks (ADR 0027) ---------------------------------------------------
 
 // civetweb (Debian 1.15) runs handlers on threads of 102400-byte stacks, of which its own frames
@@ -76,8 +82,8 @@ TEST(ServeEndToEnd, RedisTierServesARestartedServer) {
   const std::string config = WriteConfig(dir,
                                          "model: deepseek-v3\nkv_format: fp8_ds_mla\ncapacity_blocks: 64\n"
                                          "http:\n  listen: 127.0.0.1:0\nevents:\n  enabled: false\n"
-                                         "tiers:\n  redis_secret_file: " +
-                                             secret + "\n");
+                                         "tiers:\n  redis_timeout_ms: " + std::to_string(kRedisTestTimeoutMs) +
+                                             "\n  redis_secret_file: " + secret + "\n");
   const std::vector<std::string> flag = {"--redis", "redis://127.0.0.1:" + std::to_string(redis.port())};
   {
     Server s(config, flag);
@@ -135,6 +141,7 @@ TEST(ServeEngineKv, BytesComeBackFromRedisToAnotherServer) {
   ServeConfig c = EngineConfig();
   c.redis = "redis://127.0.0.1:" + std::to_string(redis.port());
   c.redis_secret_file = dir.Write("secret", "0123456789abcdef0123456789abcdef\n");
+  c.redis_timeout_ms = kRedisTestTimeoutMs;
   std::vector<std::string> warnings;
   Result<std::unique_ptr<ServeCore>> first = ServeCore::Create(c, &warnings);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -172,6 +179,7 @@ TEST(ServeStack, RedisWriteAndPromoteFitOnACivetwebWorkerStack) {
   c.events_enabled = false;
   c.redis = "redis://127.0.0.1:" + std::to_string(redis.port());
   c.redis_secret_file = dir.Write("secret", "0123456789abcdef0123456789abcdef\n");
+  c.redis_timeout_ms = kRedisTestTimeoutMs;
   const std::string prompt = "{\"tokens\":" + Tokens(1, 130) + "}";
   std::vector<std::string> warnings;
   for (int round = 0; round < 2; ++round) {  // 0: written through to Redis; 1: a cold pool promotes
