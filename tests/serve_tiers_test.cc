@@ -79,11 +79,12 @@ TEST(ServeEndToEnd, RedisTierServesARestartedServer) {
   TempDir dir;
   const std::string secret = dir.path() + "/secret";
   std::ofstream(secret) << "0123456789abcdef0123456789abcdef\n";
-  const std::string config = WriteConfig(dir,
-                                         "model: deepseek-v3\nkv_format: fp8_ds_mla\ncapacity_blocks: 64\n"
-                                         "http:\n  listen: 127.0.0.1:0\nevents:\n  enabled: false\n"
-                                         "tiers:\n  redis_timeout_ms: " + std::to_string(kRedisTestTimeoutMs) +
-                                             "\n  redis_secret_file: " + secret + "\n");
+  const std::string config =
+      WriteConfig(dir,
+                  "model: deepseek-v3\nkv_format: fp8_ds_mla\ncapacity_blocks: 64\n"
+                  "http:\n  listen: 127.0.0.1:0\nevents:\n  enabled: false\n"
+                  "tiers:\n  redis_timeout_ms: " +
+                      std::to_string(kRedisTestTimeoutMs) + "\n  redis_secret_file: " + secret + "\n");
   const std::vector<std::string> flag = {"--redis", "redis://127.0.0.1:" + std::to_string(redis.port())};
   {
     Server s(config, flag);
