@@ -76,12 +76,6 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(BlockPoolOptions options) {
   return pool;
 }
 
-void BlockPool::SetState(BlockId b, BlockState s) {
-  Drop(stats_.blocks_in_state[static_cast<size_t>(state_[b.value])], 1);
-  Bump(stats_.blocks_in_state[static_cast<size_t>(s)], 1);
-  state_[b.value] = s;
-}
-
 void BlockPool::LruPush(BlockId b) {
   uint8_t p = priority_[b.value];
   uint32_t tail = lru_tail_[p];
@@ -140,9 +134,7 @@ Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
   for (uint32_t i = 0; i < n; ++i) {
     BlockId b;
     if (free_head_ != kNil) {
-      b = BlockId{free_head_};
-      free_head_ = next_[b.value];
-      --free_count_;
+      b = PopFree();
     } else {
       b = LruPopVictim();
       assert(b.valid());
@@ -153,10 +145,7 @@ Status BlockPool::Allocate(uint32_t n, std::vector<BlockId>* out) {
         Bump(stats_.evictions, 1);
       }  // else kReleaseOrder: a released free block's turn came (its generation moved on release)
     }
-    next_[b.value] = kNil;
-    refcount_[b.value] = 1;
-    priority_[b.value] = kDefaultRetentionPriority;
-    SetState(b, BlockState::kFilling);
+    Fill(b);
     out->push_back(b);
   }
   Bump(stats_.allocations, n);
