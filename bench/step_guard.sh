@@ -9,7 +9,11 @@
 #
 # Environment:
 #   STEP_GUARD_FILTER       benchmark regex for both sides (default: the 1,024-request trace,
-#                           named BM_SchedulerTrace before issue 26 and BM_SchedulerTrace/1024 after)
+#                           named BM_SchedulerTrace before issue 26 and BM_SchedulerTrace/1024 after;
+#                           its seals are deferred from ADR 0049 on, immediate before)
+#   STEP_GUARD_BASE_FILTER  the baseline's regex where the variant has another name there (default:
+#                           STEP_GUARD_FILTER), e.g. the working tree's BM_SchedulerTraceImmediateSeals
+#                           against a baseline before ADR 0049, where BM_SchedulerTrace sealed at once
 #   STEP_GUARD_COUNTERS     counters to compare (default: step_median_us step_p99_us step_max_us
 #                           seal_step_mean_us)
 #   STEP_GUARD_BASE_BUILD   reuse this directory for the baseline build (kept; default: a temp dir
@@ -20,6 +24,7 @@ set -euo pipefail
 base_rev=${1:-}
 pairs=${2:-12}
 filter=${STEP_GUARD_FILTER:-'^BM_SchedulerTrace(/1024)?/iterations'}
+base_filter=${STEP_GUARD_BASE_FILTER:-$filter}
 counters=${STEP_GUARD_COUNTERS:-"step_median_us step_p99_us step_max_us seal_step_mean_us"}
 jobs=${STEP_GUARD_JOBS:-2}
 
@@ -56,7 +61,7 @@ b_bin="$repo/build/release/bench/store_bench"
 
 echo "load before: $(uptime)"
 for ((i = 0; i < pairs; i++)); do
-  "$a_bin" --benchmark_filter="$filter" --benchmark_format=json >"$tmp/a$i.json" 2>/dev/null
+  "$a_bin" --benchmark_filter="$base_filter" --benchmark_format=json >"$tmp/a$i.json" 2>/dev/null
   "$b_bin" --benchmark_filter="$filter" --benchmark_format=json >"$tmp/b$i.json" 2>/dev/null
 done
 echo "load after: $(uptime)"

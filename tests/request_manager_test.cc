@@ -1154,6 +1154,7 @@ TEST(RequestManagerScheduler, LookAheadKeysAreTheBlocksOwn) {
   constexpr uint32_t kRequests = 2100;
   ManagerOptions o = V3Fp8(2 * kRequests + 8);
   o.region_kind = RegionKind::kUnbacked;
+  o.seal_timing = SealTiming::kImmediate;  // the step's own seals and their look-ahead
   std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
   std::vector<RequestId> ids;
   for (uint32_t r = 0; r < kRequests; ++r) ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
@@ -1187,6 +1188,7 @@ TEST(RequestManagerScheduler, SealLookAheadStartsAtTheFirstSeal) {
   constexpr uint32_t kRequests = 300;
   ManagerOptions o = V3Fp8(3 * kRequests + 64);
   o.region_kind = RegionKind::kUnbacked;
+  o.seal_timing = SealTiming::kImmediate;  // the step's own seals and their look-ahead
   std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), o);
   std::vector<RequestId> ids;
   for (uint32_t r = 0; r < kRequests; ++r) ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
@@ -1495,14 +1497,14 @@ TEST(RequestManagerLedger, DeepSeekV32PoolHoldsLatentAndIndexer) {
 
 // The manager is single-owner, but its statistics may be read from any thread while it runs
 // (this test is what TSan checks).
-// --- Deferred seals (ManagerOptions::defer_seals, ADR 0048) ---------------------------------
+// --- Deferred seals (ManagerOptions::seal_timing, ADR 0048, ADR 0049) ---------------------------------
 
 ManagerOptions Deferrable(uint32_t capacity, uint32_t block_tokens, bool defer) {
   ManagerOptions o = V3Fp8(capacity);
   o.region_kind = RegionKind::kUnbacked;
   if (block_tokens != 0) o.block_tokens = block_tokens;  // 0: the model's (64)
   o.kv_events = true;
-  o.defer_seals = defer;
+  o.seal_timing = defer ? SealTiming::kDeferred : SealTiming::kImmediate;
   return o;
 }
 
@@ -1520,15 +1522,67 @@ ManagerOptions Deferrable(uint32_t capacity, uint32_t block_tokens, bool defer) 
 
 TEST(RequestManagerDeferredSeals, RefusedWhereASealMustHappenAtOnce) {
   ManagerOptions o = V3Fp8(64);
-  o.defer_seals = true;  // a pool that holds bytes
+  o.seal_timing = SealTiming::kDeferred;  // a pool that holds bytes
   EXPECT_EQ(RequestManager::Create(Preset("deepseek-v3"), o).status().field(), "defer-seals");
   o.region_kind = RegionKind::kUnbacked;
   EXPECT_TRUE(RequestManager::Create(Preset("deepseek-v3"), o).ok());
   ManagerOptions v4;
   v4.capacity_blocks = 64;
   v4.region_kind = RegionKind::kUnbacked;
-  v4.defer_seals = true;  // windows: their state is kept at the seal
+  v4.seal_timing = SealTiming::kDeferred;  // windows: their state is kept at the seal
   EXPECT_EQ(RequestManager::Create(Preset("deepseek-v4-flash"), v4).status().field(), "defer-seals");
+}
+
+// The default (SealTiming::kAuto, ADR 0049) defers where deferring is allowed and seals at once
+// where it is refused; kImmediate seals at once anywhere.
+TEST(RequestManagerDeferredSeals, TheDefaultDefersWhereAllowed) {
+  ManagerOptions o = V3Fp8(64);
+  ASSERT_EQ(o.seal_timing, SealTiming::kAuto);
+  EXPECT_FALSE(MustManager(Preset("deepseek-v3"), o)->defers_seals());  // a pool that holds bytes
+  o.region_kind = RegionKind::kUnbacked;
+  EXPECT_TRUE(MustManager(Preset("deepseek-v3"), o)->defers_seals());
+  o.seal_timing = SealTiming::kImmediate;
+  EXPECT_FALSE(MustManager(Preset("deepseek-v3"), o)->defers_seals());
+  o.seal_timing = SealTiming::kDeferred;
+  EXPECT_TRUE(MustManager(Preset("deepseek-v3"), o)->defers_seals());
+  ManagerOptions v4;
+  v4.capacity_blocks = 64;
+  v4.region_kind = RegionKind::kUnbacked;
+  EXPECT_FALSE(MustManager(Preset("deepseek-v4-flash"), v4)->defers_seals());  // windows
+}
+
+uint64_t MetricValue(const RequestManager& m, std::string_view name) {
+  for (const MetricFamily& f : m.CollectMetrics()) {
+    if (f.name == name) return f.samples.at(0).second;
+  }
+  ADD_FAILURE() << name << " not collected";
+  return 0;
+}
+
+// CollectMetrics (any thread; it performs nothing) counts a seal when it is performed, and says
+// how many are queued.
+TEST(RequestManagerDeferredSeals, MetricsCountQueuedSealsApart) {
+  constexpr uint32_t kRequests = 300;
+  std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), Deferrable(3 * kRequests, 0, true));
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < kRequests; ++r) {
+    ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
+    ASSERT_TRUE(m->Append(ids.back(), Range(r * 1000, kBlock - 1), nullptr).ok());
+  }
+  const uint64_t seals = MetricValue(*m, "tessera_block_seals_total");
+  EXPECT_EQ(MetricValue(*m, "tessera_seals_pending"), 0u);
+  const std::vector<uint32_t> counts(kRequests, 1), tokens(kRequests, 7);
+  StepResult result;
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &result).ok());
+  EXPECT_EQ(MetricValue(*m, "tessera_seals_pending"), kRequests);
+  EXPECT_EQ(MetricValue(*m, "tessera_block_seals_total"), seals);
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &result).ok());  // performs none
+  ASSERT_TRUE(m->Step(StepBatch{ids, counts, tokens}, nullptr, &result).ok());  // performs 64
+  EXPECT_EQ(MetricValue(*m, "tessera_seals_pending"), kRequests - 64);
+  EXPECT_EQ(MetricValue(*m, "tessera_block_seals_total"), seals + 64);
+  m->DrainSeals();
+  EXPECT_EQ(MetricValue(*m, "tessera_seals_pending"), 0u);
+  EXPECT_EQ(MetricValue(*m, "tessera_block_seals_total"), seals + kRequests);
 }
 
 // A step where every request completes a block queues the seals; the next step (where the same

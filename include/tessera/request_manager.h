@@ -65,6 +65,13 @@ inline constexpr uint32_t kNoRequestLimit = UINT32_MAX;
 // Validated once, by RequestManager::Create. The layout (record formats, block span, kernel, MTP
 // layers, tensor-parallel ranks, scale formats; empty / unset: the model's defaults) is the
 // CacheLayoutOptions it derives from.
+// ManagerOptions::seal_timing.
+enum class SealTiming : uint8_t {
+  kAuto,       // deferred with an unbacked pool and no windows, immediate otherwise
+  kImmediate,  // a block is sealed in the step its last token arrives in
+  kDeferred,   // queued (ADR 0048); refused where kAuto would seal immediately
+};
+
 struct ManagerOptions : CacheLayoutOptions {
   // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
   uint32_t spec_tokens = 0;
@@ -105,18 +112,20 @@ struct ManagerOptions : CacheLayoutOptions {
   // with windows; a block source attached refuses the keyed admission (tier records are verified
   // by tokens, ADR 0010).
   bool caller_keys = false;
-  // Deferred seals (ADR 0048): a decode step's seals (Step's one-token path) are queued and
-  // performed over the steps after the next one (the next one is where the same requests take
-  // their next blocks), at most max(64, batch / 16) per step, and wholly before
+  // When Step's one-token path seals (ADR 0048, ADR 0049). Deferred: a decode step's seals are
+  // queued and performed over the steps after the next one (the next one is where the same
+  // requests take their next blocks), at most max(64, batch / 16) per step, and wholly before
   // anything else reads or changes the index: every other call of the manager (Admit, Append,
   // AllocateSlots, Fork, Free, the event takes, index(), pool(), DrainSeals ...) and a step
   // that takes another path first performs every queued seal, in the order the steps made them,
   // so what any of them observes is what immediate seals give. It bounds the worst step where a
-  // batch crosses its block boundaries together. Not seen until drained: the index's counters
-  // in CollectMetrics (read from any thread). Refused ("defer-seals") with a pool that holds KV
-  // bytes (a sealed block's bytes are final at once) and with windows (the state component
-  // keeps state at the seal).
-  bool defer_seals = false;
+  // batch crosses its block boundaries together. Not seen until performed: the counters
+  // CollectMetrics reads from any thread (the pool's seals, its blocks per state, the index's
+  // counters; tessera_seals_pending says how many are queued: at most one per request slot, a
+  // whole batch's seals performed within about 17 steps of it). Deferred is refused ("defer-seals") with a pool that
+  // holds KV bytes (a sealed block's bytes are final at once) and with windows (the state component keeps state at the
+  // seal). kAuto, the default: deferred where allowed, immediate elsewhere.
+  SealTiming seal_timing = SealTiming::kAuto;
 };
 
 struct RequestSpec {
@@ -202,6 +211,7 @@ struct ManagerMetrics {
   std::atomic<uint64_t> recompute_tokens{0};   // windows: tokens named for recomputation
   std::atomic<uint64_t> state_bytes{0};        // windows: arena slabs in use and kept window state
   std::atomic<uint64_t> kv_events_dropped{0};  // events past kv_events_capacity, not recorded
+  std::atomic<uint64_t> seals_pending{0};      // deferred seals queued, as of the last call
 };
 
 class RequestManager {
@@ -283,7 +293,7 @@ class RequestManager {
 
   // Pages + block metadata of every block not free + the state component's bytes.
   uint64_t bytes_held() const;
-  // Both perform the deferred seals first (ManagerOptions::defer_seals).
+  // Both perform the deferred seals first (ManagerOptions::seal_timing).
   const BlockPool& pool() const {
     DrainAll();
     return *pool_;
@@ -299,8 +309,9 @@ class RequestManager {
     DrainAll();
     return *index_;
   }
-  // ManagerOptions::defer_seals: the seals queued and not yet performed, and a call that
-  // performs them all now (in order).
+  // Whether Step defers its seals (ManagerOptions::seal_timing, resolved at creation); the
+  // seals queued and not yet performed, and a call that performs them all now (in order).
+  bool defers_seals() const { return defer_seals_; }
   size_t pending_seals() const { return pending_end_ - pending_head_; }
   void DrainSeals() { DrainAll(); }
   // The state component, or nullptr for a model without windows.
@@ -424,6 +435,7 @@ class RequestManager {
   // False after an admission: its prompts' traffic has evicted the request lines, and the next
   // step prefetches them as it does above kPrefetchFrom.
   bool steps_warm_ = false;
+  bool defer_seals_ = false;           // ManagerOptions::seal_timing, resolved
   StepResult* step_result_ = nullptr;  // the result Step fills (StepNewBlock's new blocks)
   // block_tokens_ per request slot: the tokens of its unsealed span (SpanOffset(tokens) of them),
   // one array in slot order rather than a vector per request (a step reads them in batch order).

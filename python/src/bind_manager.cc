@@ -229,7 +229,10 @@ std::shared_ptr<PyManager> Create(
   o.kv_events = ToBool(kv_events, "kv_events");
   o.kv_events_capacity = ToU32(kv_events_capacity, "kv_events_capacity");
   o.caller_keys = ToBool(caller_keys, "caller_keys");
-  o.defer_seals = ToBool(defer_seals, "defer_seals");
+  // None: deferred where allowed (an unbacked pool, no windows); True: deferred or refused.
+  if (!defer_seals.is_none()) {
+    o.seal_timing = ToBool(defer_seals, "defer_seals") ? SealTiming::kDeferred : SealTiming::kImmediate;
+  }
   Result<std::unique_ptr<RequestManager>> m = [&] {
     py::gil_scoped_release nogil;
     return RequestManager::Create(pm->geometry, o);
@@ -686,7 +689,8 @@ void BindManager(py::module_& m) {
            py::arg("hash_bits") = 128, py::arg("hash_key_seed") = 0, py::arg("hash_key") = py::none(),
            py::arg("weights_revision") = py::none(), py::arg("content_dedup") = true,
            py::arg("tenant_domain") = py::none(), py::arg("kv_events") = false,
-           py::arg("kv_events_capacity") = 1u << 16, py::arg("caller_keys") = false, py::arg("defer_seals") = false)
+           py::arg("kv_events_capacity") = 1u << 16, py::arg("caller_keys") = false,
+           py::arg("defer_seals") = py::none())
       // Positional (the adapter's calls: pybind11 matches keywords by name, a few hundred ns).
       .def("_vllm_admit", &VllmAdmit, py::arg("prompt"), py::arg("cache_salt") = 0, py::arg("read_cache") = true)
       .def("_vllm_advance", &VllmAdvance, py::arg("request_id"), py::arg("n"), py::arg("tokens") = py::none())
@@ -908,6 +912,11 @@ void BindManager(py::module_& m) {
                              [](PyManager& pm) {
                                ManagerLock lk(pm);
                                return pm.m->pool().Available();
+                             })
+      .def_property_readonly("defers_seals",
+                             [](PyManager& pm) {
+                               ManagerLock lk(pm);
+                               return pm.m->defers_seals();
                              })
       .def_property_readonly("pending_seals",
                              [](PyManager& pm) {

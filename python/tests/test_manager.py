@@ -368,7 +368,8 @@ class DeferredSealsTest(unittest.TestCase):
         self.assertEqual(m.admit(again).cached_tokens, bt)
         self.assertEqual(m.pending_seals, 0)
         # The same figures as a manager that seals at once.
-        now = tessera.RequestManager("deepseek-v3", capacity_blocks=4 * n, backed=False)
+        now = tessera.RequestManager("deepseek-v3", capacity_blocks=4 * n, backed=False, defer_seals=False)
+        self.assertFalse(now.defers_seals)
         for r in range(n):
             a = now.admit(prompt(bt - 1, base=1000 * r + 1))
             now.append(a.request_id, prompt(bt - 1, base=1000 * r + 1))
@@ -378,6 +379,22 @@ class DeferredSealsTest(unittest.TestCase):
         self.assertEqual(now.pending_seals, 0)
         self.assertEqual(now.admit(again).cached_tokens, bt)
         self.assertEqual(m.metrics(), now.metrics())
+
+    def test_the_default_defers_where_allowed(self):
+        # None (the default): deferred with an unbacked pool and no windows (ADR 0049).
+        self.assertTrue(tessera.RequestManager("deepseek-v3", capacity_blocks=16, backed=False).defers_seals)
+        self.assertFalse(tessera.RequestManager("deepseek-v3", capacity_blocks=16).defers_seals)
+        self.assertFalse(
+            tessera.RequestManager("deepseek-v4-flash", capacity_blocks=16, backed=False).defers_seals)
+        self.assertTrue(
+            tessera.RequestManager("deepseek-v3", capacity_blocks=16, backed=False, defer_seals=True).defers_seals)
+        m = tessera.RequestManager("deepseek-v3", capacity_blocks=64, backed=False)
+        bt = m.block_tokens
+        a = m.admit(prompt(bt - 1))
+        m.append(a.request_id, prompt(bt - 1))
+        m.step(np.array([a.request_id], np.uint32), np.ones(1, np.uint32), np.full(1, 7, np.uint32))
+        self.assertEqual(m.pending_seals, 1)
+        self.assertEqual(m.metrics()["tessera_seals_pending"]["samples"][""], 1)
 
     def test_refused_where_a_seal_must_happen_at_once(self):
         with self.assertRaisesRegex(ValueError, "^defer_seals: a pool that holds KV bytes"):

@@ -158,13 +158,13 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
                            "a pool that holds KV bytes verifies its blocks by tokens (tiers, content dedup): "
                            "caller keys need an unbacked pool");
   }
-  if (options.defer_seals && options.region_kind != RegionKind::kUnbacked) {
+  if (options.seal_timing == SealTiming::kDeferred && options.region_kind != RegionKind::kUnbacked) {
     return InvalidArgument("defer-seals",
                            "a pool that holds KV bytes makes a sealed block's bytes final at its seal: "
                            "deferred seals need an unbacked pool");
   }
   TESSERA_ASSIGN_OR_RETURN(Plan plan, PlanCaches(g, options));
-  if (options.defer_seals && plan.state) {
+  if (options.seal_timing == SealTiming::kDeferred && plan.state) {
     return InvalidArgument("defer-seals", g.name + " has sliding windows: their state is kept at the seal");
   }
   if (options.caller_keys && plan.state) {
@@ -176,6 +176,10 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
                                : ContentHasher::CreateWithKey(options.hash, options.hash_bits, options.hash_key));
   std::unique_ptr<RequestManager> m(new RequestManager());
   m->options_ = options;
+  // kAuto defers where kDeferred is allowed (the two refusals above).
+  m->defer_seals_ =
+      options.seal_timing == SealTiming::kDeferred ||
+      (options.seal_timing == SealTiming::kAuto && options.region_kind == RegionKind::kUnbacked && !plan.state);
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(plan.pool)));
   m->block_tokens_ = m->pool_->block_tokens();
   if (std::has_single_bit(m->block_tokens_)) m->span_shift_ = std::countr_zero(m->block_tokens_);
@@ -797,7 +801,7 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
     __builtin_prefetch(span_arena_.data() + size_t{ra.value} * block_tokens_ + filled, 1);
     // A token that starts a block: the table slot its new block goes to.
     if (filled == 0) __builtin_prefetch(qa.table.ids().data() + qa.table.size(), 1);
-    if (count >= block_tokens_ - filled && !options_.defer_seals) LookAhead(a, ra, batch.tokens.subspan(offset, count));
+    if (count >= block_tokens_ - filled && !defer_seals_) LookAhead(a, ra, batch.tokens.subspan(offset, count));
   };
   size_t i = 0;
   if (!prefetch) {
@@ -837,6 +841,7 @@ Status RequestManager::Step(const StepBatch& batch, const KvWriters& writers, St
     if (out->codes[i] != StatusCode::kOk) ++out->failed;
     out->offsets.push_back(static_cast<uint32_t>(out->new_blocks.size()));
   }
+  if (defer_seals_) metrics_.seals_pending.store(pending_end_ - pending_head_, std::memory_order_relaxed);
   SyncStateBytes();
   return Status::Ok();
 }
@@ -847,7 +852,7 @@ uint32_t RequestManager::TakeRequestSlot() {
   if (span_arena_.size() < requests_.size() * block_tokens_) {
     span_arena_.resize(std::max(requests_.size(), 2 * span_arena_.size() / block_tokens_) * block_tokens_);
   }
-  if (options_.defer_seals && pending_.size() * block_tokens_ < span_arena_.size()) {  // the queue's room, filled now
+  if (defer_seals_ && pending_.size() * block_tokens_ < span_arena_.size()) {  // the queue's room, filled now
     pending_.resize(span_arena_.size() / block_tokens_);
     pending_tokens_.resize(span_arena_.size());
   }
@@ -899,7 +904,7 @@ const Hash128* RequestManager::StepSealKey(const Request& q, size_t slot) const 
 // The seal of the span the request's last token completed (StepOne's fast path; out of line, so
 // that the path's other calls keep their registers).
 __attribute__((noinline)) void RequestManager::SealSpan(Request& q) {
-  if (options_.defer_seals) {
+  if (defer_seals_) {
     DeferSeal(q);
     return;
   }
@@ -956,6 +961,7 @@ void RequestManager::Drain(size_t max, bool older_only) {
   step_seal_ = outer;
   pending_head_ = end;
   if (pending_head_ == pending_end_) pending_head_ = pending_end_ = 0;
+  metrics_.seals_pending.store(pending_end_ - pending_head_, std::memory_order_relaxed);
 }
 
 // StepOne's fast path when the token needs one block more: Reserve and AppendReserved would take
@@ -1250,6 +1256,10 @@ std::vector<MetricFamily> RequestManager::CollectMetrics() const {
        "Tokens named for recomputation to rebuild window state on a prefix hit.",
        "counter",
        {{"", v(metrics_.recompute_tokens)}}},
+      {"tessera_seals_pending",
+       "Seals a step queued and not yet performed (deferred seals; not yet in the seal and block counts).",
+       "gauge",
+       {{"", v(metrics_.seals_pending)}}},
       {"tessera_kv_events_dropped_total",
        "KV-cache events not recorded: the buffer was full (a consumer must resynchronise).",
        "counter",
