@@ -121,10 +121,12 @@ struct ManagerOptions : CacheLayoutOptions {
   // so what any of them observes is what immediate seals give. It bounds the worst step where a
   // batch crosses its block boundaries together. Not seen until performed: the counters
   // CollectMetrics reads from any thread (the pool's seals, its blocks per state, the index's
-  // counters; tessera_seals_pending says how many are queued: at most one per request slot, a
-  // whole batch's seals performed within about 17 steps of it). Deferred is refused ("defer-seals") with a pool that
-  // holds KV bytes (a sealed block's bytes are final at once) and with windows (the state component keeps state at the
-  // seal). kAuto, the default: deferred where allowed, immediate elsewhere.
+  // counters). tessera_seals_pending says how many are queued: no more than the table has
+  // request slots; a batch's seals are performed within about 17 of its steps, and a manager
+  // left idle keeps its queue until its next call (DrainSeals). Deferred is refused
+  // ("defer-seals") with a pool that holds KV bytes (a sealed block's bytes are final at once)
+  // and with windows (the state component keeps state at the seal). kAuto, the default:
+  // deferred where allowed, immediate elsewhere.
   SealTiming seal_timing = SealTiming::kAuto;
 };
 
