@@ -1551,6 +1551,17 @@ TEST(RequestManagerDeferredSeals, TheDefaultDefersWhereAllowed) {
   EXPECT_FALSE(MustManager(Preset("deepseek-v4-flash"), v4)->defers_seals());  // windows
 }
 
+// `n` requests admitted with distinct prompts one token short of a block, their tokens appended:
+// the next step's token completes a block for each.
+std::vector<RequestId> OneTokenShortOfABlock(RequestManager& m, uint32_t n) {
+  std::vector<RequestId> ids;
+  for (uint32_t r = 0; r < n; ++r) {
+    ids.push_back(MustAdmit(m, Range(r * 1000, kBlock - 1)).id);
+    EXPECT_TRUE(m.Append(ids.back(), Range(r * 1000, kBlock - 1), nullptr).ok());
+  }
+  return ids;
+}
+
 uint64_t MetricValue(const RequestManager& m, std::string_view name) {
   for (const MetricFamily& f : m.CollectMetrics()) {
     if (f.name == name) return f.samples.at(0).second;
@@ -1564,11 +1575,7 @@ uint64_t MetricValue(const RequestManager& m, std::string_view name) {
 TEST(RequestManagerDeferredSeals, MetricsCountQueuedSealsApart) {
   constexpr uint32_t kRequests = 300;
   std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), Deferrable(3 * kRequests, 0, true));
-  std::vector<RequestId> ids;
-  for (uint32_t r = 0; r < kRequests; ++r) {
-    ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
-    ASSERT_TRUE(m->Append(ids.back(), Range(r * 1000, kBlock - 1), nullptr).ok());
-  }
+  const std::vector<RequestId> ids = OneTokenShortOfABlock(*m, kRequests);
   const uint64_t seals = MetricValue(*m, "tessera_block_seals_total");
   EXPECT_EQ(MetricValue(*m, "tessera_seals_pending"), 0u);
   const std::vector<uint32_t> counts(kRequests, 1), tokens(kRequests, 7);
@@ -1592,11 +1599,7 @@ TEST(RequestManagerDeferredSeals, MetricsCountQueuedSealsApart) {
 TEST(RequestManagerDeferredSeals, ASealStepQueuesAndLaterStepsPerformABoundedShare) {
   constexpr uint32_t kRequests = 2000;
   std::unique_ptr<RequestManager> m = MustManager(Preset("deepseek-v3"), Deferrable(3 * kRequests, 0, true));
-  std::vector<RequestId> ids;
-  for (uint32_t r = 0; r < kRequests; ++r) {
-    ids.push_back(MustAdmit(*m, Range(r * 1000, kBlock - 1)).id);
-    ASSERT_TRUE(m->Append(ids.back(), Range(r * 1000, kBlock - 1), nullptr).ok());
-  }
+  const std::vector<RequestId> ids = OneTokenShortOfABlock(*m, kRequests);
   const std::atomic<uint64_t>& hashed = m->index().stats().prefix_keys_hashed;
   const uint64_t hashed_before = hashed.load();
   const size_t entries_before = m->index().prefix_entries();
