@@ -12,6 +12,7 @@
 #include <ctime>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tessera/block_index.h"
@@ -289,20 +290,21 @@ void SchedulerTrace(benchmark::State& state, SealTiming seals) {
   // those against the median step. An interruption lands on one iteration's step and leaves
   // this; a step the code makes slow (a seal step, the first after the admissions) is slow in
   // every iteration and sets it. The same over the fixed job says what the machine leaves in it.
-  const auto worst_repeated = [&](const std::vector<double>& v, size_t* at) {
+  // Returns {worst / median, the worst one's step}.
+  const auto worst_repeated = [&](const std::vector<double>& v) {
     const size_t runs = v.size() / kSteps;
     std::vector<double> per_step(kSteps), same(runs);
     for (size_t i = 0; i < kSteps; ++i) {
       for (size_t k = 0; k < runs; ++k) same[k] = v[k * kSteps + i];
       per_step[i] = Percentile(same, 0.5);
     }
-    *at = static_cast<size_t>(std::max_element(per_step.begin(), per_step.end()) - per_step.begin());
-    return per_step[*at] / Percentile(v, 0.5);
+    const auto worst = std::max_element(per_step.begin(), per_step.end());
+    return std::pair{*worst / Percentile(v, 0.5), static_cast<double>(worst - per_step.begin())};
   };
-  size_t step_at = 0, noise_at = 0;
-  state.counters["step_cpu_repeated_max_over_median"] = worst_repeated(cpu_steps, &step_at);
-  state.counters["step_cpu_repeated_max_at"] = static_cast<double>(step_at);
-  state.counters["noise_cpu_repeated_max_over_median"] = worst_repeated(noise_cpu, &noise_at);
+  const auto [step_repeated, step_repeated_at] = worst_repeated(cpu_steps);
+  state.counters["step_cpu_repeated_max_over_median"] = step_repeated;
+  state.counters["step_cpu_repeated_max_at"] = step_repeated_at;
+  state.counters["noise_cpu_repeated_max_over_median"] = worst_repeated(noise_cpu).first;
   state.counters["free_all_us"] = free_ns / n / 1e3;
   // Where the worst step falls (step index within its iteration): 0, 64, 128, 192 are the
   // trace's block boundaries, where every request seals a block in the same step.

@@ -62,9 +62,6 @@ struct RequestId {
 // ManagerOptions::max_requests: no ceiling on live requests (the tables grow on demand).
 inline constexpr uint32_t kNoRequestLimit = UINT32_MAX;
 
-// Validated once, by RequestManager::Create. The layout (record formats, block span, kernel, MTP
-// layers, tensor-parallel ranks, scale formats; empty / unset: the model's defaults) is the
-// CacheLayoutOptions it derives from.
 // ManagerOptions::seal_timing.
 enum class SealTiming : uint8_t {
   kAuto,       // deferred with an unbacked pool and no windows, immediate otherwise
@@ -72,6 +69,9 @@ enum class SealTiming : uint8_t {
   kDeferred,   // queued (ADR 0048); refused where kAuto would seal immediately
 };
 
+// Validated once, by RequestManager::Create. The layout (record formats, block span, kernel, MTP
+// layers, tensor-parallel ranks, scale formats; empty / unset: the model's defaults) is the
+// CacheLayoutOptions it derives from.
 struct ManagerOptions : CacheLayoutOptions {
   // Speculative decoding: slots for this many draft tokens are reserved ahead of every request.
   uint32_t spec_tokens = 0;

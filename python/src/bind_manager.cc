@@ -913,11 +913,8 @@ void BindManager(py::module_& m) {
                                ManagerLock lk(pm);
                                return pm.m->pool().Available();
                              })
-      .def_property_readonly("defers_seals",
-                             [](PyManager& pm) {
-                               ManagerLock lk(pm);
-                               return pm.m->defers_seals();
-                             })
+      // Fixed at creation: no lock (callable from inside the manager's own calls).
+      .def_property_readonly("defers_seals", [](const PyManager& pm) { return pm.m->defers_seals(); })
       .def_property_readonly("pending_seals",
                              [](PyManager& pm) {
                                ManagerLock lk(pm);

@@ -158,14 +158,16 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
                            "a pool that holds KV bytes verifies its blocks by tokens (tiers, content dedup): "
                            "caller keys need an unbacked pool");
   }
-  if (options.seal_timing == SealTiming::kDeferred && options.region_kind != RegionKind::kUnbacked) {
-    return InvalidArgument("defer-seals",
-                           "a pool that holds KV bytes makes a sealed block's bytes final at its seal: "
-                           "deferred seals need an unbacked pool");
-  }
   TESSERA_ASSIGN_OR_RETURN(Plan plan, PlanCaches(g, options));
-  if (options.seal_timing == SealTiming::kDeferred && plan.state) {
-    return InvalidArgument("defer-seals", g.name + " has sliding windows: their state is kept at the seal");
+  // Seals may be deferred with an unbacked pool and no windows (ADR 0048): kDeferred is refused
+  // elsewhere, and kAuto defers exactly there (ADR 0049).
+  const bool holds_bytes = options.region_kind != RegionKind::kUnbacked;
+  const bool may_defer = !holds_bytes && !plan.state;
+  if (options.seal_timing == SealTiming::kDeferred && !may_defer) {
+    return InvalidArgument("defer-seals", holds_bytes
+                                              ? "a pool that holds KV bytes makes a sealed block's bytes final "
+                                                "at its seal: deferred seals need an unbacked pool"
+                                              : g.name + " has sliding windows: their state is kept at the seal");
   }
   if (options.caller_keys && plan.state) {
     return InvalidArgument("caller-keys", g.name + " has sliding windows: caller keys serve one paged group only");
@@ -176,10 +178,7 @@ Result<std::unique_ptr<RequestManager>> RequestManager::Create(const Geometry& g
                                : ContentHasher::CreateWithKey(options.hash, options.hash_bits, options.hash_key));
   std::unique_ptr<RequestManager> m(new RequestManager());
   m->options_ = options;
-  // kAuto defers where kDeferred is allowed (the two refusals above).
-  m->defer_seals_ =
-      options.seal_timing == SealTiming::kDeferred ||
-      (options.seal_timing == SealTiming::kAuto && options.region_kind == RegionKind::kUnbacked && !plan.state);
+  m->defer_seals_ = may_defer && options.seal_timing != SealTiming::kImmediate;
   TESSERA_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(std::move(plan.pool)));
   m->block_tokens_ = m->pool_->block_tokens();
   if (std::has_single_bit(m->block_tokens_)) m->span_shift_ = std::countr_zero(m->block_tokens_);
