@@ -1,7 +1,9 @@
 // Tier benchmarks. Baselines measured in the same run on the same file system / memory:
 //   disk tier batch put  vs  pwrite of the same bytes + one fdatasync per batch
 //   BM_DiskPutVsRaw, BM_DiskGetVsPread, BM_DiskReadIntoVsPread: the comparisons interleaved (raw, tier, tier,
-//   raw, ...) in one benchmark, reporting the median and range of the ratios (x_raw, x_pread)
+//   raw, ...) in one benchmark, reporting the median and range of the ratios (x_raw, x_pread);
+//   the reads also against preads each followed by a tag of the bytes (x_pread_tag, x_tag_floor:
+//   the floor authentication sets, ADR 0050)
 //   disk tier get        vs  pread of the same bytes (page cache dropped with fadvise first)
 //   host tier put/get    vs  memcpy of the same bytes
 //   MACs over one 2.5-MB record (OpenSSL EVP_MAC, RecordMac; Poly1305 over a 1.4-MB span in one
@@ -243,6 +245,10 @@ BENCHMARK(BM_DiskPutVsRaw)->Unit(benchmark::kMillisecond)->Iterations(15)->UseMa
 // Reads with the page cache dropped before each pass (cold), or warm (the pages just read):
 // DiskTier::Get (a fresh payload vector per record), or DiskTier::ReadInto one reused buffer, as
 // the raw pass preads into one (the path a promotion into a pool block takes).
+// A third pass, the least any authenticated reader does: the raw preads, each followed by a
+// RecordMac tag of the bytes read (the tier's MAC, computed here, not checked). x_pread_tag is
+// its speed over pread (what the tag costs a reader with nothing else to do: the ceiling for
+// x_pread); x_tag_floor the tier's speed over it (1: the tier adds nothing to the tag's cost).
 void DiskReadVsPread(benchmark::State& state, bool into) {
   const bool cold = state.range(0) == 0;
   const int n = kBatches * kBlocksPerBatch;
@@ -267,6 +273,21 @@ void DiskReadVsPread(benchmark::State& state, bool into) {
     }
     return Seconds(t0);
   };
+  Result<RecordMac> tag_mac = RecordMac::Create(std::vector<std::byte>(32, std::byte{0x42}), "bench");
+  if (!tag_mac.ok()) {
+    state.SkipWithError(tag_mac.status().ToString().c_str());
+    return;
+  }
+  auto tag_pass = [&] {
+    if (cold) DropCache(raw_dir);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < n; ++k) {
+      if (::pread(fd, buf.data(), buf.size(), static_cast<off_t>(static_cast<uint64_t>(k) * kBlock)) < 0) std::abort();
+      RecordMac::Tag tag = tag_mac->Compute(RecordMac::Nonce{}, {buf});
+      benchmark::DoNotOptimize(tag);
+    }
+    return Seconds(t0);
+  };
   std::vector<std::byte> into_buf(into ? kBlock : 0);
   const std::span<std::byte> whole(into_buf);
   auto tier_pass = [&] {
@@ -285,21 +306,27 @@ void DiskReadVsPread(benchmark::State& state, bool into) {
     }
     return Seconds(t0);
   };
-  std::vector<double> ratios;
+  std::vector<double> ratios, tag_ratios, floor_ratios;
   for (auto _ : state) {
-    double raw = 0, tier = 0;
+    double raw = 0, tier = 0, tag = 0;
     if (ratios.size() % 2 == 0) {
       raw = raw_pass();
       tier = tier_pass();
+      tag = tag_pass();
     } else {
+      tag = tag_pass();
       tier = tier_pass();
       raw = raw_pass();
     }
     ratios.push_back(raw / tier);
+    tag_ratios.push_back(raw / tag);
+    floor_ratios.push_back(tag / tier);
     state.SetIterationTime(tier);
   }
   ::close(fd);
   ReportRatios(state, ratios, "x_pread");
+  ReportRatios(state, tag_ratios, "x_pread_tag");
+  ReportRatios(state, floor_ratios, "x_tag_floor");
   state.SetBytesProcessed(state.iterations() * n * static_cast<int64_t>(kBlock));
   state.SetLabel(cold ? "page cache dropped" : "page cache warm");
 }
